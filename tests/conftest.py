@@ -1,0 +1,89 @@
+"""Shared fixtures: a real IPython shell with the extension loaded, and the `gpu` marker's skip."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: Any, items: list) -> None:
+    """Skip `gpu`-marked tests where torch sees no CUDA GPU."""
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False here)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def _shell() -> Any:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.colors = "NoColor"
+    return shell
+
+
+@pytest.fixture
+def ip(_shell: Any) -> Any:
+    """A real InteractiveShell with torchgpu_magic loaded; unloaded and emptied after the test.
+
+    Default device, dtype and thread count are checked to be restored by the test's end.
+    """
+    import torch
+
+    from torchgpu_magic import load_ipython_extension, unload_ipython_extension
+
+    before = (torch.get_default_dtype(), torch.get_num_threads(), _default_device())
+    load_ipython_extension(_shell)
+    try:
+        yield _shell
+    finally:
+        unload_ipython_extension(_shell)
+        _shell.reset(new_session=False)
+        after = (torch.get_default_dtype(), torch.get_num_threads(), _default_device())
+        assert after == before, f"test left torch state changed: {before} -> {after}"
+
+
+def _default_device() -> Any:
+    import torch
+
+    return torch.empty(0).device
+
+
+def run(shell: Any, code: str) -> Any:
+    """Run ``code`` as a cell and raise whatever it raised (like jupysql's testing shell)."""
+    result = shell.run_cell(code)
+    result.raise_error()
+    return result.result
+
+
+def run_error(shell: Any, code: str) -> BaseException:
+    """Run ``code`` as a cell that must fail; return the exception it raised."""
+    result = shell.run_cell(code)
+    error = result.error_before_exec or result.error_in_exec
+    assert error is not None, f"cell did not fail: {code!r}"
+    return error
+
+
+@pytest.fixture
+def fresh_env(monkeypatch: Any) -> Any:
+    """Clear CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER for tests that script them."""
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+        monkeypatch.delenv(name, raising=False)
+    return os.environ

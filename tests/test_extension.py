@@ -1,0 +1,76 @@
+"""Load / unload / reload through a real InteractiveShell, and the cost of `import torchgpu_magic`."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import ROOT
+
+OUR_MAGICS = {"gpuinfo", "ontorch", "cudatime", "whereis", "gpumem"}
+
+
+def _ours(shell):
+    found = set()
+    for table in shell.magics_manager.magics.values():
+        found |= OUR_MAGICS & set(table)
+    return found
+
+
+def test_import_is_light():
+    code = (
+        "import sys, torchgpu_magic\n"
+        "heavy = [m for m in ('torch', 'pynvml', 'ipywidgets', 'IPython', 'psutil') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_load_registers_all_magics(ip):
+    assert _ours(ip) == OUR_MAGICS
+
+
+def test_reload_many_times_keeps_one_registration(ip):
+    from torchgpu_magic.magics import instance
+
+    for _ in range(100):
+        ip.run_line_magic("reload_ext", "torchgpu_magic")
+    assert _ours(ip) == OUR_MAGICS
+    assert sum(1 for name in ip.magics_manager.registry if name == "TorchGPUMagics") == 1
+    assert instance(ip) is not None
+
+
+def test_load_twice_registers_once_and_unload_removes_all(ip):
+    import torchgpu_magic
+
+    closers_before = len(ip.magics_manager.registry["TorchGPUMagics"]._closers)
+    torchgpu_magic.load_ipython_extension(ip)
+    assert len(ip.magics_manager.registry["TorchGPUMagics"]._closers) == closers_before
+    torchgpu_magic.unload_ipython_extension(ip)
+    assert _ours(ip) == set()
+    assert "TorchGPUMagics" not in ip.magics_manager.registry
+    torchgpu_magic.unload_ipython_extension(ip)  # idempotent
+    torchgpu_magic.load_ipython_extension(ip)
+    assert _ours(ip) == OUR_MAGICS
+
+
+def test_unload_restores_shell_hooks(ip):
+    import torchgpu_magic
+
+    def snapshot():
+        events = {name: list(cbs) for name, cbs in ip.events.callbacks.items()}
+        formatters = {
+            key: (dict(f.type_printers), dict(f.deferred_printers))
+            for key, f in ip.display_formatter.formatters.items()
+        }
+        return events, formatters, ip.CustomTB, ip.custom_exceptions
+
+    torchgpu_magic.unload_ipython_extension(ip)
+    clean = snapshot()
+    for _ in range(3):
+        torchgpu_magic.load_ipython_extension(ip)
+        ip.run_line_magic("whereis", "--watch on")
+        ip.run_line_magic("whereis", "--repr on")
+        torchgpu_magic.unload_ipython_extension(ip)
+        assert snapshot() == clean
+    torchgpu_magic.load_ipython_extension(ip)

@@ -1,0 +1,161 @@
+"""Formatting helpers shared by every report: bytes, durations, and tables as text and HTML.
+
+Standard library only, so every module (and the terminal entry point) can use it without importing
+torch or IPython.
+"""
+from __future__ import annotations
+
+import html
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def _can_print(text: str) -> bool:
+    """True when ``text`` survives the encoding of stdout (a 'C' locale cannot print 'µ')."""
+    encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+    try:
+        text.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+MICRO = "µs" if _can_print("µ") else "us"
+
+
+def is_na(value: Any) -> bool:
+    """True for values a report shows as 'N/A': None, NaN, and the NVML layer's NA sentinel."""
+    if value is None:
+        return True
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    return getattr(value, "_is_na", False) is True
+
+
+def fmt_bytes(n: Any, signed: bool = False) -> str:
+    """Binary units with three significant figures: 0 B, 512 B, 1.50 KiB, 79.6 GiB."""
+    if is_na(n):
+        return "N/A"
+    n = int(n)
+    sign = ""
+    if n < 0:
+        sign, n = "-", -n
+    elif signed:
+        sign = "+"
+    value = float(n)
+    unit = _BYTE_UNITS[0]
+    for unit in _BYTE_UNITS:
+        if value < 1024 or unit == _BYTE_UNITS[-1]:
+            break
+        value /= 1024
+    if unit == "B":
+        return f"{sign}{n} B"
+    return f"{sign}{_sig3(value)} {unit}"
+
+
+def _sig3(value: float) -> str:
+    """Three significant figures without scientific notation (1.23, 12.3, 123, 1234)."""
+    if value == 0:
+        return "0"
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def fmt_seconds(seconds: Any) -> str:
+    """A duration in one unit with three significant figures: 812 ns, 4.21 µs, 1.05 ms, 2.30 s."""
+    if is_na(seconds):
+        return "N/A"
+    s = float(seconds)
+    sign = "-" if s < 0 else ""
+    s = abs(s)
+    if s == 0:
+        return "0 s"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, MICRO), (1e-9, "ns")):
+        if s >= scale * 0.9995 or unit == "ns":
+            return f"{sign}{_sig3(s / scale)} {unit}"
+    raise AssertionError("unreachable")
+
+
+def fmt_percent(fraction: Any) -> str:
+    """A fraction (0.123) as '12.3 %'."""
+    if is_na(fraction):
+        return "N/A"
+    value = float(fraction) * 100
+    return f"{'-' if value < 0 else ''}{_sig3(abs(value))} %"
+
+
+def fmt_value(value: Any, unit: str = "") -> str:
+    """Any scalar for a table cell: N/A for missing values, the unit appended otherwise."""
+    if is_na(value):
+        return "N/A"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        value = _sig3(value) if abs(value) < 1000 else f"{value:.0f}"
+    return f"{value} {unit}".rstrip() if unit else str(value)
+
+
+@dataclass
+class Table:
+    """A plain table rendered as aligned text (terminals) or an HTML table (notebooks).
+
+    ``align`` holds one of 'l' / 'r' per column; numbers read best right-aligned.
+    """
+
+    headers: Sequence[str]
+    rows: list[Sequence[Any]] = field(default_factory=list)
+    align: Optional[str] = None
+    title: Optional[str] = None
+
+    def add(self, *cells: Any) -> None:
+        """Append one row; cells are converted with ``str``."""
+        self.rows.append(cells)
+
+    def _aligns(self) -> str:
+        return self.align or "l" * len(self.headers)
+
+    def to_text(self, indent: str = "") -> str:
+        """Aligned columns separated by two spaces, with a rule under the header."""
+        cells = [[str(c) for c in self.headers]] + [[str(c) for c in row] for row in self.rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(self.headers))]
+        aligns = self._aligns()
+
+        def line(row: Sequence[str]) -> str:
+            parts = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, aligns)]
+            return (indent + "  ".join(parts)).rstrip()
+
+        out = []
+        if self.title:
+            out.append(indent + self.title)
+        out.append(line(cells[0]))
+        out.append(indent + "  ".join("-" * w for w in widths))
+        out.extend(line(r) for r in cells[1:])
+        return "\n".join(out)
+
+    def to_html(self) -> str:
+        """A self-contained HTML table (no external CSS or scripts)."""
+        aligns = self._aligns()
+        style = {"l": "text-align:left", "r": "text-align:right"}
+        head = "".join(
+            f'<th style="{style[a]}">{html.escape(str(h))}</th>' for h, a in zip(self.headers, aligns)
+        )
+        body = "".join(
+            "<tr>"
+            + "".join(f'<td style="{style[a]}">{html.escape(str(c))}</td>' for c, a in zip(row, aligns))
+            + "</tr>"
+            for row in self.rows
+        )
+        caption = f"<caption style=\"text-align:left\"><b>{html.escape(self.title)}</b></caption>" if self.title else ""
+        return f'<table class="torchgpu-magic">{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def html_lines(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> str:
+    """Escape each line and join them as a block of HTML paragraphs."""
+    return "".join(f'<div class="{css_class}">{html.escape(line)}</div>' for line in lines)

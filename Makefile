@@ -6,7 +6,7 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 VPY := $(VENV)/bin/python
-SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: venv demo lab test lint browser-deps bench clean
 

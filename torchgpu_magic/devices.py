@@ -1,0 +1,320 @@
+"""Device specs and torch's default device: parse, validate, resolve, switch and restore.
+
+``%%ontorch`` and ``%%cudatime --devices`` both name devices the way a person types them (``auto``,
+``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``xpu``, ``meta``). :func:`resolve` turns such a spec into a
+``torch.device`` without ``eval``, and when the device does not exist here says so in one line that lists
+the devices that do. :func:`use_device` runs a block under torch's default-device mechanism
+(``torch.set_default_device``), a default dtype and, for ``cuda:N``, the current CUDA device, and restores
+all three exactly afterwards, however the block ends.
+
+torch is imported inside the functions, so importing this module stays cheap.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .errors import MagicInputError
+
+KINDS = ("cpu", "cuda", "mps", "xpu", "meta")
+"""The device types a spec may name (besides ``auto``)."""
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+"""The floating dtypes torch accepts as its default dtype."""
+
+_SPEC = re.compile(r"^(?P<kind>[a-z]+)(?::(?P<index>\d+))?$")
+_HINTS = {"gpu": "cuda", "nvidia": "cuda", "cuda0": "cuda:0", "rocm": "cuda", "hip": "cuda", "apple": "mps"}
+
+
+class DeviceUnavailable(MagicInputError):
+    """A well-formed spec for a device that does not exist here (``--fallback`` may replace it)."""
+
+
+def available_devices() -> list[str]:
+    """The devices usable here, in the order ``auto`` prefers accelerators: e.g. ``['cpu', 'meta']`` or
+    ``['cpu', 'cuda:0', 'cuda:1', 'meta']``. Never initialises a CUDA context."""
+    found = ["cpu"]
+    found += [f"cuda:{i}" for i in range(_cuda_count())]
+    found += [f"xpu:{i}" for i in range(_xpu_count())]
+    if _mps_available():
+        found.append("mps:0")
+    found.append("meta")
+    return found
+
+
+def resolve(spec: Any) -> Any:
+    """Turn a device spec into a ``torch.device`` that exists here.
+
+    Accepts ``auto`` (the best accelerator: cuda, then xpu, then mps; else cpu), ``cpu``, ``cuda``,
+    ``cuda:N``, ``mps``, ``xpu``, ``xpu:N``, ``meta`` and ``torch.device`` objects; case, surrounding
+    whitespace and quotes are ignored. ``cuda`` and ``xpu`` resolve to the current device of that kind
+    with its index, ``mps`` to ``mps:0``, so the result names exactly where tensors will go.
+
+    Raises :class:`MagicInputError` (one line, listing the devices that exist and a did-you-mean) for a
+    malformed spec, and its subclass :class:`DeviceUnavailable` for a well-formed one absent here.
+    """
+    import torch
+
+    if isinstance(spec, torch.device):
+        kind, index = spec.type, spec.index
+        text = str(spec)
+    else:
+        text = str(spec).strip().strip("'\"").strip().lower()
+        if not text:
+            raise MagicInputError(f"no device given. {_here()}")
+        if text == "auto":
+            return _auto()
+        match = _SPEC.match(text)
+        if match is None or match.group("kind") not in KINDS:
+            raise MagicInputError(_unknown(str(spec).strip()))
+        kind = match.group("kind")
+        index = None if match.group("index") is None else int(match.group("index"))
+    if kind in ("cpu", "meta"):
+        if index not in (None, 0):
+            raise MagicInputError(f"'{text}': {kind} has no index {index}; use '{kind}'. {_here()}")
+        return torch.device(kind)
+    if kind == "cuda":
+        return _resolve_indexed("cuda", index, _cuda_count(), _cuda_missing)
+    if kind == "xpu":
+        return _resolve_indexed("xpu", index, _xpu_count(), lambda: "torch sees no Intel XPU here")
+    if kind == "mps":
+        if not _mps_available():
+            why = "this torch has no MPS support" if not _mps_built() else "no Apple-silicon GPU is usable"
+            raise DeviceUnavailable(f"'mps' is not available: {why}. {_here()}")
+        if index not in (None, 0):
+            raise DeviceUnavailable(f"'{text}' does not exist: there is one MPS device, 'mps'. {_here()}")
+        return torch.device("mps", 0)
+    raise MagicInputError(_unknown(text))  # a torch.device of a kind we do not handle (e.g. 'hpu')
+
+
+def parse_dtype(name: str) -> Any:
+    """The torch dtype for one of :data:`DTYPES` (case-insensitive, ``torch.`` prefix allowed)."""
+    import torch
+
+    text = str(name).strip().lower()
+    text = text[len("torch."):] if text.startswith("torch.") else text
+    if text not in DTYPES:
+        raise MagicInputError(f"unknown dtype '{name}'; valid: {', '.join(DTYPES)}")
+    return getattr(torch, text)
+
+
+def synchronize(device: Any) -> None:
+    """Wait for the work queued on ``device`` (no-op on cpu and meta, whose work is already done)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+# ---- switching and restoring ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """What :func:`use_device` changes, captured so it can be put back exactly.
+
+    ``default_device`` is torch's raw setting: None when nothing was ever set (tensors go to cpu and
+    torch adds no per-call cost), or the device exactly as it was given (``cuda`` without an index
+    follows the current CUDA device, so it must not come back as ``cuda:0``).
+    """
+
+    default_device: Any
+    dtype: Any
+    current: tuple  # ((kind, index), ...) of the accelerators whose current device we may change
+
+    def restore(self) -> None:
+        """Put torch back into this state (default device, default dtype, current devices)."""
+        import torch
+
+        for kind, index in self.current:
+            _module(kind).set_device(index)
+        torch.set_default_dtype(self.dtype)
+        if _raw_default_device() != self.default_device:
+            torch.set_default_device(self.default_device)
+
+
+def current_state() -> DeviceState:
+    """Capture torch's default device, default dtype and the current device of initialised accelerators."""
+    import torch
+
+    current = []
+    if _cuda_count() and torch.cuda.is_initialized():
+        current.append(("cuda", torch.cuda.current_device()))
+    if _xpu_count() and torch.xpu.is_initialized():
+        current.append(("xpu", torch.xpu.current_device()))
+    return DeviceState(_raw_default_device(), torch.get_default_dtype(), tuple(current))
+
+
+def apply(device: Any, dtype: Optional[Any] = None) -> None:
+    """Make ``device`` torch's default device (and ``dtype`` its default dtype; for ``cuda:N`` / ``xpu:N``
+    also the current device, so ``.cuda()`` and ``'cuda'`` mean N). Use :func:`current_state` first and
+    restore it afterwards, or use :func:`use_device`, which does both.
+
+    For cpu the default-device setting is cleared rather than set: cpu is torch's default anyway, and a
+    cleared setting spares every torch call the device-mode cost of pytorch issue #92701.
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type in ("cuda", "xpu") and device.index is not None:
+        _module(device.type).set_device(device.index)
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    target = None if device == torch.device("cpu") else device
+    if _raw_default_device() != target:
+        torch.set_default_device(target)
+    if target is None and _default_device() != device:
+        torch.set_default_device(device)  # a `with torch.device(...)` block outside us: override it
+
+
+@contextmanager
+def use_device(device: Any, dtype: Optional[Any] = None) -> Iterator[Any]:
+    """Run the block with ``device`` as torch's default device (and ``dtype`` as default dtype, and for
+    ``cuda:N`` the current CUDA device); restore all of them exactly when the block ends, however it
+    ends (exception, ``KeyboardInterrupt``, ``SystemExit``). Nestable. Yields the ``torch.device``."""
+    import torch
+
+    device = torch.device(device)
+    if device.type in ("cuda", "xpu") and device.index is not None:
+        _module(device.type).current_device()  # initialise first, so the state below includes it
+    saved = current_state()
+    try:
+        apply(device, dtype)
+        yield device
+    finally:
+        saved.restore()
+
+
+def default_device() -> Any:
+    """The device a plain ``torch.empty(0)`` would land on now (with its index)."""
+    return _default_device()
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def _default_device() -> Any:
+    import torch
+
+    getter = getattr(torch, "get_default_device", None)
+    return getter() if getter is not None else torch.empty(0).device
+
+
+def _raw_default_device() -> Any:
+    """torch's own default-device setting: None, or the device given to ``set_default_device``.
+
+    torch 2.3 keeps it in a module global ``_GLOBAL_DEVICE_CONTEXT`` (a DeviceContext or None); later
+    versions in a ``threading.local`` with a ``device_context`` attribute.
+    """
+    import torch
+
+    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    if isinstance(holder, threading.local):
+        holder = getattr(holder, "device_context", None)
+    return None if holder is None else holder.device
+
+
+def _module(kind: str) -> Any:
+    import torch
+
+    return getattr(torch, kind)
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _xpu_count() -> int:
+    import torch
+
+    xpu = getattr(torch, "xpu", None)
+    return xpu.device_count() if xpu is not None and xpu.is_available() else 0
+
+
+def _mps_built() -> bool:
+    import torch
+
+    return bool(torch.backends.mps.is_built())
+
+
+def _mps_available() -> bool:
+    import torch
+
+    return bool(torch.backends.mps.is_available())
+
+
+def _current_index(kind: str) -> int:
+    module = _module(kind)
+    return module.current_device() if module.is_initialized() else 0
+
+
+def _auto() -> Any:
+    import torch
+
+    if _cuda_count():
+        return torch.device("cuda", _current_index("cuda"))
+    if _xpu_count():
+        return torch.device("xpu", _current_index("xpu"))
+    if _mps_available():
+        return torch.device("mps", 0)
+    return torch.device("cpu")
+
+
+def _resolve_indexed(kind: str, index: Optional[int], count: int, missing: Any) -> Any:
+    import torch
+
+    if count == 0:
+        raise DeviceUnavailable(f"'{kind if index is None else f'{kind}:{index}'}' is not available: "
+                                f"{missing()}. {_here()}")
+    if index is None:
+        return torch.device(kind, _current_index(kind))
+    if index >= count:
+        names = ", ".join(f"{kind}:{i}" for i in range(count))
+        raise DeviceUnavailable(f"'{kind}:{index}' does not exist: torch sees {count} {kind.upper()} "
+                                f"device{'s' if count != 1 else ''} ({names}). {_here()}")
+    return torch.device(kind, index)
+
+
+def _cuda_missing() -> str:
+    import torch
+
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return f"this torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return "CUDA_VISIBLE_DEVICES is empty, which hides every GPU"
+    if visible is not None:
+        return f"torch sees no CUDA GPU (driver missing or CUDA_VISIBLE_DEVICES={visible!r} hides them)"
+    return "torch sees no CUDA GPU (no NVIDIA driver, or the driver is older than this torch needs)"
+
+
+def _here() -> str:
+    return "Devices here: " + ", ".join(_short(name) for name in available_devices()) + ", auto"
+
+
+def _short(name: str) -> str:
+    return "mps" if name == "mps:0" else name
+
+
+def _unknown(text: str) -> str:
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    shown = shown.encode("unicode_escape").decode("ascii")
+    kind, _, index = text.strip().lower().partition(":")
+    guess = _HINTS.get(kind) or next(iter(difflib.get_close_matches(kind, KINDS + ("auto",), n=1)), None)
+    if guess and index.isdigit() and guess in ("cuda", "xpu"):
+        guess = f"{guess}:{int(index)}"
+    hint = f" Did you mean '{guess}'?" if guess else ""
+    return f"unknown device '{shown}'.{hint} {_here()}"

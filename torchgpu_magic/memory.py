@@ -1,0 +1,629 @@
+"""Per-process memory figures (host RSS, NVML, torch's allocator) and the :class:`Sampler` thread.
+
+Why three sources side by side: ``nvidia-smi`` (NVML) counts everything a process holds on the GPU (the
+CUDA context, cuBLAS workspaces, torch's cache), ``torch.cuda.memory_allocated()`` counts only live
+tensors, and ``memory_reserved()`` what torch's caching allocator holds. The gaps are what people ask
+about, so a :class:`GPUMemory` carries all of them and derives the gaps:
+
+* ``cache``  = reserved - allocated: held by torch's allocator, free for new tensors, not for others;
+* ``other``  = this process's NVML usage - reserved: CUDA context and non-torch allocations;
+* ``others`` = memory that other processes hold on the same GPU.
+
+Nothing here initialises CUDA: torch is only asked when it is already imported and CUDA already
+initialised in this process (a sampler must not create a CUDA context just to look). NVML goes through
+:mod:`torchgpu_magic.nvml`, which answers NA instead of raising. psutil and torch are imported lazily.
+
+Standard library plus psutil; no IPython, no ipywidgets (the view is :mod:`torchgpu_magic.panel`).
+"""
+from __future__ import annotations
+
+import collections
+import math
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Optional, Sequence
+
+from .errors import MagicInputError
+from .render import Table, fmt_bytes, html_lines, is_na
+
+MIN_INTERVAL = 0.05
+MAX_INTERVAL = 60.0
+DEFAULT_INTERVAL = 1.0
+HISTORY_SECONDS = 300.0
+THREAD_NAME = "torchgpu-magic-gpumem"
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
+
+
+def validate_interval(seconds: Any) -> float:
+    """``seconds`` as a float between :data:`MIN_INTERVAL` and :data:`MAX_INTERVAL`, else MagicInputError."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        raise MagicInputError(f"interval must be a number of seconds, got {seconds!r}") from None
+    if not math.isfinite(value) or not MIN_INTERVAL <= value <= MAX_INTERVAL:
+        raise MagicInputError(
+            f"interval must be between {MIN_INTERVAL:g} and {MAX_INTERVAL:g} seconds, got {seconds!r}"
+        )
+    return value
+
+
+# ---- figures ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GPUTarget:
+    """One GPU to watch: torch's index (None when torch cannot see it) and NVML's index (None when NVML
+    cannot see it), matched by the inventory (by UUID, so CUDA_VISIBLE_DEVICES reordering is right)."""
+
+    torch_index: Optional[int]
+    nvml_index: Optional[int]
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        """'cuda:0' when torch sees it, else 'nvml:3'."""
+        if self.torch_index is not None:
+            return f"cuda:{self.torch_index}"
+        return f"nvml:{self.nvml_index}"
+
+
+def targets_from(mappings: Sequence[Any], nvml_count: int = 0) -> list[GPUTarget]:
+    """GPU targets from ``inventory.gpu_map()`` rows (``torch_index, nvml_index, name``); when torch sees
+    no GPU but NVML counts ``nvml_count`` of them (a CPU build of torch on a GPU machine), watch those
+    with NVML only."""
+    if mappings:
+        return [GPUTarget(m.torch_index, m.nvml_index, str(getattr(m, "name", "") or "")) for m in mappings]
+    return [GPUTarget(None, i, "") for i in range(nvml_count)]
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """This process's resident memory and the system's, in bytes. ``peak_rss`` is the kernel's
+    high-water mark (VmHWM) since the last reset, None where the OS does not say."""
+
+    rss: int
+    available: int
+    total: int
+    peak_rss: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class GPUMemory:
+    """One GPU seen three ways. Every figure is bytes, or NA/None where that source cannot say."""
+
+    target: GPUTarget
+    used: Any = None          # NVML: all processes, plus the driver's reservation
+    total: Any = None         # NVML
+    process: Any = None       # NVML: this process (its PID in the compute/graphics process lists)
+    others: Any = None        # NVML: every other process on this GPU
+    allocated: Any = None     # torch.cuda.memory_allocated: live tensors
+    reserved: Any = None      # torch.cuda.memory_reserved: held by the caching allocator
+    peak: Any = None          # highest allocated since the last reset (the Sampler's, see there)
+    problems: tuple = ()
+
+    @property
+    def cache(self) -> Any:
+        """Reserved but not allocated: torch's cache (``torch.cuda.empty_cache()`` gives it back)."""
+        if is_na(self.reserved) or is_na(self.allocated):
+            return None
+        return max(0, int(self.reserved) - int(self.allocated))
+
+    @property
+    def other(self) -> Any:
+        """This process's NVML usage beyond torch's reservation: CUDA context, libraries, non-torch
+        allocations. Clamped at 0 (the two sources are read a moment apart)."""
+        if is_na(self.process):
+            return None
+        reserved = 0 if is_na(self.reserved) else int(self.reserved)
+        return max(0, int(self.process) - reserved)
+
+    def to_dict(self) -> dict:
+        """Plain figures (None for N/A), derived ones included."""
+        out = {k: _plain(v) for k, v in asdict(self).items() if k not in ("target", "problems")}
+        out.update(asdict(self.target))
+        out["cache"] = self.cache
+        out["other"] = self.other
+        out["problems"] = list(self.problems)
+        return out
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """Everything one sample saw. ``cuda`` says how much torch could tell: 'not imported', 'no CUDA',
+    'not initialised' (torch holds no GPU memory yet), 'initialised'."""
+
+    time: float
+    wall_time: float
+    host: Optional[HostMemory]
+    gpus: tuple = ()
+    cuda: str = "not imported"
+    status: tuple = ()
+
+    def to_dict(self) -> dict:
+        """Plain values for code and JSON."""
+        return {
+            "time": self.time,
+            "wall_time": self.wall_time,
+            "host": asdict(self.host) if self.host else None,
+            "gpus": [g.to_dict() for g in self.gpus],
+            "cuda": self.cuda,
+            "status": list(self.status),
+        }
+
+    def host_line(self) -> str:
+        """'host: this process 1.2 GiB RSS · system available 20 GiB of 24 GiB'."""
+        if self.host is None:
+            return "host: memory figures unavailable"
+        h = self.host
+        return (
+            f"host: this process {fmt_bytes(h.rss)} RSS · system available "
+            f"{fmt_bytes(h.available)} of {fmt_bytes(h.total)}"
+        )
+
+    def table(self) -> Optional[Table]:
+        """The GPU rows as a table, or None on a machine without GPUs."""
+        if not self.gpus:
+            return None
+        table = Table(
+            ["GPU", "NVML used / total", "this process", "allocated", "cache", "other",
+             "other processes", "peak allocated"],
+            align="lrrrrrrr",
+        )
+        for g in self.gpus:
+            name = f"{g.target.label} {g.target.name}".strip()
+            table.add(name, f"{fmt_bytes(g.used)} / {fmt_bytes(g.total)}", fmt_bytes(g.process),
+                      fmt_bytes(g.allocated), fmt_bytes(g.cache), fmt_bytes(g.other),
+                      fmt_bytes(g.others), fmt_bytes(g.peak))
+        return table
+
+    def notes(self) -> list[str]:
+        """Lines under the table: no GPU, CUDA state, problems."""
+        lines = []
+        if not self.gpus:
+            lines.append("no GPU: host memory only")
+        elif self.cuda != "initialised":
+            lines.append(f"torch: CUDA {self.cuda} in this process, so torch holds no GPU memory yet")
+        lines.extend(self.status)
+        for g in self.gpus:
+            lines.extend(f"{g.target.label}: {p}" for p in g.problems)
+        return lines
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        parts = ["Memory (this process)", "  " + self.host_line()]
+        table = self.table()
+        if table is not None:
+            parts.append(table.to_text(indent="  "))
+        parts.extend("  " + line for line in self.notes())
+        p.text("\n".join(parts))
+
+    def _repr_html_(self) -> str:
+        table = self.table()
+        return (
+            "<div><b>Memory (this process)</b>"
+            + html_lines([self.host_line()])
+            + (table.to_html() if table is not None else "")
+            + html_lines(self.notes())
+            + "</div>"
+        )
+
+
+def _plain(value: Any) -> Any:
+    return None if is_na(value) else value
+
+
+# ---- sources ---------------------------------------------------------------------------------------
+def host_memory() -> Optional[HostMemory]:
+    """RSS and system memory from psutil, peak RSS from /proc (Linux); None if psutil cannot say."""
+    try:
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+        vm = psutil.virtual_memory()
+    except Exception:  # noqa: BLE001 - an unreadable /proc must not break a sample
+        return None
+    return HostMemory(rss=int(rss), available=int(vm.available), total=int(vm.total), peak_rss=peak_rss())
+
+
+def peak_rss() -> Optional[int]:
+    """The kernel's resident-set high-water mark (VmHWM) in bytes, or None off Linux."""
+    try:
+        with open(_STATUS, encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write '5' to /proc/self/clear_refs); False where
+    that is not possible, and a per-cell peak RSS then reads N/A rather than a lifetime maximum."""
+    try:
+        with open(_CLEAR_REFS, "w", encoding="ascii") as refs:
+            refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def cuda_state() -> str:
+    """How much torch can tell without side effects: see :class:`MemorySnapshot`."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return "not imported"
+    try:
+        if not torch.cuda.is_available():
+            return "no CUDA"
+        return "initialised" if torch.cuda.is_initialized() else "not initialised"
+    except Exception:  # noqa: BLE001 - a half-imported or broken torch: say so, never raise
+        return "no CUDA"
+
+
+def _initialised_cuda() -> Any:
+    """``torch.cuda`` when torch is imported and CUDA initialised in this process, else None."""
+    if cuda_state() != "initialised":
+        return None
+    return sys.modules["torch"].cuda
+
+
+def torch_figures(torch_index: int) -> tuple:
+    """(allocated, reserved, max_allocated) of torch's allocator on ``cuda:torch_index``; zeros when
+    CUDA is not initialised (torch then holds nothing), Nones when torch cannot answer."""
+    cuda = _initialised_cuda()
+    if cuda is None:
+        return 0, 0, 0
+    try:
+        return (int(cuda.memory_allocated(torch_index)), int(cuda.memory_reserved(torch_index)),
+                int(cuda.max_memory_allocated(torch_index)))
+    except Exception:  # noqa: BLE001 - e.g. the GPU fell off the bus: the panel shows N/A
+        return None, None, None
+
+
+def _nvml_figures(nvml_index: int, pid: int) -> tuple:
+    """(used, total, this process, other processes, problems) from NVML; NA/None where it cannot say."""
+    from . import nvml
+
+    problems = []
+    try:
+        figures = nvml.memory(nvml_index)
+        used, total = figures if isinstance(figures, tuple) else (figures, figures)
+    except Exception as exc:  # noqa: BLE001 - nvml.py should not raise; if it does, show it
+        used = total = None
+        problems.append(f"NVML memory query failed: {exc}")
+    try:
+        procs, problem = nvml.processes(nvml_index)
+    except Exception as exc:  # noqa: BLE001
+        procs, problem = [], None
+        problems.append(f"NVML process query failed: {exc}")
+    if problem is not None:
+        problems.append(_problem_text(problem))
+        return used, total, None, None, tuple(problems)
+    by_pid: dict = {}
+    for proc in procs:  # one process may appear as compute and graphics: count it once
+        amount = getattr(proc, "used_memory", None)
+        if is_na(amount):
+            continue
+        by_pid[proc.pid] = max(by_pid.get(proc.pid, 0), int(amount))
+    mine = by_pid.pop(pid, None)
+    if mine is None and procs:
+        problems.append("this process is not in NVML's process list (another PID namespace, e.g. a "
+                        "container?): its share is counted with the others")
+    return used, total, mine if mine is not None else 0, sum(by_pid.values()), tuple(problems)
+
+
+def _problem_text(problem: Any) -> str:
+    message = getattr(problem, "message", str(problem))
+    hint = getattr(problem, "hint", "")
+    return f"NVML: {message}" + (f" ({hint})" if hint else "")
+
+
+def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySnapshot:
+    """Take one sample of host memory and every target GPU. Never raises for a lost GPU or a broken
+    NVML: those become ``problems`` / ``status`` lines."""
+    pid = os.getpid() if pid is None else pid
+    status = []
+    nvml_ok = False
+    if any(t.nvml_index is not None for t in targets):
+        try:
+            from . import nvml
+
+            problem = nvml.status()
+        except Exception as exc:  # noqa: BLE001
+            problem = f"NVML unavailable: {exc}"
+        if problem is None:
+            nvml_ok = True
+        else:
+            status.append(_problem_text(problem) if not isinstance(problem, str) else problem)
+    state = cuda_state()
+    gpus = []
+    for target in targets:
+        used = total = process = others = None
+        problems: tuple = ()
+        if nvml_ok and target.nvml_index is not None:
+            used, total, process, others, problems = _nvml_figures(target.nvml_index, pid)
+        allocated = reserved = peak = None
+        if target.torch_index is not None:
+            allocated, reserved, peak = torch_figures(target.torch_index)
+        gpus.append(GPUMemory(target, used, total, process, others, allocated, reserved, peak, problems))
+    return MemorySnapshot(time.monotonic(), time.time(), host_memory(), tuple(gpus), state, tuple(status))
+
+
+# ---- per-cell accounting ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CellGPU:
+    """One GPU's figures for one cell: allocated after minus before, and the highest allocated during."""
+
+    torch_index: int
+    delta: int
+    peak: int
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """What one cell did to memory. ``rss_peak`` is None where the OS cannot reset its high-water mark."""
+
+    number: Optional[int]
+    first_line: str
+    seconds: float
+    rss_delta: Optional[int]
+    rss_peak: Optional[int]
+    gpus: tuple = ()
+
+    def to_dict(self) -> dict:
+        """Plain values for code and JSON."""
+        out = asdict(self)
+        out["gpus"] = [asdict(g) for g in self.gpus]
+        return out
+
+
+@dataclass
+class _CellStart:
+    t0: float
+    rss: Optional[int]
+    peak_reset: bool
+    allocated: dict = field(default_factory=dict)
+
+
+class CellLog:
+    """Per-cell memory accounting: :meth:`start` before a cell, :meth:`finish` after it; keeps the last
+    ``keep`` records.
+
+    Before a cell it resets torch's peak counter (``reset_peak_memory_stats``, CUDA already initialised
+    only) and the kernel's peak-RSS mark, so the peaks afterwards are this cell's own.
+    """
+
+    def __init__(self, keep: int = 10) -> None:
+        self.records: collections.deque = collections.deque(maxlen=keep)
+        self._start: Optional[_CellStart] = None
+
+    def start(self) -> None:
+        """Record the figures before a cell and reset the peak counters."""
+        host = host_memory()
+        begin = _CellStart(time.perf_counter(), host.rss if host else None, reset_peak_rss())
+        cuda = _initialised_cuda()
+        if cuda is not None:
+            try:
+                for index in range(cuda.device_count()):
+                    cuda.reset_peak_memory_stats(index)
+                    begin.allocated[index] = int(cuda.memory_allocated(index))
+            except Exception:  # noqa: BLE001 - a lost GPU: this cell gets no GPU figures
+                begin.allocated.clear()
+        self._start = begin
+
+    def finish(self, number: Optional[int], source: str) -> Optional[CellRecord]:
+        """Close the cell opened by :meth:`start`; None when no cell was open."""
+        begin, self._start = self._start, None
+        if begin is None:
+            return None
+        seconds = time.perf_counter() - begin.t0
+        host = host_memory()
+        rss_delta = host.rss - begin.rss if host and begin.rss is not None else None
+        rss_peak = peak_rss() if begin.peak_reset else None
+        gpus = []
+        cuda = _initialised_cuda()
+        if cuda is not None:  # a cell that initialised CUDA itself started from 0 on every GPU
+            try:
+                for index in range(cuda.device_count()):
+                    before = begin.allocated.get(index, 0)
+                    now = int(cuda.memory_allocated(index))
+                    peak = int(cuda.max_memory_allocated(index))
+                    if now or before or peak:
+                        gpus.append(CellGPU(index, now - before, max(peak, now)))
+            except Exception:  # noqa: BLE001
+                gpus = []
+        lines = [line for line in source.strip().splitlines() if line.strip()]
+        first = lines[0].strip() if lines else ""
+        record = CellRecord(number, first[:80], seconds, rss_delta, rss_peak, tuple(gpus))
+        self.records.append(record)
+        return record
+
+    def clear(self) -> None:
+        """Forget every record (and an open cell)."""
+        self.records.clear()
+        self._start = None
+
+
+# ---- the sampler thread ----------------------------------------------------------------------------
+class Sampler:
+    """Samples memory every ``interval`` seconds in a named daemon thread and hands each
+    :class:`MemorySnapshot` to ``callback`` (called in the sampler thread; exceptions are kept in
+    :attr:`last_error`, never printed).
+
+    The schedule is drift-free (the next tick is the previous one plus ``interval``, as nvitop's
+    ``collect_in_background``; after a stall it skips ahead instead of bursting), :meth:`stop` ends the
+    thread within one interval (it waits on an Event, never sleeps blindly), and :attr:`history` keeps the
+    last ``history_seconds`` of snapshots for sparklines. ``peak`` figures are the highest allocated /
+    RSS seen since :meth:`reset_peaks`, fed by every sample and by :meth:`note_cell`.
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[GPUTarget] = (),
+        interval: float = DEFAULT_INTERVAL,
+        callback: Optional[Callable[[MemorySnapshot], None]] = None,
+        history_seconds: float = HISTORY_SECONDS,
+        collector: Callable[[Sequence[GPUTarget]], MemorySnapshot] = collect,
+    ) -> None:
+        self.targets = tuple(targets)
+        self.callback = callback
+        self.history_seconds = float(history_seconds)
+        self.last_error: Optional[str] = None
+        self.latest: Optional[MemorySnapshot] = None
+        self._collector = collector
+        self._interval = validate_interval(interval)
+        self._history: collections.deque = collections.deque(maxlen=self._history_len())
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._paused = False
+        self._thread: Optional[threading.Thread] = None
+        self._peaks: dict = {}
+        self._peak_rss = 0
+
+    # -- settings
+    @property
+    def interval(self) -> float:
+        """Seconds between samples; setting it validates and takes effect at once."""
+        return self._interval
+
+    @interval.setter
+    def interval(self, seconds: float) -> None:
+        value = validate_interval(seconds)
+        with self._lock:
+            self._interval = value
+            self._history = collections.deque(self._history, maxlen=self._history_len())
+        self._wake.set()
+
+    def _history_len(self) -> int:
+        return max(2, int(self.history_seconds / self._interval) + 1)
+
+    @property
+    def paused(self) -> bool:
+        """True while ticks skip sampling (the thread keeps its schedule and stops as quickly)."""
+        return self._paused
+
+    def pause(self) -> None:
+        """Stop sampling until :meth:`resume`; the last figures stay."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Sample again from the next tick (and now)."""
+        self._paused = False
+        self._wake.set()
+
+    @property
+    def history(self) -> list:
+        """The kept snapshots, oldest first (a copy)."""
+        with self._lock:
+            return list(self._history)
+
+    # -- thread
+    @property
+    def running(self) -> bool:
+        """True while the sampler thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the thread (a no-op when it runs)."""
+        if self.running:
+            return
+        self._stopping = False
+        self._wake.clear()
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: Optional[float] = None) -> bool:
+        """Ask the thread to end and wait for it (up to ``timeout``, default one interval plus a second);
+        True when it has ended. Safe to call from the sampler thread itself and when not running."""
+        self._stopping = True
+        self._wake.set()
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return True
+        thread.join(self._interval + 1.0 if timeout is None else timeout)
+        if thread.is_alive():
+            return False
+        self._thread = None
+        return True
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stopping:
+            if not self._paused:
+                self.sample_now()
+            next_at += self._interval
+            now = time.monotonic()
+            if next_at <= now:  # a slow sample or a suspended machine: skip the missed ticks
+                next_at = now + self._interval
+            if self._wake.wait(next_at - now):
+                self._wake.clear()
+                next_at = time.monotonic()  # interval changed, resumed, or stopping: re-plan from now
+
+    # -- samples
+    def sample_now(self) -> MemorySnapshot:
+        """Take one sample now (any thread), fold it into peaks and history, and call the callback."""
+        with self._lock:
+            snapshot = self._collector(self.targets)
+            snapshot = self._fold_peaks(snapshot)
+            self.latest = snapshot
+            self._history.append(snapshot)
+            if self.callback is not None:
+                try:
+                    self.callback(snapshot)
+                except Exception as exc:  # noqa: BLE001 - a view's failure must not kill the sampler
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+        return snapshot
+
+    def _fold_peaks(self, snapshot: MemorySnapshot) -> MemorySnapshot:
+        gpus = []
+        for g in snapshot.gpus:
+            index = g.target.torch_index
+            seen = [v for v in (g.allocated, g.peak) if not is_na(v)]
+            if index is None or not seen:
+                gpus.append(replace(g, peak=None) if index is None else g)
+                continue
+            self._peaks[index] = max(self._peaks.get(index, 0), *map(int, seen))
+            gpus.append(replace(g, peak=self._peaks[index]))
+        host = snapshot.host
+        if host is not None:
+            self._peak_rss = max(self._peak_rss, host.rss, host.peak_rss or 0)
+            host = replace(host, peak_rss=self._peak_rss)
+        return replace(snapshot, gpus=tuple(gpus), host=host)
+
+    def note_cell(self, record: CellRecord) -> None:
+        """Fold a cell's peaks into the peak figures (torch's counter is reset before every cell, so a
+        peak between two samples would otherwise be lost)."""
+        with self._lock:
+            for g in record.gpus:
+                self._peaks[g.torch_index] = max(self._peaks.get(g.torch_index, 0), g.peak)
+            if record.rss_peak is not None:
+                self._peak_rss = max(self._peak_rss, record.rss_peak)
+
+    def reset_peaks(self) -> None:
+        """Start the peak figures again from now (torch's own peak counter and the kernel's peak RSS
+        mark too, where CUDA is initialised / the OS allows)."""
+        with self._lock:
+            self._peaks.clear()
+            self._peak_rss = 0
+            reset_peak_rss()
+            cuda = _initialised_cuda()
+            if cuda is not None:
+                try:
+                    for index in range(cuda.device_count()):
+                        cuda.reset_peak_memory_stats(index)
+                except Exception:  # noqa: BLE001
+                    pass
+        self.sample_now()
+
+
+def empty_cache() -> bool:
+    """Give torch's cached GPU memory back to the driver; False (and nothing done) when CUDA is not
+    initialised in this process."""
+    cuda = _initialised_cuda()
+    if cuda is None:
+        return False
+    cuda.empty_cache()
+    return True

@@ -87,3 +87,22 @@ def fresh_env(monkeypatch: Any) -> Any:
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         monkeypatch.delenv(name, raising=False)
     return os.environ
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: Any) -> Any:
+    """Install a scripted pynvml: ``fake_nvml("h100")`` puts the scenario's module (tests/fake_pynvml.py)
+    at ``sys.modules["pynvml"]``, resets torchgpu_magic.nvml, and returns the module; ``fake_nvml(None)``
+    makes ``import pynvml`` fail. Both are undone after the test."""
+    import fake_pynvml
+
+    from torchgpu_magic import nvml
+
+    def install(name: Any, edit: Any = None) -> Any:
+        module = None if name is None else fake_pynvml.make(name, edit)
+        monkeypatch.setitem(sys.modules, "pynvml", module)
+        nvml.reset()
+        return module
+
+    yield install
+    nvml.reset()

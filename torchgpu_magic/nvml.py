@@ -1,0 +1,481 @@
+"""The NVML layer: the only module that imports ``pynvml`` (from the ``nvidia-ml-py`` distribution).
+
+NVML never crashes a report. The library is initialised lazily, once, under a lock (and shut down at
+exit); every query returns a value or :data:`NA`, and every failure becomes an :class:`NVMLProblem`
+whose ``hint`` says what a person can do about it (model: nvitop's ``nvmlQuery`` and ``NaType``).
+``pynvml`` is looked up in ``sys.modules`` at initialisation, so tests can put a scripted stand-in
+there and call :func:`reset`.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+__all__ = [
+    "NA",
+    "NVMLProblem",
+    "GPUSnapshot",
+    "MigSnapshot",
+    "ProcessInfo",
+    "status",
+    "device_count",
+    "driver_version",
+    "cuda_driver_version",
+    "gpu_snapshot",
+    "memory",
+    "processes",
+    "reset",
+]
+
+
+class _NAType:
+    """'Not available': what a GPU or driver cannot say. Falsy, prints as ``N/A``, one instance."""
+
+    _instance: Optional[_NAType] = None
+    _is_na = True
+
+    def __new__(cls) -> _NAType:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return "N/A"
+
+    def __repr__(self) -> str:
+        return "NA"
+
+    def __reduce__(self) -> str:
+        return "NA"
+
+
+NA = _NAType()
+
+
+@dataclass(frozen=True)
+class NVMLProblem:
+    """Why NVML could not answer: a short ``code``, NVML's ``message``, and a ``hint`` to act on."""
+
+    code: str
+    message: str
+    hint: str
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "message": self.message, "hint": self.hint}
+
+
+@dataclass
+class MigSnapshot:
+    """One MIG instance of a GPU in MIG mode."""
+
+    index: int
+    uuid: Any = NA
+    name: Any = NA
+    memory_total: Any = NA
+    memory_used: Any = NA
+    gpu_instance_id: Any = NA
+    compute_instance_id: Any = NA
+
+
+@dataclass
+class GPUSnapshot:
+    """Everything NVML says about one physical GPU at one moment; each field a value or :data:`NA`.
+
+    Units: bytes for memory, percent for utilisation, °C, watts, MHz.
+    """
+
+    index: int
+    name: Any = NA
+    uuid: Any = NA
+    pci_bus_id: Any = NA
+    compute_capability: Any = NA
+    memory_total: Any = NA
+    memory_used: Any = NA
+    memory_free: Any = NA
+    utilization_gpu: Any = NA
+    utilization_memory: Any = NA
+    temperature: Any = NA
+    power_draw: Any = NA
+    power_limit: Any = NA
+    clock_sm: Any = NA
+    clock_memory: Any = NA
+    clock_sm_max: Any = NA
+    clock_memory_max: Any = NA
+    pcie_generation: Any = NA
+    pcie_width: Any = NA
+    pcie_generation_max: Any = NA
+    pcie_width_max: Any = NA
+    persistence_mode: Any = NA
+    mig_mode: Any = NA
+    mig_mode_pending: Any = NA
+    mig_devices: list = field(default_factory=list)
+    not_supported: list = field(default_factory=list)
+    problems: list = field(default_factory=list)
+
+
+@dataclass
+class ProcessInfo:
+    """A process using a GPU, as NVML lists it (PIDs are the host's when run inside a container)."""
+
+    pid: int
+    name: Any = NA
+    used_memory: Any = NA
+    kind: str = "compute"
+
+
+# ---- errors and hints ---------------------------------------------------------------------------
+
+_HINTS = {
+    "library_not_found": (
+        "The NVML library (libnvidia-ml.so.1) was not found: no NVIDIA driver is installed here, or a "
+        "container was started without the driver mounted (use `docker run --gpus all` with the NVIDIA "
+        "Container Toolkit)."
+    ),
+    "bindings_missing": "The NVML bindings are not installed: `pip install nvidia-ml-py`.",
+    "driver_not_loaded": (
+        "The NVIDIA kernel driver is not loaded: check `nvidia-smi` and `lsmod | grep nvidia`; reboot "
+        "after installing a driver, or load it with `sudo modprobe nvidia`."
+    ),
+    "driver_mismatch": (
+        "The driver's library and its kernel module have different versions, usually after a driver "
+        "upgrade without a reboot: reboot (or reload the nvidia kernel modules)."
+    ),
+    "no_permission": (
+        "NVML refused for lack of permission: inside a container other processes (and their GPU "
+        "memory) are hidden; run on the host or in a container started with `--pid=host`, or as root."
+    ),
+    "not_supported": (
+        "This GPU or driver does not report it (common on consumer GPUs, in MIG mode and under vGPU); "
+        "it is shown as N/A."
+    ),
+    "function_not_found": (
+        "The NVIDIA driver is older than this NVML function: update the driver to get this figure."
+    ),
+    "gpu_lost": (
+        "The GPU has fallen off the bus or stopped responding: look for Xid errors in `dmesg`; the GPU "
+        "needs a reset (`nvidia-smi -r`) or the machine a reboot."
+    ),
+    "unknown": "NVML reported an unexpected error: run `nvidia-smi` to see whether the driver works.",
+}
+
+# pynvml exception class name -> our code; anything else is 'unknown'.
+_CODES = {
+    "NVMLError_LibraryNotFound": "library_not_found",
+    "NVMLError_DriverNotLoaded": "driver_not_loaded",
+    "NVMLError_LibRmVersionMismatch": "driver_mismatch",
+    "NVMLError_NoPermission": "no_permission",
+    "NVMLError_NotSupported": "not_supported",
+    "NVMLError_FunctionNotFound": "function_not_found",
+    "NVMLError_GpuIsLost": "gpu_lost",
+}
+
+
+def problem_from_error(exc: BaseException, what: str = "") -> NVMLProblem:
+    """Map a pynvml exception (or an unexpected one) to an :class:`NVMLProblem` with its hint.
+
+    The class is matched by name along its MRO so that the real pynvml classes and a stand-in with the
+    same hierarchy map alike.
+    """
+    code = "unknown"
+    for klass in type(exc).__mro__:
+        if klass.__name__ in _CODES:
+            code = _CODES[klass.__name__]
+            break
+    try:
+        text = str(exc) or type(exc).__name__
+    except Exception:  # noqa: BLE001 - pynvml's __str__ itself calls into the library
+        text = type(exc).__name__
+    message = f"{what}: {text}" if what else text
+    return NVMLProblem(code=code, message=message, hint=_HINTS[code])
+
+
+# ---- initialisation -----------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_tried = False
+_module: Any = None
+_problem: Optional[NVMLProblem] = None
+_atexit_registered = False
+
+
+def _init_locked() -> None:
+    global _tried, _module, _problem, _atexit_registered
+    _tried = True
+    try:
+        import pynvml
+    except ImportError as exc:
+        _problem = NVMLProblem(
+            "library_not_found", f"cannot import pynvml: {exc}", _HINTS["bindings_missing"])
+        return
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - NVMLError subclasses, or OSError from ctypes
+        _problem = problem_from_error(exc, "nvmlInit")
+        return
+    _module = pynvml
+    if not _atexit_registered:
+        atexit.register(reset)
+        _atexit_registered = True
+
+
+def _nvml() -> Any:
+    """The initialised pynvml module, or None when NVML is unavailable (see :func:`status`)."""
+    if not _tried:
+        with _lock:
+            if not _tried:
+                _init_locked()
+    return _module
+
+
+def status() -> Optional[NVMLProblem]:
+    """Initialise NVML on first use; None when it works, else why it does not."""
+    _nvml()
+    return _problem
+
+
+def reset() -> None:
+    """Shut NVML down and forget everything, so the next call initialises afresh (also run at exit)."""
+    global _tried, _module, _problem
+    with _lock:
+        module, _module, _problem, _tried = _module, None, None, False
+        if module is not None:
+            try:
+                module.nvmlShutdown()
+            except Exception:  # noqa: BLE001, S110 - nothing to do about a failed shutdown
+                pass
+
+
+# ---- queries ------------------------------------------------------------------------------------
+
+
+class _Querier:
+    """Runs queries against one GPU, collecting problems; stops asking once the GPU is lost."""
+
+    def __init__(self, module: Any, problems: list, not_supported: list) -> None:
+        self.module = module
+        self.problems = problems
+        self.not_supported = not_supported
+        self.lost = False
+
+    def __call__(self, what: str, fn_name: str, *args: Any, convert: Optional[Callable] = None) -> Any:
+        if self.lost:
+            return NA
+        fn = getattr(self.module, fn_name, None)
+        if fn is None:
+            self._note(what, NVMLProblem("function_not_found", f"{what}: pynvml has no {fn_name}",
+                                         _HINTS["function_not_found"]))
+            return NA
+        try:
+            value = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes NA plus a problem
+            self._note(what, problem_from_error(exc, what))
+            return NA
+        if value is None:
+            return NA
+        value = _decode(value)
+        if convert is not None:
+            try:
+                return convert(value)
+            except (TypeError, ValueError, AttributeError):
+                return NA
+        return value
+
+    def _note(self, what: str, problem: NVMLProblem) -> None:
+        if problem.code in ("not_supported", "function_not_found"):
+            if what not in self.not_supported:
+                self.not_supported.append(what)
+            return
+        if problem.code == "gpu_lost":
+            self.lost = True
+        if problem not in self.problems:
+            self.problems.append(problem)
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value
+
+
+def _query(what: str, fn_name: str, *args: Any) -> tuple:
+    """One system-level query: ``(value or NA, problem or None)``."""
+    module = _nvml()
+    if module is None:
+        return NA, _problem
+    problems: list = []
+    not_supported: list = []
+    value = _Querier(module, problems, not_supported)(what, fn_name, *args)
+    if problems:
+        return value, problems[0]
+    if not_supported:
+        return value, NVMLProblem("not_supported", f"{what}: not supported", _HINTS["not_supported"])
+    return value, None
+
+
+def device_count() -> int:
+    """How many GPUs NVML sees (all of them, whatever CUDA_VISIBLE_DEVICES says); 0 without NVML."""
+    value, _ = _query("device count", "nvmlDeviceGetCount")
+    return int(value) if isinstance(value, int) else 0
+
+
+def driver_version() -> Any:
+    """The NVIDIA driver version, e.g. '580.159.04', or NA."""
+    return _query("driver version", "nvmlSystemGetDriverVersion")[0]
+
+
+def cuda_driver_version() -> Any:
+    """The newest CUDA version the driver supports, e.g. '13.0' (from NVML's 13000), or NA."""
+    value = _query("CUDA driver version", "nvmlSystemGetCudaDriverVersion")[0]
+    if not isinstance(value, int):
+        return NA
+    major, minor = value // 1000, (value % 1000) // 10
+    return f"{major}.{minor}"
+
+
+def _handle(module: Any, nvml_index: int, problems: list) -> Any:
+    try:
+        return module.nvmlDeviceGetHandleByIndex(nvml_index)
+    except Exception as exc:  # noqa: BLE001
+        problems.append(problem_from_error(exc, f"GPU {nvml_index}"))
+        return None
+
+
+def _watts(milliwatts: Any) -> float:
+    return round(int(milliwatts) / 1000.0, 1)
+
+
+def gpu_snapshot(nvml_index: int) -> GPUSnapshot:
+    """All NVML says about GPU ``nvml_index`` now; never raises, NA for what it cannot say."""
+    snap = GPUSnapshot(index=nvml_index)
+    module = _nvml()
+    if module is None:
+        snap.problems.append(_problem)
+        return snap
+    handle = _handle(module, nvml_index, snap.problems)
+    if handle is None:
+        return snap
+    q = _Querier(module, snap.problems, snap.not_supported)
+    snap.name = q("name", "nvmlDeviceGetName", handle)
+    snap.uuid = q("UUID", "nvmlDeviceGetUUID", handle)
+    snap.pci_bus_id = q("PCI bus id", "nvmlDeviceGetPciInfo", handle, convert=lambda p: _decode(p.busId))
+    snap.compute_capability = q("compute capability", "nvmlDeviceGetCudaComputeCapability", handle,
+                                convert=lambda cc: f"{cc[0]}.{cc[1]}")
+    mem = q("memory", "nvmlDeviceGetMemoryInfo", handle)
+    if not isinstance(mem, _NAType):
+        snap.memory_total, snap.memory_used, snap.memory_free = int(mem.total), int(mem.used), int(mem.free)
+    util = q("utilization", "nvmlDeviceGetUtilizationRates", handle)
+    if not isinstance(util, _NAType):
+        snap.utilization_gpu, snap.utilization_memory = int(util.gpu), int(util.memory)
+    temp_sensor = getattr(module, "NVML_TEMPERATURE_GPU", 0)
+    snap.temperature = q("temperature", "nvmlDeviceGetTemperature", handle, temp_sensor)
+    snap.power_draw = q("power draw", "nvmlDeviceGetPowerUsage", handle, convert=_watts)
+    snap.power_limit = q("power limit", "nvmlDeviceGetEnforcedPowerLimit", handle, convert=_watts)
+    clock_sm, clock_mem = getattr(module, "NVML_CLOCK_SM", 1), getattr(module, "NVML_CLOCK_MEM", 2)
+    snap.clock_sm = q("SM clock", "nvmlDeviceGetClockInfo", handle, clock_sm)
+    snap.clock_memory = q("memory clock", "nvmlDeviceGetClockInfo", handle, clock_mem)
+    snap.clock_sm_max = q("max SM clock", "nvmlDeviceGetMaxClockInfo", handle, clock_sm)
+    snap.clock_memory_max = q("max memory clock", "nvmlDeviceGetMaxClockInfo", handle, clock_mem)
+    snap.pcie_generation = q("PCIe generation", "nvmlDeviceGetCurrPcieLinkGeneration", handle)
+    snap.pcie_width = q("PCIe width", "nvmlDeviceGetCurrPcieLinkWidth", handle)
+    snap.pcie_generation_max = q("max PCIe generation", "nvmlDeviceGetMaxPcieLinkGeneration", handle)
+    snap.pcie_width_max = q("max PCIe width", "nvmlDeviceGetMaxPcieLinkWidth", handle)
+    enabled = getattr(module, "NVML_FEATURE_ENABLED", 1)
+    snap.persistence_mode = q("persistence mode", "nvmlDeviceGetPersistenceMode", handle,
+                              convert=lambda v: v == enabled)
+    mig = q("MIG mode", "nvmlDeviceGetMigMode", handle)
+    if not isinstance(mig, _NAType):
+        snap.mig_mode, snap.mig_mode_pending = bool(mig[0]), bool(mig[1])
+        if snap.mig_mode:
+            snap.mig_devices = _mig_devices(module, q, handle)
+    return snap
+
+
+def _mig_devices(module: Any, q: _Querier, handle: Any) -> list:
+    """The MIG instances that exist on a GPU in MIG mode (empty slots are skipped)."""
+    slots = q("MIG device count", "nvmlDeviceGetMaxMigDeviceCount", handle)
+    found = []
+    for slot in range(slots if isinstance(slots, int) else 0):
+        try:
+            mig_handle = module.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except Exception as exc:  # noqa: BLE001 - NotFound marks an empty slot
+            if problem_from_error(exc).code == "gpu_lost":
+                q.lost = True
+                break
+            continue
+        mig = MigSnapshot(index=slot)
+        mig.uuid = q("MIG UUID", "nvmlDeviceGetUUID", mig_handle)
+        mig.name = q("MIG name", "nvmlDeviceGetName", mig_handle)
+        mem = q("MIG memory", "nvmlDeviceGetMemoryInfo", mig_handle)
+        if not isinstance(mem, _NAType):
+            mig.memory_total, mig.memory_used = int(mem.total), int(mem.used)
+        mig.gpu_instance_id = q("MIG GPU instance", "nvmlDeviceGetGpuInstanceId", mig_handle)
+        mig.compute_instance_id = q("MIG compute instance", "nvmlDeviceGetComputeInstanceId", mig_handle)
+        found.append(mig)
+    return found
+
+
+def memory(nvml_index: int) -> tuple:
+    """``(used, total)`` bytes of GPU ``nvml_index`` (NA each when unknown): the cheap call for samplers."""
+    module = _nvml()
+    if module is None:
+        return NA, NA
+    try:
+        info = module.nvmlDeviceGetMemoryInfo(module.nvmlDeviceGetHandleByIndex(nvml_index))
+    except Exception:  # noqa: BLE001 - a sampler wants a figure or NA, never an exception
+        return NA, NA
+    return int(info.used), int(info.total)
+
+
+def processes(nvml_index: int) -> tuple:
+    """The processes using GPU ``nvml_index`` and, when the list is incomplete, why.
+
+    Returns ``(list[ProcessInfo], Optional[NVMLProblem])``. Compute processes come first; a PID in
+    both lists appears once. Names come from psutil where this process can see the PID.
+    """
+    module = _nvml()
+    if module is None:
+        return [], _problem
+    problems: list = []
+    handle = _handle(module, nvml_index, problems)
+    if handle is None:
+        return [], problems[0]
+    found: dict = {}
+    first_problem: Optional[NVMLProblem] = None
+    for kind, fn_name in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                          ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
+        fn = getattr(module, fn_name, None)
+        if fn is None:
+            continue
+        try:
+            listed = fn(handle)
+        except Exception as exc:  # noqa: BLE001
+            first_problem = first_problem or problem_from_error(exc, f"{kind} process list")
+            continue
+        for proc in listed:
+            pid = int(proc.pid)
+            if pid in found:
+                continue
+            used = getattr(proc, "usedGpuMemory", None)
+            found[pid] = ProcessInfo(pid=pid, used_memory=NA if used is None else int(used), kind=kind)
+    infos = list(found.values())
+    _name_processes(infos)
+    return infos, first_problem
+
+
+def _name_processes(infos: list) -> None:
+    if not infos:
+        return
+    try:
+        import psutil
+    except ImportError:
+        return
+    for info in infos:
+        try:
+            info.name = psutil.Process(info.pid).name()
+        except (psutil.Error, OSError):
+            info.name = NA

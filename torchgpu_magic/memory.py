@@ -183,8 +183,8 @@ class MemorySnapshot:
         lines = []
         if not self.gpus:
             lines.append("no GPU: host memory only")
-        elif self.cuda != "initialised":
-            lines.append(f"torch: CUDA {self.cuda} in this process, so torch holds no GPU memory yet")
+        elif self.cuda in _CUDA_NOTES:
+            lines.append(_CUDA_NOTES[self.cuda])
         lines.extend(self.status)
         for g in self.gpus:
             lines.extend(f"{g.target.label}: {p}" for p in g.problems)
@@ -207,6 +207,13 @@ class MemorySnapshot:
             + html_lines(self.notes())
             + "</div>"
         )
+
+
+_CUDA_NOTES = {
+    "not imported": "torch is not imported in this process yet, so it holds no GPU memory",
+    "no CUDA": "this torch has no CUDA (a CPU build?): only NVML's figures are shown",
+    "not initialised": "CUDA is not initialised in this process yet, so torch holds no GPU memory",
+}
 
 
 def _plain(value: Any) -> Any:
@@ -299,8 +306,11 @@ def _nvml_figures(nvml_index: int, pid: int) -> tuple:
         procs, problem = [], None
         problems.append(f"NVML process query failed: {exc}")
     if problem is not None:
-        problems.append(_problem_text(problem))
-        return used, total, None, None, tuple(problems)
+        if not procs:  # no list at all: this process's share and the others' are unknown
+            problems.append(_problem_text(problem))
+            return used, total, None, None, tuple(problems)
+        if getattr(problem, "code", "") != "not_supported":  # one of two lists failed
+            problems.append(_problem_text(problem))
     by_pid: dict = {}
     for proc in procs:  # one process may appear as compute and graphics: count it once
         amount = getattr(proc, "used_memory", None)

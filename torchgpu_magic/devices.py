@@ -201,6 +201,82 @@ def default_device() -> Any:
     return _default_device()
 
 
+# ---- moving existing objects (%%ontorch --move) --------------------------------------------------
+
+
+def movable_kind(obj: Any) -> Optional[str]:
+    """'tensor', 'module' or 'optimizer' for what :func:`move` can move; None for anything else."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return "tensor"
+    if isinstance(obj, torch.nn.Module):
+        return "module"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    return None
+
+
+def move(obj: Any, device: Any) -> tuple:
+    """Move a tensor, module or optimizer's state to ``device``; return ``(obj_to_bind, bytes_moved)``.
+
+    Modules move in place (``module.to``), as do parameters (``.data`` swapped, as ``Module.to`` does),
+    so every reference sees the move. A plain tensor cannot move in place: the returned new tensor must be
+    bound to the name instead (the ``x = x.to(device)`` idiom). An optimizer's state tensors move the way
+    ``Optimizer.load_state_dict`` places them: ``step`` stays where it is unless the group is capturable
+    or fused. Bytes count only the tensors that were elsewhere. Raises :class:`MagicInputError` for
+    other objects.
+    """
+    import torch
+
+    device = torch.device(device)
+    kind = movable_kind(obj)
+    if kind == "tensor":
+        if _on(obj, device):
+            return obj, 0
+        if isinstance(obj, torch.nn.Parameter):
+            with torch.no_grad():
+                obj.data = obj.data.to(device)
+            return obj, _nbytes(obj)
+        return obj.to(device), _nbytes(obj)
+    if kind == "module":
+        moved = {id(t): _nbytes(t) for t in _module_tensors(obj) if not _on(t, device)}
+        obj.to(device)
+        return obj, sum(moved.values())
+    if kind == "optimizer":
+        total = 0
+        for group in obj.param_groups:
+            keep_step = not (group.get("capturable") or group.get("fused"))
+            for param in group.get("params", ()):
+                state = obj.state.get(param)
+                if not isinstance(state, dict):
+                    continue
+                for key, value in list(state.items()):
+                    if not isinstance(value, torch.Tensor) or _on(value, device):
+                        continue
+                    if key == "step" and keep_step:
+                        continue
+                    state[key] = value.to(device)
+                    total += _nbytes(value)
+        return obj, total
+    raise MagicInputError(
+        f"cannot move a {type(obj).__name__}: --move takes tensors, nn.Modules and optimizers"
+    )
+
+
+def _module_tensors(module: Any) -> list:
+    return list(module.parameters()) + list(module.buffers())
+
+
+def _on(tensor: Any, device: Any) -> bool:
+    here = tensor.device
+    return here.type == device.type and (device.index is None or here.index in (None, device.index))
+
+
+def _nbytes(tensor: Any) -> int:
+    return int(tensor.nelement()) * int(tensor.element_size())
+
+
 # ---- helpers -------------------------------------------------------------------------------------
 
 

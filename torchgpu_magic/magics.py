@@ -28,7 +28,7 @@ def parse_args(magic: Callable[..., Any], line: str) -> Any:
         return parse_argstring(magic, line)
     except (UsageError, ValueError) as exc:
         usage = " ".join(magic.parser.format_usage().split())
-        usage = usage.replace("usage: ", "", 1).replace("%" + name, "").strip()
+        usage = usage.replace("usage: ", "", 1).replace("::", "", 1).replace("%" + name, "").strip()
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(f"%{name}: {message}. Usage: %{name} {usage}") from None
 
@@ -38,6 +38,7 @@ def usage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
         try:
             return method(*args, **kwargs)
         except MagicInputError as exc:
@@ -77,12 +78,339 @@ class TorchGPUMagics(Magics):
     # ---- %gpuinfo (issue 2) ----------------------------------------------------------------------
 
     # ---- %%ontorch (issue 3) ---------------------------------------------------------------------
+    _ontorch_saved: Any = None  # devices.DeviceState from before the line form's first change
+    _ontorch_setting: str = ""  # what the line form set, for `%ontorch` with no argument
+    _ontorch_depth: int = 0  # how many %%ontorch cells are running (nested ones included)
+    _ontorch_closer_added: bool = False
+
+    @magic_arguments()
+    @argument("spec", nargs="?", default=None,
+              help="device: auto, cpu, cuda, cuda:N, mps, xpu, xpu:N or meta")
+    @argument("--fallback", metavar="DEVICE", default=None,
+              help="run on DEVICE (and say so) when SPEC is not available here")
+    @argument("--dtype", metavar="NAME", default=None,
+              help="default floating dtype: float16, bfloat16, float32 or float64")
+    @argument("--move", metavar="NAME[,NAME...]", default=None,
+              help="move these tensors / modules / optimizers' state to the device first")
+    @argument("-q", "--quiet", action="store_true", help="no footer or move report")
+    @argument("--reset", action="store_true",
+              help="line form: undo %%ontorch SPEC, restoring the default device and dtype from before")
+    @line_cell_magic
+    @usage_errors
+    def ontorch(self, line: str = "", cell: Optional[str] = None) -> Any:
+        """Run a cell on a chosen device: ``%%ontorch SPEC [--fallback DEVICE] [--dtype NAME]
+        [--move NAME,...] [-q]``.
+
+        The cell runs with SPEC as torch's default device (``torch.set_default_device``), the dtype as
+        default dtype and, for ``cuda:N``, N as the current CUDA device, so ``torch.ones(3)``,
+        ``nn.Linear(4, 4)``, ``.cuda()`` and ``'cuda'`` all mean that device; afterwards all of these
+        are restored exactly, however the cell ended. A footer names the device, and the new or changed
+        tensors and modules that are somewhere else (torch's default device does not reach
+        ``torch.from_numpy``, ``torch.Tensor(...)``, explicit ``device=`` or older objects).
+
+        Line form: ``%ontorch SPEC [options]`` makes SPEC the kernel's default until
+        ``%ontorch --reset`` (or ``%unload_ext``); ``%ontorch`` alone shows the current default.
+        """
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        from . import devices
+
+        args = parse_args(self.ontorch, line)
+        if cell is None and args.spec is None and not args.reset:
+            if args.fallback or args.dtype or args.move or args.quiet:
+                raise UsageError("%ontorch: options need a device: %ontorch SPEC [options]")
+            print(self._ontorch_status())
+            return None
+        if args.reset:
+            if cell is not None or args.spec or args.fallback or args.dtype or args.move:
+                raise UsageError("%ontorch: --reset stands alone, as the line magic: %ontorch --reset")
+            self._ontorch_reset(report=not args.quiet)
+            return None
+        if args.spec is None:
+            here = ", ".join(devices.available_devices())
+            raise UsageError(f"%ontorch: which device? %%ontorch SPEC [options]; devices here: {here}, auto")
+        if cell is None and self._ontorch_depth:
+            raise UsageError("%ontorch: SPEC inside a %%ontorch cell would be undone when the cell ends; "
+                             "run it in a cell of its own")
+        device, note = self._ontorch_device(args.spec, args.fallback)
+        dtype = devices.parse_dtype(args.dtype) if args.dtype is not None else None
+        targets = self._ontorch_targets(args.move)
+        if note:
+            print(note)
+        if cell is None:
+            self._ontorch_set_default(device, dtype, args.spec)
+            self._ontorch_move(targets, device, args.quiet)
+            if not args.quiet:
+                print(f"%ontorch: torch's default device is now {device}"
+                      f"{f', default dtype {args.dtype}' if dtype is not None else ''}"
+                      " (undo with %ontorch --reset)")
+            return None
+        return self._ontorch_cell(cell, line, device, dtype, targets, args.quiet)
+
+    def _ontorch_device(self, spec: str, fallback: Optional[str]) -> tuple:
+        """Resolve SPEC (and always validate --fallback); (device, one-line note or '')."""
+        from . import devices
+
+        backup = devices.resolve(fallback) if fallback is not None else None
+        try:
+            return devices.resolve(spec), ""
+        except devices.DeviceUnavailable as exc:
+            if backup is None:
+                raise
+            reason = str(exc).split(". Devices here:")[0]
+            return backup, f"%%ontorch: {reason}; running on {backup} instead (--fallback)"
+
+    def _ontorch_targets(self, move: Optional[str]) -> list:
+        """Validate --move NAME[,NAME...] against the namespace: [(name, kind)]; nothing moves here."""
+        from . import devices
+
+        if move is None:
+            return []
+        names = [name.strip() for name in move.split(",")]
+        if not all(names):
+            raise UsageError(f"%ontorch: --move {move!r}: give names separated by commas: --move model,x")
+        ns = self.shell.user_ns
+        missing = [name for name in names if name not in ns]
+        if missing:
+            raise UsageError(f"%ontorch: --move: no variable named {', '.join(missing)} "
+                             "(give names of tensors, nn.Modules or optimizers)")
+        targets = []
+        for name in dict.fromkeys(names):
+            kind = devices.movable_kind(ns[name])
+            if kind is None:
+                raise UsageError(f"%ontorch: --move: {name} is a {type(ns[name]).__name__}; --move takes "
+                                 "tensors, nn.Modules and optimizers")
+            targets.append((name, kind))
+        return targets
+
+    def _ontorch_move(self, targets: list, device: Any, quiet: bool) -> None:
+        """Move the validated targets; print one line naming what moved and how many bytes."""
+        from . import devices
+        from .render import fmt_bytes
+
+        if not targets:
+            return
+        ns = self.shell.user_ns
+        parts, total = [], 0
+        for name, kind in targets:
+            obj, nbytes = devices.move(ns[name], device)
+            ns[name] = obj
+            total += nbytes
+            parts.append(f"{name} ({kind}, {fmt_bytes(nbytes)})" if nbytes else f"{name} (already there)")
+        if not quiet:
+            print(f"%%ontorch: moved to {device}: {', '.join(parts)}; {fmt_bytes(total)} in all")
+
+    def _ontorch_set_default(self, device: Any, dtype: Any, spec: str) -> None:
+        """The line form: change the kernel's default, remembering the first state for --reset."""
+        from . import devices
+
+        if self._ontorch_saved is None:
+            self._ontorch_saved = devices.current_state()
+        if not self._ontorch_closer_added:
+            self.add_closer(self._ontorch_reset)
+            self._ontorch_closer_added = True
+        devices.apply(device, dtype)
+        self._ontorch_setting = f"set by %ontorch {spec.strip()}"
+
+    def _ontorch_reset(self, report: bool = False) -> None:
+        """Undo the line form: restore the default device, dtype and current device from before it."""
+        saved, self._ontorch_saved, self._ontorch_setting = self._ontorch_saved, None, ""
+        if saved is not None:
+            saved.restore()
+        if report:
+            from . import devices
+
+            done = "restored" if saved is not None else "nothing to reset; it is"
+            print(f"%ontorch: {done} torch's default device {devices.default_device()}")
+
+    def _ontorch_status(self) -> str:
+        import torch
+
+        from . import devices
+
+        how = self._ontorch_setting or "torch's own default"
+        dtype = str(torch.get_default_dtype()).replace("torch.", "")
+        here = ", ".join(devices.available_devices())
+        return (f"%ontorch: default device {devices.default_device()} ({how}), default dtype {dtype}; "
+                f"auto here is {devices.resolve('auto')}; devices here: {here}")
+
+    def _ontorch_cell(self, cell: str, line: str, device: Any, dtype: Any, targets: list,
+                      quiet: bool) -> Any:
+        """Run the cell body under ``devices.use_device``; print the footer after a clean run."""
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        from . import devices, placement
+
+        ns = self.shell.user_ns
+        before = placement.namespace_snapshot(ns) if not quiet else None
+        self._ontorch_depth += 1
+        try:
+            with devices.use_device(device, dtype):
+                self._ontorch_move(targets, device, quiet)
+                value = self._ontorch_exec(cell, line)
+        finally:
+            self._ontorch_depth -= 1
+        if before is not None:
+            print(self._ontorch_footer(device, placement.changed(before, placement.namespace_snapshot(ns))))
+        return value
+
+    def _ontorch_exec(self, cell: str, line: str) -> Any:
+        """Run ``cell`` in the user namespace the way a cell runs: IPython's transforms, tracebacks that
+        show the cell's own lines, and the value of a last expression returned for display.
+
+        The body is compiled once and executed here rather than through a nested ``run_cell``, so an
+        exception propagates to the enclosing cell (which shows it as usual and stops "Run all"), and
+        so ``%%time`` / ``%%cudatime`` around or inside it work as they do on any cell.
+        """
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        import ast
+
+        from IPython.core.displayhook import DisplayHook
+
+        shell = self.shell
+        # One comment line in place of the magic's line keeps traceback line numbers those of the cell.
+        source = f"# %%ontorch {line}\n" + shell.transform_cell(cell)
+        filename = shell.compile.cache(source, shell.execution_count)
+        tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            quiet = getattr(DisplayHook, "semicolon_at_end_of_expression", lambda _s: False)(source)
+            if not quiet:
+                last = ast.Expression(tree.body.pop().value)
+        ns = shell.user_ns
+        exec(shell.compile(tree, filename, "exec"), ns)
+        return eval(shell.compile(last, filename, "eval"), ns) if last is not None else None
+
+    def _ontorch_footer(self, device: Any, changed: list) -> str:
+        """One line: the device that ran the cell, and new or changed objects that are elsewhere."""
+        here = str(device)
+        elsewhere = [p for p in changed if p.devices and p.devices != (here,)]
+        if not elsewhere:
+            return f"%%ontorch: ran on {here}"
+        shown = [f"{p.name} ({'+'.join(p.devices)}, {p.summary})" for p in elsewhere[:5]]
+        more = f" and {len(elsewhere) - 5} more" if len(elsewhere) > 5 else ""
+        return (f"%%ontorch: ran on {here}; not on {here}: {', '.join(shown)}{more} (torch's default "
+                "device skips from_numpy, torch.Tensor(), explicit device= and objects made before)")
 
     # ---- %%cudatime (issue 4) --------------------------------------------------------------------
 
     # ---- %whereis (issue 5) ----------------------------------------------------------------------
 
     # ---- %gpumem (issue 6) -----------------------------------------------------------------------
+    _gpumem_panel: Any = None  # the live panel.MemoryPanel: one sampler per kernel
+    _gpumem_cells: Any = None  # memory.CellLog while per-cell accounting is hooked in
+    _gpumem_cells_wanted = True  # the last --cells choice for the live panel
+    _gpumem_closer_added = False
+
+    @line_magic
+    @magic_arguments()
+    @argument("action", nargs="?", default=None,
+              help="'stop': stop the sampler and close the panel. Nothing: show the live panel.")
+    @argument("--interval", default=None,
+              help="seconds between samples, 0.05 to 60 (default 1; the panel keeps the last 5 minutes)")
+    @argument("--cells", choices=["on", "off"], default=None,
+              help="per-cell memory accounting (on by default while the panel is open)")
+    @usage_errors
+    def gpumem(self, line: str = "") -> None:
+        """A live memory panel: NVML, torch's allocator and host RSS side by side, and each cell's
+        memory delta and peak. Without ipywidgets it prints one text snapshot instead.
+        """
+        from . import memory
+
+        args = parse_args(self.gpumem, line)
+        if args.action not in (None, "stop"):
+            raise MagicInputError(f"unknown action {args.action!r}: use 'stop', or nothing to show the panel")
+        interval = None if args.interval is None else memory.validate_interval(args.interval)
+        if args.action == "stop":
+            if interval is not None or args.cells is not None:
+                raise MagicInputError("'stop' takes no options")
+            was_running = self._gpumem_panel is not None
+            self._gpumem_stop()
+            print("%gpumem: sampler stopped, panel closed" if was_running else "%gpumem: not running")
+            return
+        from IPython.display import display
+
+        try:
+            import ipywidgets  # noqa: F401 - only to learn whether the live panel can exist
+        except ImportError:
+            display(memory.collect(self._gpumem_targets()))
+            print("%gpumem: this is one snapshot; for the live panel: pip install torchgpu-magic[widgets]")
+            return
+        panel = self._gpumem_start(interval)
+        if args.cells is not None:
+            self._gpumem_cells_wanted = args.cells == "on"
+        if not self._gpumem_cells_wanted:
+            self._gpumem_unhook_cells()
+        elif self._gpumem_cells is None:
+            self._gpumem_hook_cells()
+        panel.show_cells(self._gpumem_cells.records if self._gpumem_cells else [],
+                         on=self._gpumem_cells is not None)
+        display(panel.widget)
+
+    def _gpumem_targets(self) -> list:
+        from . import inventory, memory, nvml
+
+        mappings = inventory.gpu_map()
+        return memory.targets_from(mappings, 0 if mappings else nvml.device_count())
+
+    def _gpumem_start(self, interval: Optional[float]) -> Any:
+        """The running panel (made and started on first use); ``interval`` applied when given."""
+        from . import memory, panel
+
+        if not self._gpumem_closer_added:
+            self.add_closer(self._gpumem_stop)
+            self._gpumem_closer_added = True
+        live = self._gpumem_panel
+        if live is None or live.closed:
+            sampler = memory.Sampler(self._gpumem_targets(), interval or memory.DEFAULT_INTERVAL)
+            live = panel.MemoryPanel(sampler, on_close=self._gpumem_closed)
+            self._gpumem_panel = live
+            self._gpumem_cells_wanted = True
+            sampler.start()
+        elif interval is not None:
+            live.sampler.interval = interval
+        return live
+
+    def _gpumem_stop(self) -> None:
+        """Stop the sampler, close the panel and unhook the cell events (also the unload closer)."""
+        live, self._gpumem_panel = self._gpumem_panel, None
+        if live is not None:
+            live.close()  # calls _gpumem_closed
+        self._gpumem_unhook_cells()
+
+    def _gpumem_closed(self) -> None:
+        """The panel closed (by `%gpumem stop`, unload, or its widget's close()): unhook with it."""
+        self._gpumem_panel = None
+        self._gpumem_unhook_cells()
+
+    def _gpumem_hook_cells(self) -> None:
+        from . import memory
+
+        self._gpumem_cells = memory.CellLog()
+        self.shell.events.register("pre_run_cell", self._gpumem_pre_cell)
+        self.shell.events.register("post_run_cell", self._gpumem_post_cell)
+
+    def _gpumem_unhook_cells(self) -> None:
+        if self._gpumem_cells is None:
+            return
+        self._gpumem_cells = None
+        events = self.shell.events
+        for name, callback in (("pre_run_cell", self._gpumem_pre_cell),
+                               ("post_run_cell", self._gpumem_post_cell)):
+            if callback in events.callbacks.get(name, []):
+                events.unregister(name, callback)
+
+    def _gpumem_pre_cell(self, info: Any = None) -> None:
+        if self._gpumem_cells is not None:
+            self._gpumem_cells.start()
+
+    def _gpumem_post_cell(self, result: Any = None) -> None:
+        log, live = self._gpumem_cells, self._gpumem_panel
+        if log is None:
+            return
+        info = getattr(result, "info", None)
+        record = log.finish(getattr(result, "execution_count", None), getattr(info, "raw_cell", "") or "")
+        if record is not None and live is not None:
+            live.sampler.note_cell(record)
+            live.show_cells(log.records)
 
 
 def instance(shell: Any) -> Optional[TorchGPUMagics]:

@@ -349,8 +349,12 @@ def _watts(milliwatts: Any) -> float:
     return round(int(milliwatts) / 1000.0, 1)
 
 
-def gpu_snapshot(nvml_index: int) -> GPUSnapshot:
-    """All NVML says about GPU ``nvml_index`` now; never raises, NA for what it cannot say."""
+def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
+    """All NVML says about GPU ``nvml_index`` now; never raises, NA for what it cannot say.
+
+    ``identity_only`` asks only what identifies the GPU (name, UUID, PCI bus id, MIG mode and
+    instances): the few calls that matching torch's devices to NVML's needs.
+    """
     snap = GPUSnapshot(index=nvml_index)
     module = _nvml()
     if module is None:
@@ -363,6 +367,9 @@ def gpu_snapshot(nvml_index: int) -> GPUSnapshot:
     snap.name = q("name", "nvmlDeviceGetName", handle)
     snap.uuid = q("UUID", "nvmlDeviceGetUUID", handle)
     snap.pci_bus_id = q("PCI bus id", "nvmlDeviceGetPciInfo", handle, convert=lambda p: _decode(p.busId))
+    if identity_only:
+        _mig_state(module, q, handle, snap)
+        return snap
     snap.compute_capability = q("compute capability", "nvmlDeviceGetCudaComputeCapability", handle,
                                 convert=lambda cc: f"{cc[0]}.{cc[1]}")
     mem = q("memory", "nvmlDeviceGetMemoryInfo", handle)
@@ -387,12 +394,16 @@ def gpu_snapshot(nvml_index: int) -> GPUSnapshot:
     enabled = getattr(module, "NVML_FEATURE_ENABLED", 1)
     snap.persistence_mode = q("persistence mode", "nvmlDeviceGetPersistenceMode", handle,
                               convert=lambda v: v == enabled)
+    _mig_state(module, q, handle, snap)
+    return snap
+
+
+def _mig_state(module: Any, q: _Querier, handle: Any, snap: GPUSnapshot) -> None:
     mig = q("MIG mode", "nvmlDeviceGetMigMode", handle)
     if not isinstance(mig, _NAType):
         snap.mig_mode, snap.mig_mode_pending = bool(mig[0]), bool(mig[1])
         if snap.mig_mode:
             snap.mig_devices = _mig_devices(module, q, handle)
-    return snap
 
 
 def _mig_devices(module: Any, q: _Querier, handle: Any) -> list:

@@ -76,6 +76,28 @@ class TorchGPUMagics(Magics):
         """Hook the always-on features into the shell (called once, by :func:`load`)."""
 
     # ---- %gpuinfo (issue 2) ----------------------------------------------------------------------
+    @magic_arguments()
+    @argument("-i", "--index", type=int, default=None,
+              help="show one GPU: torch's cuda:N where torch sees GPUs, else NVML's index N")
+    @argument("--no-processes", action="store_true", help="leave out the processes using each GPU")
+    @argument("--json", action="store_true", help="print the report as JSON")
+    @argument("-o", dest="return_report", action="store_true",
+              help="return the report object (a GPUReport) instead of displaying it")
+    @line_magic
+    @usage_errors
+    def gpuinfo(self, line: str = "") -> Any:
+        """What GPUs there are, what is using them, and whether torch can use them (and if not, why)."""
+        args = parse_args(self.gpuinfo, line)
+        from .inventory import build_report
+
+        report = build_report(index=args.index, show_processes=not args.no_processes)
+        if args.json:
+            print(report.to_json())
+        elif not args.return_report:
+            from IPython.display import display
+
+            display(report)
+        return report if args.return_report else None
 
     # ---- %%ontorch (issue 3) ---------------------------------------------------------------------
     _ontorch_saved: Any = None  # devices.DeviceState from before the line form's first change
@@ -150,7 +172,10 @@ class TorchGPUMagics(Magics):
         """Resolve SPEC (and always validate --fallback); (device, one-line note or '')."""
         from . import devices
 
-        backup = devices.resolve(fallback) if fallback is not None else None
+        try:
+            backup = devices.resolve(fallback) if fallback is not None else None
+        except MagicInputError as exc:
+            raise UsageError(f"%ontorch: --fallback: {exc}") from None
         try:
             return devices.resolve(spec), ""
         except devices.DeviceUnavailable as exc:
@@ -219,8 +244,8 @@ class TorchGPUMagics(Magics):
         if report:
             from . import devices
 
-            done = "restored" if saved is not None else "nothing to reset; it is"
-            print(f"%ontorch: {done} torch's default device {devices.default_device()}")
+            done = "restored; " if saved is not None else "nothing to reset; "
+            print(f"%ontorch: {done}torch's default device is {devices.default_device()}")
 
     def _ontorch_status(self) -> str:
         import torch

@@ -1,0 +1,260 @@
+"""The NVML layer against the scripted pynvml stand-in (tests/fake_pynvml.py): every scenario and error."""
+from __future__ import annotations
+
+import threading
+
+import fake_pynvml
+import pynvml
+import pytest
+
+from torchgpu_magic import nvml
+from torchgpu_magic.nvml import NA
+from torchgpu_magic.render import fmt_bytes, is_na
+
+MiB = 1024 * 1024
+
+
+def test_na_sentinel():
+    assert not NA
+    assert str(NA) == "N/A"
+    assert is_na(NA)
+    assert type(NA)() is NA
+    assert fmt_bytes(NA) == "N/A"
+
+
+def test_h100_snapshot(fake_nvml):
+    fake_nvml("h100")
+    assert nvml.status() is None
+    assert nvml.device_count() == 1
+    assert nvml.driver_version() == "580.159.04"
+    assert nvml.cuda_driver_version() == "13.0"
+    snap = nvml.gpu_snapshot(0)
+    assert snap.name == "NVIDIA H100 80GB HBM3"
+    assert snap.uuid.startswith("GPU-")
+    assert snap.pci_bus_id == "00000000:18:00.0"  # pynvml hands bytes; decoded
+    assert snap.compute_capability == "9.0"
+    assert snap.memory_total == 81559 * MiB
+    assert snap.memory_used + snap.memory_free == snap.memory_total
+    assert snap.power_limit == 700.0 and snap.power_draw == pytest.approx(69.9)
+    assert (snap.pcie_generation, snap.pcie_width) == (5, 16)
+    assert snap.persistence_mode is True and snap.mig_mode is False
+    assert snap.problems == [] and snap.not_supported == []
+    assert nvml.memory(0) == (4 * MiB, 81559 * MiB)
+
+
+def test_eight_gpus_each_distinct(fake_nvml):
+    fake_nvml("eight_gpus")
+    assert nvml.device_count() == 8
+    snaps = [nvml.gpu_snapshot(i) for i in range(8)]
+    assert len({s.uuid for s in snaps}) == 8
+    assert [s.pci_bus_id[9:11] for s in snaps] == list(fake_pynvml.DGX_A100_BUSES)
+    assert all(s.memory_total == 81920 * MiB for s in snaps)
+    assert nvml.cuda_driver_version() == "12.8"
+
+
+def test_mig_mode(fake_nvml):
+    fake_nvml("mig")
+    snap = nvml.gpu_snapshot(0)
+    assert snap.mig_mode is True
+    assert [m.gpu_instance_id for m in snap.mig_devices] == [1, 2]
+    assert all(m.uuid.startswith("MIG-") for m in snap.mig_devices)
+    assert snap.mig_devices[0].memory_total == 19968 * MiB
+    # utilisation is not supported in MIG mode: NA, recorded as a not-supported field, not a problem
+    assert snap.utilization_gpu is NA and "utilization" in snap.not_supported
+    assert snap.problems == []
+    procs, problem = nvml.processes(0)
+    assert problem is None
+    assert procs[0].used_memory is NA  # NVML reports no per-process memory in MIG mode without privileges
+
+
+def test_processes_named_and_self(fake_nvml):
+    import os
+
+    fake_nvml("h100_busy")
+    procs, problem = nvml.processes(0)
+    assert problem is None
+    by_pid = {p.pid: p for p in procs}
+    assert by_pid[os.getpid()].used_memory == 30720 * MiB
+    assert by_pid[os.getpid()].name  # psutil sees our own process
+    assert by_pid[fake_pynvml.OTHER_PIDS[0]].name is NA  # a PID this namespace cannot see
+
+
+def test_compute_and_graphics_merged_once(fake_nvml):
+    def edit(machine):
+        gpu = machine.gpus[0]
+        gpu.graphics = [fake_pynvml.FakeProcess(4190005, 100 * MiB), gpu.compute[0]]
+
+    fake_nvml("h100_busy", edit)
+    procs, _ = nvml.processes(0)
+    assert [p.kind for p in procs] == ["compute", "compute", "graphics"]
+    assert len({p.pid for p in procs}) == 3
+
+
+def test_no_permission_for_process_lists(fake_nvml):
+    fake_nvml("no_permission")
+    procs, problem = nvml.processes(0)
+    assert procs == []
+    assert problem.code == "no_permission"
+    assert "container" in problem.hint
+    assert nvml.gpu_snapshot(0).problems == []  # the rest of the GPU still answers
+
+
+@pytest.mark.parametrize(
+    "scenario, code, words",
+    [
+        ("no_library", "library_not_found", "libnvidia-ml.so.1"),
+        ("no_driver", "driver_not_loaded", "modprobe"),
+        ("mismatch", "driver_mismatch", "reboot"),
+        ("unknown_error", "unknown", "nvidia-smi"),
+    ],
+)
+def test_init_errors_map_to_hints(fake_nvml, scenario, code, words):
+    fake_nvml(scenario)
+    problem = nvml.status()
+    assert problem.code == code
+    assert words in problem.hint
+    assert nvml.device_count() == 0
+    assert nvml.driver_version() is NA and nvml.cuda_driver_version() is NA
+    snap = nvml.gpu_snapshot(0)
+    assert snap.problems == [problem] and snap.name is NA
+    assert nvml.processes(0) == ([], problem)
+    assert nvml.memory(0) == (NA, NA)
+
+
+def test_missing_bindings(fake_nvml):
+    fake_nvml(None)
+    problem = nvml.status()
+    assert problem.code == "library_not_found"
+    assert "nvidia-ml-py" in problem.hint
+
+
+def test_gpu_lost_stops_querying_that_gpu(fake_nvml):
+    module = fake_nvml("gpu_lost")
+    snap = nvml.gpu_snapshot(3)
+    assert [p.code for p in snap.problems] == ["gpu_lost"]
+    assert "Xid" in snap.problems[0].hint
+    assert snap.memory_total is NA
+    asked = [c for c in module.calls]
+    assert len(asked) == 1  # after the first GPU_IS_LOST nothing more is asked of that GPU
+    assert nvml.gpu_snapshot(2).memory_total == 81920 * MiB  # the others still answer
+    assert nvml.memory(3) == (NA, NA)
+
+
+def test_strict_stand_in_everything_else_not_supported(fake_nvml):
+    module = fake_nvml("strict")
+    snap = nvml.gpu_snapshot(0)
+    assert snap.name == "NVIDIA GeForce RTX 3060 Laptop GPU"
+    assert snap.memory_total == 6144 * MiB
+    for name in ("pci_bus_id", "compute_capability", "temperature", "power_draw", "clock_sm",
+                 "pcie_generation", "persistence_mode", "mig_mode"):
+        assert getattr(snap, name) is NA, name
+    assert snap.problems == []
+    assert "power draw" in snap.not_supported and "MIG mode" in snap.not_supported
+    assert module.unscripted  # it really was asked, and said no
+    procs, problem = nvml.processes(0)
+    assert procs == [] and problem.code == "not_supported"
+
+
+def test_unscripted_module_function_is_not_supported(fake_nvml):
+    module = fake_nvml("h100")
+    module.nvmlInit()
+    with pytest.raises(pynvml.NVMLError_NotSupported) as info:
+        module.nvmlDeviceGetFanSpeed(None)
+    assert info.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+    module.nvmlShutdown()
+
+
+def test_real_exception_classes_are_used(fake_nvml):
+    module = fake_nvml("no_driver")
+    assert module.NVMLError is pynvml.NVMLError
+    with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+        module.nvmlInit()
+
+
+def test_problem_from_error_covers_codes():
+    cases = {
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "library_not_found",
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_mismatch",
+        pynvml.NVML_ERROR_NO_PERMISSION: "no_permission",
+        pynvml.NVML_ERROR_NOT_SUPPORTED: "not_supported",
+        pynvml.NVML_ERROR_GPU_IS_LOST: "gpu_lost",
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "function_not_found",
+        pynvml.NVML_ERROR_UNKNOWN: "unknown",
+        pynvml.NVML_ERROR_TIMEOUT: "unknown",
+    }
+    for value, code in cases.items():
+        problem = nvml.problem_from_error(pynvml.NVMLError(value), "x")
+        assert problem.code == code
+        assert problem.hint and problem.message.startswith("x: ")
+    assert nvml.problem_from_error(OSError("boom")).code == "unknown"
+
+
+def test_lazy_init_once_under_threads(fake_nvml):
+    module = fake_nvml("h100")
+    assert module.init_calls == 0  # installing does not initialise
+    barrier = threading.Barrier(8)
+    results = []
+
+    def worker():
+        barrier.wait()
+        results.append(nvml.status())
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [None] * 8
+    assert module.init_calls == 1
+
+
+def test_failed_init_is_not_retried_until_reset(fake_nvml):
+    module = fake_nvml("no_driver")
+    nvml.status()
+    nvml.device_count()
+    nvml.gpu_snapshot(0)
+    assert module.init_calls == 1
+    nvml.reset()
+    nvml.status()
+    assert module.init_calls == 2
+
+
+def test_reset_shuts_down(fake_nvml):
+    module = fake_nvml("h100")
+    nvml.status()
+    assert module.initialized == 1
+    nvml.reset()
+    assert module.shutdown_calls == 1 and module.initialized == 0
+    nvml.reset()  # idempotent: nothing to shut down
+    assert module.shutdown_calls == 1
+
+
+def test_identity_only_snapshot_is_cheap(fake_nvml):
+    module = fake_nvml("mig")
+    snap = nvml.gpu_snapshot(0, identity_only=True)
+    assert snap.uuid.startswith("GPU-") and len(snap.mig_devices) == 2
+    assert snap.temperature is NA
+    assert "nvmlDeviceGetTemperature" not in module.calls
+
+
+def test_every_scenario_gives_a_snapshot_without_raising(fake_nvml):
+    for name in fake_pynvml.SCENARIOS:
+        fake_nvml(name)
+        for i in range(max(1, nvml.device_count())):
+            nvml.gpu_snapshot(i)
+            nvml.processes(i)
+            nvml.memory(i)
+
+
+def test_real_pynvml_here_reports_why():
+    """On this machine (no driver) the real bindings must give a problem with a hint, never raise."""
+    nvml.reset()
+    try:
+        problem = nvml.status()
+        if problem is None:
+            assert nvml.device_count() >= 0
+        else:
+            assert problem.hint
+    finally:
+        nvml.reset()

@@ -220,9 +220,10 @@ def movable_kind(obj: Any) -> Optional[str]:
 def move(obj: Any, device: Any) -> tuple:
     """Move a tensor, module or optimizer's state to ``device``; return ``(obj_to_bind, bytes_moved)``.
 
-    Modules move in place (``module.to``), as do parameters (``.data`` swapped, as ``Module.to`` does),
-    so every reference sees the move. A plain tensor cannot move in place: the returned new tensor must be
-    bound to the name instead (the ``x = x.to(device)`` idiom). An optimizer's state tensors move the way
+    Modules move in place (``module.to``); a parameter moves in place (``.data`` swapped) where torch
+    allows it, as ``Module.to`` does, and otherwise (cpu to meta) is replaced, as ``Module.to`` replaces
+    it. A plain tensor cannot move in place: the returned new tensor must be bound to the name instead
+    (the ``x = x.to(device)`` idiom). An optimizer's state tensors move the way
     ``Optimizer.load_state_dict`` places them: ``step`` stays where it is unless the group is capturable
     or fused. Bytes count only the tensors that were elsewhere. Raises :class:`MagicInputError` for
     other objects.
@@ -235,8 +236,11 @@ def move(obj: Any, device: Any) -> tuple:
         if _on(obj, device):
             return obj, 0
         if isinstance(obj, torch.nn.Parameter):
-            with torch.no_grad():
-                obj.data = obj.data.to(device)
+            data = obj.data.to(device)
+            try:
+                obj.data = data  # in place where torch allows it (cpu <-> cuda), as Module.to does
+            except RuntimeError:  # incompatible tensor types (e.g. to meta): a new Parameter, as Module.to
+                return torch.nn.Parameter(data, requires_grad=obj.requires_grad), _nbytes(obj)
             return obj, _nbytes(obj)
         return obj.to(device), _nbytes(obj)
     if kind == "module":

@@ -1,0 +1,271 @@
+"""devices.py for real: spec parsing, the errors people see, switching and restoring torch's defaults,
+and moving objects. Runs on CPU with the `meta` device; CUDA paths are under the `gpu` marker."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchgpu_magic import devices
+from torchgpu_magic.errors import MagicInputError
+
+HAS_CUDA = torch.cuda.is_available()
+CPU_ONLY_BUILD = torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+no_accelerator = pytest.mark.skipif(
+    HAS_CUDA or devices._xpu_count() > 0 or devices._mps_available(), reason="an accelerator is present"
+)
+
+
+def _mode_depth() -> int:
+    return torch._C._len_torch_function_stack()
+
+
+@pytest.fixture(autouse=True)
+def _clean_torch_state():
+    """Each test must leave torch's default device, dtype and mode stack as it found them."""
+    before = (devices._raw_default_device(), torch.get_default_dtype(), _mode_depth())
+    yield
+    after = (devices._raw_default_device(), torch.get_default_dtype(), _mode_depth())
+    assert after == before
+
+
+# ---- resolve / available_devices ------------------------------------------------------------------
+
+
+def test_available_devices_lists_cpu_meta_and_each_gpu():
+    found = devices.available_devices()
+    assert found[0] == "cpu" and found[-1] == "meta"
+    assert [d for d in found if d.startswith("cuda:")] == [f"cuda:{i}" for i in range(devices._cuda_count())]
+
+
+@pytest.mark.parametrize("spec", ["cpu", "CPU", "  cpu ", "'cpu'", '"cpu"', "cpu:0", torch.device("cpu")])
+def test_cpu_spellings(spec):
+    assert devices.resolve(spec) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("spec", ["meta", " Meta", "META", "meta:0", torch.device("meta")])
+def test_meta_spellings(spec):
+    assert devices.resolve(spec) == torch.device("meta")
+
+
+@no_accelerator
+def test_auto_is_cpu_without_an_accelerator():
+    assert devices.resolve("auto") == torch.device("cpu")
+    assert devices.resolve(" AUTO ") == torch.device("cpu")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this build has a usable CUDA GPU")
+@pytest.mark.parametrize("spec", ["cuda", "cuda:0", "CUDA:1"])
+def test_cuda_without_a_gpu_says_why_and_lists_what_exists(spec):
+    with pytest.raises(devices.DeviceUnavailable) as info:
+        devices.resolve(spec)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "not available" in message
+    assert "Devices here: cpu, meta" in message
+    if CPU_ONLY_BUILD:
+        assert "CPU-only build" in message
+
+
+@pytest.mark.parametrize(
+    "spec, guess",
+    [("cdua:0", "cuda:0"), ("gpu", "cuda"), ("gpu:1", "cuda:1"), ("mta", "meta"), ("atuo", "auto"),
+     ("cpus", "cpu")],
+)
+def test_typos_get_a_did_you_mean(spec, guess):
+    with pytest.raises(MagicInputError) as info:
+        devices.resolve(spec)
+    assert not isinstance(info.value, devices.DeviceUnavailable)  # a typo is not "unavailable"
+    message = str(info.value)
+    assert f"Did you mean '{guess}'?" in message
+    assert "Devices here: cpu" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["", "   ", "zzz", "cuda:-1", "cuda:x", "cpu:1", "meta:2", "cuda 0", "1", "__import__('os')", "cpu\nmeta",
+     "torch.device('cpu')"],
+)
+def test_malformed_specs_are_one_line_errors(spec):
+    with pytest.raises(MagicInputError) as info:
+        devices.resolve(spec)
+    assert "\n" not in str(info.value)
+    assert "Devices here:" in str(info.value)
+
+
+def test_mps_and_xpu_absent_are_unavailable_not_malformed():
+    if not devices._mps_available():
+        with pytest.raises(devices.DeviceUnavailable, match="'mps' is not available"):
+            devices.resolve("mps")
+    if not devices._xpu_count():
+        with pytest.raises(devices.DeviceUnavailable, match="'xpu:1' is not available"):
+            devices.resolve("xpu:1")
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16", "float32", "float64", "FLOAT64", "torch.bfloat16"])
+def test_parse_dtype_accepts_the_floating_defaults(name):
+    assert devices.parse_dtype(name) == getattr(torch, name.lower().replace("torch.", ""))
+
+
+@pytest.mark.parametrize("name", ["int8", "float", "half", "complex64", "", "float3"])
+def test_parse_dtype_lists_the_valid_names(name):
+    with pytest.raises(MagicInputError, match="valid: float16, bfloat16, float32, float64"):
+        devices.parse_dtype(name)
+
+
+# ---- use_device -------------------------------------------------------------------------------------
+
+
+def test_use_device_meta_puts_tensors_modules_and_parameters_on_meta():
+    with devices.use_device(torch.device("meta")) as device:
+        assert device == torch.device("meta")
+        assert torch.ones(3).device.type == "meta"
+        assert torch.tensor([1.0]).device.type == "meta"
+        layer = torch.nn.Linear(4, 2)
+        assert {p.device.type for p in layer.parameters()} == {"meta"}
+        assert devices.default_device() == torch.device("meta")
+    assert torch.ones(3).device.type == "cpu"
+
+
+def test_use_device_sets_and_restores_dtype():
+    with devices.use_device(torch.device("meta"), torch.float64):
+        assert torch.ones(1).dtype == torch.float64
+        assert torch.nn.Linear(2, 2).weight.dtype == torch.float64
+    assert torch.get_default_dtype() == torch.float32
+
+
+@pytest.mark.parametrize("exc", [ValueError("boom"), KeyboardInterrupt(), SystemExit(3)])
+def test_use_device_restores_after_any_exception(exc):
+    with pytest.raises(type(exc)):
+        with devices.use_device(torch.device("meta"), torch.float16):
+            raise exc
+    assert torch.ones(1).device.type == "cpu"
+    assert torch.get_default_dtype() == torch.float32
+    assert devices._raw_default_device() is None
+
+
+def test_use_device_nests_and_unwinds_in_order():
+    with devices.use_device(torch.device("meta"), torch.float64):
+        with devices.use_device(torch.device("cpu")):
+            assert torch.ones(1).device.type == "cpu"
+            assert torch.ones(1).dtype == torch.float64  # dtype not given: inherited
+            with devices.use_device(torch.device("meta"), torch.bfloat16):
+                assert torch.ones(1).dtype == torch.bfloat16
+            assert torch.ones(1).dtype == torch.float64
+        assert torch.ones(1).device.type == "meta"
+    assert torch.ones(1).device.type == "cpu"
+
+
+def test_cpu_leaves_no_device_mode_behind():
+    """cpu is torch's default anyway: no DeviceContext, so no per-call cost (pytorch #92701)."""
+    with devices.use_device(torch.device("cpu")):
+        assert devices._raw_default_device() is None
+        assert _mode_depth() == 0
+    with devices.use_device(torch.device("meta")):
+        assert _mode_depth() == 1
+
+
+def test_restores_a_default_someone_else_set_exactly():
+    torch.set_default_device("meta")
+    try:
+        with devices.use_device(torch.device("cpu")):
+            assert torch.ones(1).device.type == "cpu"
+        assert devices._raw_default_device() == torch.device("meta")
+        assert torch.ones(1).device.type == "meta"
+    finally:
+        torch.set_default_device(None)
+
+
+def test_restores_even_when_the_block_changes_the_default_itself():
+    with devices.use_device(torch.device("meta")):
+        torch.set_default_device("cpu")
+        torch.set_default_dtype(torch.float64)
+    assert devices._raw_default_device() is None
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_inside_a_torch_device_block_cpu_still_means_cpu():
+    with torch.device("meta"):
+        with devices.use_device(torch.device("cpu")):
+            assert torch.ones(1).device.type == "cpu"
+        assert torch.ones(1).device.type == "meta"
+
+
+def test_current_state_roundtrip():
+    state = devices.current_state()
+    devices.apply(torch.device("meta"), torch.float16)
+    assert torch.ones(1).device.type == "meta"
+    state.restore()
+    assert devices.current_state() == state
+
+
+def test_synchronize_is_a_no_op_on_cpu_and_meta():
+    devices.synchronize(torch.device("cpu"))
+    devices.synchronize("meta")
+
+
+# ---- move -------------------------------------------------------------------------------------------
+
+
+def test_move_tensor_returns_a_new_tensor_and_counts_bytes():
+    x = torch.ones(10)
+    moved, nbytes = devices.move(x, torch.device("meta"))
+    assert moved.device.type == "meta" and x.device.type == "cpu"
+    assert nbytes == 40
+    again, nbytes = devices.move(moved, torch.device("meta"))
+    assert again is moved and nbytes == 0
+
+
+def test_move_module_in_place_and_parameter():
+    layer = torch.nn.Linear(3, 2)  # 6 + 2 floats
+    same, nbytes = devices.move(layer, torch.device("meta"))
+    assert same is layer and {p.device.type for p in layer.parameters()} == {"meta"}
+    assert nbytes == 8 * 4
+    param = torch.nn.Parameter(torch.ones(4))
+    moved, nbytes = devices.move(param, torch.device("meta"))  # cpu -> meta cannot swap .data in place
+    assert isinstance(moved, torch.nn.Parameter) and moved.device.type == "meta" and nbytes == 16
+    assert moved.requires_grad
+
+
+def test_move_optimizer_state_keeps_step_where_torch_keeps_it():
+    layer = torch.nn.Linear(2, 1)
+    opt = torch.optim.Adam(layer.parameters())
+    layer(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    _, nbytes = devices.move(opt, torch.device("meta"))
+    state = opt.state[layer.weight]
+    assert state["exp_avg"].device.type == "meta" and state["exp_avg_sq"].device.type == "meta"
+    assert state["step"].device.type == "cpu"  # as Optimizer.load_state_dict places a non-capturable step
+    assert nbytes == 2 * (2 + 1) * 4
+
+
+def test_move_rejects_other_objects():
+    assert devices.movable_kind([torch.ones(1)]) is None
+    with pytest.raises(MagicInputError, match="takes tensors, nn.Modules and optimizers"):
+        devices.move(3, torch.device("meta"))
+
+
+# ---- on a real GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_resolves_with_index_and_out_of_range_lists_gpus():
+    count = torch.cuda.device_count()
+    assert devices.resolve("cuda").type == "cuda" and devices.resolve("cuda").index is not None
+    assert devices.resolve("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(devices.DeviceUnavailable) as info:
+        devices.resolve(f"cuda:{count}")
+    assert f"torch sees {count} CUDA" in str(info.value) and "cuda:0" in str(info.value)
+    assert devices.resolve("auto").type == "cuda"
+
+
+@pytest.mark.gpu
+def test_gpu_use_device_sets_current_device_for_dot_cuda_and_restores_it():
+    last = torch.cuda.device_count() - 1
+    before = torch.cuda.current_device()
+    with devices.use_device(torch.device("cuda", last)):
+        assert torch.ones(1).device == torch.device("cuda", last)
+        assert torch.zeros(1, device="cpu").cuda().device == torch.device("cuda", last)
+        assert torch.zeros(1, device="cuda").device == torch.device("cuda", last)
+        devices.synchronize(torch.device("cuda", last))
+    assert torch.cuda.current_device() == before
+    assert torch.ones(1).device.type == "cpu"

@@ -1,0 +1,118 @@
+"""%gpuinfo through a real InteractiveShell, and `python -m torchgpu_magic` in a subprocess."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, run, run_error
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+from torchgpu_magic.inventory import GPUReport
+
+
+def _has_cuda():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_has_cuda(), reason="checks the no-GPU diagnosis")
+def test_gpuinfo_here_gives_diagnosis_no_traceback(ip):
+    with capture_output() as cap:
+        run(ip, "%gpuinfo")
+    assert "Traceback" not in cap.stdout + cap.stderr
+    assert len(cap.outputs) == 1
+    data = cap.outputs[0].data
+    assert "torch cannot use a GPU" in data["text/plain"]
+    assert "<table" in data["text/html"]
+    import torch
+
+    if torch.version.cuda is None:
+        assert "CPU-only build" in data["text/plain"]
+
+
+def test_gpuinfo_json_parses(ip):
+    with capture_output() as cap:
+        run(ip, "%gpuinfo --json")
+    data = json.loads(cap.stdout)
+    assert {"environment", "torch", "gpus", "diagnosis"} <= set(data)
+
+
+def test_gpuinfo_o_returns_report(ip):
+    with capture_output() as cap:
+        run(ip, "report = %gpuinfo -o")
+    assert cap.outputs == []
+    report = ip.user_ns["report"]
+    assert isinstance(report, GPUReport)
+    assert report.to_dict()["pid"] == report.pid
+    assert "torch" in report._repr_html_()
+
+
+def test_gpuinfo_with_fake_h100(ip, fake_nvml):
+    fake_nvml("h100_busy")
+    with capture_output() as cap:
+        run(ip, "%gpuinfo")
+    text = cap.outputs[0].data["text/plain"]
+    assert "NVIDIA H100 80GB HBM3" in text and "<- this kernel" in text
+    with capture_output() as cap:
+        run(ip, "%gpuinfo --no-processes")
+    assert "<- this kernel" not in cap.outputs[0].data["text/plain"]
+
+
+@pytest.mark.parametrize("line, words", [
+    ("--bogus", "unrecognized arguments"),
+    ("-i x", "invalid int value"),
+    ("-i 99", "valid"),
+])
+def test_bad_input_is_one_line_usage_error(ip, fake_nvml, line, words):
+    fake_nvml("eight_gpus")
+    before = dict(ip.user_ns)
+    error = run_error(ip, f"%gpuinfo {line}")
+    assert isinstance(error, UsageError)
+    assert "\n" not in str(error) and words in str(error) and "%gpuinfo" in str(error)
+    assert {k for k in set(ip.user_ns) - set(before) if not k.startswith("_")} == set()
+
+
+def test_index_names_valid_indices(ip, fake_nvml):
+    fake_nvml("eight_gpus")
+    error = run_error(ip, "%gpuinfo -i 8")
+    assert "valid: 0, 1, 2, 3, 4, 5, 6, 7" in str(error)
+    with capture_output() as cap:
+        run(ip, "%gpuinfo -i 7")
+    text = cap.outputs[0].data["text/plain"]
+    assert fake_pynvml_uuid(7) in text and fake_pynvml_uuid(6) not in text
+    report = run(ip, "%gpuinfo -i 7 -o")
+    assert [g.nvml_index for g in report.gpus] == [7]
+
+
+def fake_pynvml_uuid(index):
+    import fake_pynvml
+
+    return fake_pynvml.fake_uuid(f"a100-{index}")
+
+
+def test_module_entry_point_subprocess():
+    out = subprocess.run([sys.executable, "-m", "torchgpu_magic"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "torch" in out.stdout and "Environment" in out.stdout
+    assert "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "torchgpu_magic", "--json", "--no-processes"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert json.loads(out.stdout)["torch"]["version"]
+    out = subprocess.run([sys.executable, "-m", "torchgpu_magic", "-i", "999"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "999" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_main_in_process(capsys, fake_nvml):
+    from torchgpu_magic.__main__ import main
+
+    fake_nvml("mig")
+    assert main(["--no-processes"]) == 0
+    assert "on (2 instances)" in capsys.readouterr().out
+    assert main(["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["environment"]["driver_version"] == "550.163.01"

@@ -74,6 +74,8 @@ class TorchGPUMagics(Magics):
 
     def start(self) -> None:
         """Hook the always-on features into the shell (called once, by :func:`load`)."""
+        self.shell.events.register("post_run_cell", self._whereis_diagnose_cell)
+        self.add_closer(lambda: self.shell.events.unregister("post_run_cell", self._whereis_diagnose_cell))
 
     # ---- %gpuinfo (issue 2) ----------------------------------------------------------------------
     @magic_arguments()
@@ -159,7 +161,7 @@ class TorchGPUMagics(Magics):
         if note:
             print(note)
         if cell is None:
-            self._ontorch_set_default(device, dtype, args.spec)
+            self._ontorch_set_default(device, dtype, line)
             self._ontorch_move(targets, device, args.quiet)
             if not args.quiet:
                 print(f"%ontorch: torch's default device is now {device}"
@@ -191,8 +193,9 @@ class TorchGPUMagics(Magics):
         if move is None:
             return []
         names = [name.strip() for name in move.split(",")]
-        if not all(names):
-            raise UsageError(f"%ontorch: --move {move!r}: give names separated by commas: --move model,x")
+        if not all(name.isidentifier() for name in names):
+            raise UsageError(f"%ontorch: --move '{devices.shown(move)}': give variable names separated by "
+                             "commas: --move model,x")
         ns = self.shell.user_ns
         missing = [name for name in names if name not in ns]
         if missing:
@@ -224,7 +227,7 @@ class TorchGPUMagics(Magics):
         if not quiet:
             print(f"%%ontorch: moved to {device}: {', '.join(parts)}; {fmt_bytes(total)} in all")
 
-    def _ontorch_set_default(self, device: Any, dtype: Any, spec: str) -> None:
+    def _ontorch_set_default(self, device: Any, dtype: Any, line: str) -> None:
         """The line form: change the kernel's default, remembering the first state for --reset."""
         from . import devices
 
@@ -234,7 +237,7 @@ class TorchGPUMagics(Magics):
             self.add_closer(self._ontorch_reset)
             self._ontorch_closer_added = True
         devices.apply(device, dtype)
-        self._ontorch_setting = f"set by %ontorch {spec.strip()}"
+        self._ontorch_setting = f"set by %ontorch {' '.join(line.split())}"
 
     def _ontorch_reset(self, report: bool = False) -> None:
         """Undo the line form: restore the default device, dtype and current device from before it."""
@@ -318,6 +321,152 @@ class TorchGPUMagics(Magics):
     # ---- %%cudatime (issue 4) --------------------------------------------------------------------
 
     # ---- %whereis (issue 5) ----------------------------------------------------------------------
+    _whereis_snapshot: Optional[dict] = None  # the namespace as of the last cell, while --watch is on
+    _whereis_repr_saved: Optional[list] = None  # the display printers --repr on replaced, to put back
+    _whereis_closer_added: bool = False
+
+    @magic_arguments()
+    @argument("names", nargs="*", metavar="NAME",
+              help="tensor / module / optimizer to show in detail: NAME, NAME.attr, NAME[0], NAME['key']")
+    @argument("--watch", choices=("on", "off"), default=None,
+              help="after each cell, one line naming the tensors and modules it created or moved")
+    @argument("--repr", dest="repr_", choices=("on", "off"), default=None,
+              help="a placement line above the repr of tensors and modules shown as a cell's result")
+    @argument("-o", dest="return_report", action="store_true",
+              help="return the report object instead of displaying it")
+    @line_magic
+    @usage_errors
+    def whereis(self, line: str = "") -> Any:
+        """Where tensors, modules and optimizers live: ``%whereis`` (the whole namespace, by device),
+        ``%whereis NAME [NAME...]`` (one object in detail), ``%whereis --watch on|off``,
+        ``%whereis --repr on|off``. Only reads: never runs forward, never moves anything."""
+        from . import placement
+
+        args = parse_args(self.whereis, line)
+        if (args.watch or args.repr_) and args.names:
+            raise UsageError("%whereis: --watch / --repr take no NAME; use them alone: %whereis --watch on")
+        if args.watch or args.repr_:
+            if args.return_report:
+                raise UsageError("%whereis: -o returns a report; it does not go with --watch / --repr")
+            if args.watch:
+                self._whereis_watch(args.watch == "on")
+            if args.repr_:
+                self._whereis_repr(args.repr_ == "on")
+            return None
+        ns = self.shell.user_ns
+        if args.names:
+            reports = [placement.describe(name, placement.resolve(name, ns), ns) for name in args.names]
+            report = reports[0] if len(reports) == 1 else reports
+        else:
+            report = placement.namespace_report(ns)
+        if args.return_report:
+            return report
+        from IPython.display import display
+
+        for item in report if isinstance(report, list) else [report]:
+            display(item)
+        return None
+
+    def _whereis_add_closer(self) -> None:
+        if not self._whereis_closer_added:
+            self._whereis_closer_added = True
+            self.add_closer(self._whereis_close)
+
+    def _whereis_close(self) -> None:
+        """Unload: stop --watch and put back the printers --repr replaced."""
+        self._whereis_closer_added = False
+        try:
+            self._whereis_watch(False)
+        finally:
+            self._whereis_repr(False)
+
+    def _whereis_watch(self, on: bool) -> None:
+        from . import placement
+
+        registered = self._whereis_watch_cell in self.shell.events.callbacks["post_run_cell"]
+        if on:
+            self._whereis_snapshot = placement.namespace_snapshot(self.shell.user_ns)
+            if not registered:
+                self.shell.events.register("post_run_cell", self._whereis_watch_cell)
+            self._whereis_add_closer()
+        else:
+            self._whereis_snapshot = None
+            if registered:
+                self.shell.events.unregister("post_run_cell", self._whereis_watch_cell)
+
+    def _whereis_watch_cell(self, result: Any = None) -> None:
+        """post_run_cell: one line naming what the cell created or moved (nothing when nothing did)."""
+        from . import placement
+
+        before = self._whereis_snapshot or {}
+        after = placement.namespace_snapshot(self.shell.user_ns)
+        self._whereis_snapshot = after
+        changes = placement.changed(before, after)
+        if changes:
+            print(placement.watch_line(changes, before))
+
+    def _whereis_repr(self, on: bool) -> None:
+        """--repr on: register text/plain and text/html printers for tensors and modules that put a
+        placement line above whatever printer was there before (kept, and put back by --repr off)."""
+        formatters = self.shell.display_formatter.formatters
+        if not on:
+            for mime, cls, had, old, deferred in reversed(self._whereis_repr_saved or []):
+                fmt = formatters[mime]
+                if getattr(fmt.type_printers.get(cls), "_torchgpu_whereis", False):
+                    if had:
+                        fmt.type_printers[cls] = old
+                    else:
+                        fmt.type_printers.pop(cls, None)
+                    if deferred is not None:
+                        fmt.deferred_printers[(cls.__module__, cls.__name__)] = deferred
+            self._whereis_repr_saved = None
+            return
+        if self._whereis_repr_saved is not None:
+            return
+        import torch
+
+        saved = []
+        for mime in ("text/plain", "text/html"):
+            fmt = formatters[mime]
+            for cls in (torch.Tensor, torch.nn.Module):
+                key = (cls.__module__, cls.__name__)
+                deferred = fmt.deferred_printers.pop(key, None)
+                had = cls in fmt.type_printers
+                old = fmt.type_printers.get(cls)
+                saved.append((mime, cls, had, old, deferred))
+                previous = old if had else deferred
+                printer = _whereis_plain(previous) if mime == "text/plain" else _whereis_html(previous)
+                fmt.type_printers[cls] = printer
+        self._whereis_repr_saved = saved
+        self._whereis_add_closer()
+
+    def _whereis_diagnose_cell(self, result: Any = None) -> None:
+        """post_run_cell, always on: after a device-mismatch error's usual traceback, name the
+        tensors and modules involved, their devices, and the fix. Silent for every other outcome."""
+        error = getattr(result, "error_in_exec", None)
+        if not isinstance(error, RuntimeError):
+            return
+        from . import placement
+
+        if placement.mismatch_devices(error) is None:
+            return
+        info = getattr(result, "info", None)
+        source = getattr(info, "raw_cell", "") or ""
+        try:
+            diagnosis = placement.diagnose(error, source, self.shell.user_ns, self._whereis_is_cell_file)
+        except Exception as exc:  # noqa: BLE001 - a diagnosis must never add a traceback of its own
+            print(f"whereis: could not diagnose this device mismatch ({type(exc).__name__}: {exc})")
+            return
+        if diagnosis is not None:
+            from IPython.display import display
+
+            display(diagnosis)
+
+    def _whereis_is_cell_file(self, filename: str) -> bool:
+        """True for the file names IPython compiles cells under (any IPython / ipykernel version)."""
+        known = getattr(self.shell.compile, "_filename_map", {})
+        return filename in known or filename.startswith("<ipython-input-")
+
 
     # ---- %gpumem (issue 6) -----------------------------------------------------------------------
     _gpumem_panel: Any = None  # the live panel.MemoryPanel: one sampler per kernel
@@ -370,11 +519,32 @@ class TorchGPUMagics(Magics):
                          on=self._gpumem_cells is not None)
         display(panel.widget)
 
-    def _gpumem_targets(self) -> list:
+    @staticmethod
+    def _gpumem_targets() -> list:
+        """The GPUs for the panel, without initialising CUDA: once CUDA is initialised, torch's devices
+        matched to NVML's by UUID (inventory.gpu_map); before that, NVML's GPUs in the order
+        CUDA_VISIBLE_DEVICES gives them (the order torch will use), and all of them for a torch without
+        CUDA. The sampler asks again when CUDA's state changes."""
+        import os
+
         from . import inventory, memory, nvml
 
-        mappings = inventory.gpu_map()
-        return memory.targets_from(mappings, 0 if mappings else nvml.device_count())
+        state = memory.cuda_state()
+        if state == "initialised":
+            mappings = inventory.gpu_map()
+            if mappings:
+                return memory.targets_from(mappings)
+        if nvml.status() is not None:
+            return []
+        gpus = [nvml.gpu_snapshot(i, identity_only=True) for i in range(nvml.device_count())]
+        if state == "no CUDA":
+            return [memory.GPUTarget(None, g.index, str(g.name)) for g in gpus]
+        visible = inventory.parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
+        targets = []
+        for position, (index, slot) in enumerate(visible):
+            mig = next((m for m in gpus[index].mig_devices if m.index == slot), None)
+            targets.append(memory.GPUTarget(position, index, str(mig.name if mig else gpus[index].name)))
+        return targets
 
     def _gpumem_start(self, interval: Optional[float]) -> Any:
         """The running panel (made and started on first use); ``interval`` applied when given."""
@@ -385,7 +555,7 @@ class TorchGPUMagics(Magics):
             self._gpumem_closer_added = True
         live = self._gpumem_panel
         if live is None or live.closed:
-            sampler = memory.Sampler(self._gpumem_targets(), interval or memory.DEFAULT_INTERVAL)
+            sampler = memory.Sampler(self._gpumem_targets, interval or memory.DEFAULT_INTERVAL)
             live = panel.MemoryPanel(sampler, on_close=self._gpumem_closed)
             self._gpumem_panel = live
             self._gpumem_cells_wanted = True
@@ -436,6 +606,38 @@ class TorchGPUMagics(Magics):
         if record is not None and live is not None:
             live.sampler.note_cell(record)
             live.show_cells(log.records)
+
+
+def _whereis_plain(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:
+    """A text/plain printer: the placement line, then what ``previous`` (or the plain repr) prints."""
+    from IPython.lib.pretty import _repr_pprint
+
+    from . import placement
+
+    def printer(obj: Any, p: Any, cycle: bool) -> None:
+        p.text(placement.placement_line(obj))
+        p.break_()
+        (previous or _repr_pprint)(obj, p, cycle)
+
+    printer._torchgpu_whereis = True  # type: ignore[attr-defined]
+    return printer
+
+
+def _whereis_html(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:
+    """A text/html printer: the placement line above ``previous``'s HTML, or above the escaped repr."""
+    import html
+
+    from . import placement
+
+    def printer(obj: Any) -> str:
+        body = previous(obj) if previous is not None else None
+        if body is None:
+            body = f"<pre>{html.escape(repr(obj))}</pre>"
+        line = html.escape(placement.placement_line(obj))
+        return f'<div class="torchgpu-magic-note"><b>{line}</b></div>{body}'
+
+    printer._torchgpu_whereis = True  # type: ignore[attr-defined]
+    return printer
 
 
 def instance(shell: Any) -> Optional[TorchGPUMagics]:

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from .errors import MagicInputError
 from .render import Table, fmt_bytes, html_lines, is_na
@@ -69,13 +69,9 @@ class GPUTarget:
         return f"nvml:{self.nvml_index}"
 
 
-def targets_from(mappings: Sequence[Any], nvml_count: int = 0) -> list[GPUTarget]:
-    """GPU targets from ``inventory.gpu_map()`` rows (``torch_index, nvml_index, name``); when torch sees
-    no GPU but NVML counts ``nvml_count`` of them (a CPU build of torch on a GPU machine), watch those
-    with NVML only."""
-    if mappings:
-        return [GPUTarget(m.torch_index, m.nvml_index, str(getattr(m, "name", "") or "")) for m in mappings]
-    return [GPUTarget(None, i, "") for i in range(nvml_count)]
+def targets_from(mappings: Sequence[Any]) -> list[GPUTarget]:
+    """GPU targets from ``inventory.gpu_map()`` rows (``torch_index, nvml_index, name``)."""
+    return [GPUTarget(m.torch_index, m.nvml_index, "" if is_na(m.name) else str(m.name)) for m in mappings]
 
 
 @dataclass(frozen=True)
@@ -467,17 +463,23 @@ class Sampler:
     thread within one interval (it waits on an Event, never sleeps blindly), and :attr:`history` keeps the
     last ``history_seconds`` of snapshots for sparklines. ``peak`` figures are the highest allocated /
     RSS seen since :meth:`reset_peaks`, fed by every sample and by :meth:`note_cell`.
+
+    ``targets`` are the GPUs to watch, or a function returning them: it is called again whenever
+    :func:`cuda_state` changes (say, when the user's first ``.cuda()`` initialises CUDA and torch's
+    indices can be matched to NVML's for real), so the sampler never initialises CUDA itself.
     """
 
     def __init__(
         self,
-        targets: Sequence[GPUTarget] = (),
+        targets: Union[Sequence[GPUTarget], Callable[[], Sequence[GPUTarget]]] = (),
         interval: float = DEFAULT_INTERVAL,
         callback: Optional[Callable[[MemorySnapshot], None]] = None,
         history_seconds: float = HISTORY_SECONDS,
         collector: Callable[[Sequence[GPUTarget]], MemorySnapshot] = collect,
     ) -> None:
-        self.targets = tuple(targets)
+        self._targets_fn = targets if callable(targets) else None
+        self._targets_state: Optional[str] = None
+        self.targets: tuple = () if callable(targets) else tuple(targets)
         self.callback = callback
         self.history_seconds = float(history_seconds)
         self.last_error: Optional[str] = None
@@ -492,6 +494,20 @@ class Sampler:
         self._thread: Optional[threading.Thread] = None
         self._peaks: dict = {}
         self._peak_rss = 0
+        self._retarget()
+
+    def _retarget(self) -> None:
+        """Ask the targets function again when CUDA's state has changed since it was last asked."""
+        if self._targets_fn is None:
+            return
+        state = cuda_state()
+        if state == self._targets_state:
+            return
+        self._targets_state = state
+        try:
+            self.targets = tuple(self._targets_fn())
+        except Exception as exc:  # noqa: BLE001 - keep sampling the host and the old targets
+            self.last_error = f"finding GPUs failed: {type(exc).__name__}: {exc}"
 
     # -- settings
     @property
@@ -576,6 +592,7 @@ class Sampler:
     def sample_now(self) -> MemorySnapshot:
         """Take one sample now (any thread), fold it into peaks and history, and call the callback."""
         with self._lock:
+            self._retarget()
             snapshot = self._collector(self.targets)
             snapshot = self._fold_peaks(snapshot)
             self.latest = snapshot

@@ -99,8 +99,7 @@ class MemoryPanel:
             children=[self.title, self.host, self.gpus, self.cells, self.buttons, self.status],
         )
         self.widget.add_class("torchgpu-magic-gpumem")
-        if not sampler.targets:
-            self.empty_button.disabled = True
+        self.empty_button.disabled = not sampler.targets
         self._show_cells_locked()
         sampler.callback = self.update
 
@@ -137,8 +136,9 @@ class MemoryPanel:
             if self._closed:
                 return
             with contextlib.ExitStack() as stack:
-                for w in (self.title, self.host, self.gpus, self.status):
+                for w in (self.title, self.host, self.gpus, self.status, self.empty_button):
                     stack.enter_context(w.hold_sync())
+                self.empty_button.disabled = not snapshot.gpus
                 self.title.value = title
                 self.host.value = host
                 self.gpus.value = gpus
@@ -237,24 +237,34 @@ def _legend(items: Sequence[tuple]) -> str:
     return "".join(f'{_swatch(COLOURS[k])}{html.escape(LABELS[k])} {_figure(k, v)}' for k, v in items)
 
 
-def sparkline(values: Sequence[Any], scale: Optional[float] = None, width: int = 240, height: int = 28,
-              colour: str = "#2f6fb0") -> str:
-    """An inline SVG line of ``values`` (oldest first), downsampled to at most :data:`SPARK_POINTS` by
-    keeping each bucket's maximum (so short spikes stay visible); '' with fewer than two values."""
-    points = [float(v) for v in values if not is_na(v)]
-    if len(points) < 2:
+def sparkline(series: Sequence[tuple], scale: Optional[float] = None, width: int = 240,
+              height: int = 28) -> str:
+    """An inline SVG with one line per ``(values, colour)`` in ``series`` (values oldest first, N/A
+    skipped), all on one scale (``scale`` or the largest value). Each line is downsampled to at most
+    :data:`SPARK_POINTS` by keeping each bucket's maximum, so short spikes stay visible. '' when no line
+    has two values."""
+    lines = []
+    for values, colour in series:
+        points = [float(v) for v in values if not is_na(v)]
+        if len(points) < 2:
+            continue
+        if len(points) > SPARK_POINTS:
+            step = len(points) / SPARK_POINTS
+            points = [max(points[int(i * step):max(int((i + 1) * step), int(i * step) + 1)])
+                      for i in range(SPARK_POINTS)]
+        lines.append((points, colour))
+    if not lines:
         return ""
-    if len(points) > SPARK_POINTS:
-        step = len(points) / SPARK_POINTS
-        points = [max(points[int(i * step):int((i + 1) * step) or int(i * step) + 1])
-                  for i in range(SPARK_POINTS)]
-    top = max(scale or 0.0, max(points)) or 1.0
-    n = len(points) - 1
-    coords = " ".join(f"{i * width / n:.1f},{height - 1 - (height - 2) * p / top:.1f}"
-                      for i, p in enumerate(points))
+    top = max([scale or 0.0] + [max(points) for points, _ in lines]) or 1.0
+    drawn = []
+    for points, colour in lines:
+        n = len(points) - 1
+        coords = " ".join(f"{i * width / n:.1f},{height - 1 - (height - 2) * p / top:.1f}"
+                          for i, p in enumerate(points))
+        drawn.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{coords}"/>')
     return (f'<svg class="tgm-spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
             f'style="vertical-align:middle;background:{COLOURS["free"]};border-radius:3px">'
-            f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{coords}"/></svg>')
+            f'{"".join(drawn)}</svg>')
 
 
 def _span_text(history: Sequence[memory.MemorySnapshot]) -> str:
@@ -268,7 +278,7 @@ def _host_html(snapshot: memory.MemorySnapshot, history: Sequence[memory.MemoryS
     if h is None:
         return f'<div style="{_BOX}"><b>Host</b> memory figures unavailable (psutil cannot read them)</div>'
     other_use = max(0, h.total - h.available - h.rss)
-    spark = sparkline([s.host.rss for s in history if s.host is not None])
+    spark = sparkline([([s.host.rss for s in history if s.host is not None], COLOURS["rss"])])
     return (
         f'<div style="{_BOX};margin-top:4px"><b>Host</b> · this process {_figure("host-rss", h.rss)} RSS'
         f' (peak {_figure("host-peak", h.peak_rss)}) · system available'
@@ -298,17 +308,18 @@ def _gpus_html(snapshot: memory.MemorySnapshot, history: Sequence[memory.MemoryS
         unattributed = None if is_na(g.used) else int(g.used) - int(mine or 0) - int(g.others or 0)
         parts += [("others", g.others), ("unattributed", unattributed)]
         series = [s.gpus[i] for s in history if i < len(s.gpus)]
-        top = None if is_na(g.total) else scale
-        nvml_line = sparkline([s.used for s in series], top, colour=COLOURS["unattributed"])
-        alloc_line = sparkline([s.allocated for s in series], top)
+        spark = sparkline([([s.used for s in series], COLOURS["unattributed"]),
+                           ([s.process for s in series], COLOURS["other"]),
+                           ([s.allocated for s in series], COLOURS["allocated"])],
+                          None if is_na(g.total) else scale)
         blocks.append(
             f'<div style="{_BOX};margin-top:6px" class="tgm-gpu"><b>{name}</b> · NVML used '
             f'{_figure("gpu-used", g.used)} of {_figure("gpu-total", g.total)} · this process '
             f'{_figure("gpu-process", g.process)} · peak allocated {_figure("gpu-peak", g.peak)}{scale_note}'
             + _bar(parts, scale)
             + f'<div>{_legend([(k, v) for k, v in parts if k != "unattributed"])}</div>'
-            + (f'<div>{alloc_line} allocated {nvml_line} NVML used{_span_text(history)}</div>'
-               if alloc_line else "")
+            + (f'<div>{spark} <span style="opacity:.7">NVML used (grey), this process (purple), '
+               f'torch allocated (blue)</span>{_span_text(history)}</div>' if spark else "")
             + "</div>"
         )
     return "".join(blocks)

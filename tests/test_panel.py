@@ -1,0 +1,294 @@
+"""panel.py and %gpumem: the widget model without a frontend, through a real InteractiveShell."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import fake_pynvml
+import pytest
+from conftest import run, run_error
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+import torchgpu_magic
+from torchgpu_magic import memory, panel
+from torchgpu_magic.magics import instance
+
+MiB = 1024 * 1024
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+H100 = memory.GPUTarget(None, 0, "NVIDIA H100 80GB HBM3")
+
+
+def _threads() -> list:
+    return [t for t in threading.enumerate() if t.name == memory.THREAD_NAME]
+
+
+def _live_widgets() -> set:
+    from ipywidgets.widgets.widget import _instances
+
+    return set(_instances)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_behind():
+    before = _live_widgets()
+    yield
+    assert _threads() == [], "a sampler thread is still running"
+    assert _live_widgets() - before == set(), "widgets were left open"
+
+
+def _wait_for(predicate, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def _panel(ip):
+    return instance(ip)._gpumem_panel
+
+
+def _shown_model_ids(captured) -> list:
+    return [o.data[WIDGET_MIME]["model_id"] for o in captured.outputs if WIDGET_MIME in o.data]
+
+
+# ---- the panel model, no shell ---------------------------------------------------------------------
+def test_panel_on_host_only_says_so_and_shows_rss():
+    p = panel.MemoryPanel(memory.Sampler([], interval=0.1))
+    try:
+        p.sampler.sample_now()
+        assert "no GPU: host memory only" in p.gpus.value
+        assert 'class="tgm-host-rss"' in p.host.value and "RSS" in p.host.value
+        assert p.empty_button.disabled
+    finally:
+        p.close()
+
+
+def test_panel_shows_nvml_split_and_follows_changes(fake_nvml):
+    module = fake_nvml("h100_busy")
+    p = panel.MemoryPanel(memory.Sampler([H100], interval=0.05))
+    p.sampler.start()
+    try:
+        assert _wait_for(lambda: "30.0 GiB" in p.gpus.value)
+        assert "12.0 GiB" in p.gpus.value and "79.6 GiB" in p.gpus.value
+        assert "other processes" in p.gpus.value
+        module.machine.gpus[0].compute[0].usedGpuMemory = 50 * 1024 * MiB
+        assert _wait_for(lambda: "50.0 GiB" in p.gpus.value)
+        assert _wait_for(lambda: '<svg class="tgm-spark"' in p.gpus.value)  # history is drawn
+    finally:
+        p.close()
+    assert not p.sampler.running
+
+
+def test_gpu_lost_shows_in_the_panel(fake_nvml):
+    module = fake_nvml("h100_busy")
+    p = panel.MemoryPanel(memory.Sampler([H100], interval=0.05))
+    p.sampler.start()
+    try:
+        module.machine.gpus[0].errors.update(fake_pynvml._lost_errors())
+        assert _wait_for(lambda: "fallen off the bus" in p.status.value)
+        assert p.sampler.running and p.sampler.last_error is None
+    finally:
+        p.close()
+
+
+def test_updates_are_batched_one_message_per_widget(fake_nvml, monkeypatch):
+    fake_nvml("h100_busy")
+    p = panel.MemoryPanel(memory.Sampler([H100], interval=0.05))
+    sent = []
+    for w in (p.title, p.host, p.gpus, p.status, p.empty_button):
+        monkeypatch.setattr(w, "_send", lambda msg, buffers=None, w=w: sent.append((w, msg)))
+    try:
+        p.sampler.sample_now()
+        per_widget = {}
+        for w, msg in sent:
+            per_widget.setdefault(id(w), []).append(msg)
+        assert per_widget, "no state was sent"
+        assert all(len(msgs) == 1 for msgs in per_widget.values())
+        assert all(msg["method"] == "update" for _, msg in sent)
+    finally:
+        p.close()
+
+
+def test_update_from_the_thread_never_prints(capfd):
+    p = panel.MemoryPanel(memory.Sampler([], interval=0.05))
+    p.sampler.start()
+    try:
+        time.sleep(0.3)
+    finally:
+        p.close()
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_buttons_pause_reset_and_empty_cache():
+    p = panel.MemoryPanel(memory.Sampler([], interval=0.05))
+    p.sampler.start()
+    try:
+        p.pause_button.click()
+        assert p.sampler.paused and p.pause_button.description == "Resume"
+        assert "paused" in p.title.value
+        p.pause_button.click()
+        assert not p.sampler.paused and p.pause_button.description == "Pause"
+        p.sampler.note_cell(memory.CellRecord(1, "x", 0.0, 0, 10**12))
+        p.reset_button.click()
+        assert p.sampler.latest.host.peak_rss < 10**12
+        p.empty_button.click()  # no CUDA here: nothing to give back, and no error
+    finally:
+        p.close()
+
+
+def test_closing_the_widget_stops_the_sampler_and_closes_every_widget():
+    closed = []
+    p = panel.MemoryPanel(memory.Sampler([], interval=5.0), on_close=lambda: closed.append(1))
+    p.sampler.start()
+    ids = p.model_ids()
+    assert ids <= _live_widgets() and len(ids) >= 10
+    t0 = time.monotonic()
+    p.widget.close()
+    assert time.monotonic() - t0 < 1.0  # within one (5 s) interval
+    assert not p.sampler.running and p.closed and closed == [1]
+    assert ids & _live_widgets() == set()
+    p.close()  # idempotent
+    assert closed == [1]
+
+
+def test_sparkline_is_inline_svg_and_bounded():
+    svg = panel.sparkline([(list(range(5000)), "#000"), ([1, 2, None, 3], "#f00")])
+    assert svg.startswith("<svg") and "http" not in svg and "url(" not in svg
+    assert svg.count("<polyline") == 2
+    assert svg.count(",") <= panel.SPARK_POINTS + 3
+    assert panel.sparkline([([1], "#000")]) == ""
+
+
+# ---- %gpumem through the shell ---------------------------------------------------------------------
+def test_gpumem_shows_one_live_model_and_stop_ends_it(ip):
+    with capture_output() as first:
+        run(ip, "%gpumem --interval 0.1")
+    (model_id,) = _shown_model_ids(first)
+    assert len(_threads()) == 1
+    with capture_output() as again:
+        run(ip, "%gpumem")
+    assert _shown_model_ids(again) == [model_id]  # the same live model, not a second sampler
+    assert len(_threads()) == 1
+    assert _panel(ip).sampler.interval == 0.1
+    run(ip, "%gpumem --interval 0.5")
+    assert _panel(ip).sampler.interval == 0.5 and len(_threads()) == 1
+    with capture_output() as stopped:
+        run(ip, "%gpumem stop")
+    assert "stopped" in stopped.stdout
+    assert _threads() == [] and _panel(ip) is None
+    with capture_output() as again:
+        run(ip, "%gpumem stop")
+    assert "not running" in again.stdout
+
+
+@pytest.mark.parametrize("line", ["--interval 0", "--interval -1", "--interval 1000", "--interval abc",
+                                  "--interval nan", "--cells maybe", "bogus", "stop --interval 1",
+                                  "--nope"])
+def test_gpumem_bad_input_is_one_line_usage_error_and_changes_nothing(ip, line):
+    error = run_error(ip, f"%gpumem {line}")
+    assert isinstance(error, UsageError)
+    assert str(error).startswith("%gpumem") and "\n" not in str(error)
+    assert _threads() == [] and _panel(ip) is None
+
+
+def test_interval_error_names_the_valid_range(ip):
+    error = run_error(ip, "%gpumem --interval 0")
+    assert "between 0.05 and 60 seconds" in str(error)
+
+
+def test_per_cell_accounting_through_the_shell(ip):
+    with capture_output():
+        run(ip, "%gpumem --interval 0.2")
+    first = ip.execution_count  # cells that store history are numbered, as in a notebook
+    ip.run_cell("block = bytearray(64 * 1024 * 1024); block[::4096] = b'1' * len(block[::4096])",
+                store_history=True).raise_error()
+    ip.run_cell("del block", store_history=True).raise_error()
+    p = _panel(ip)
+    cells = p.cells.value
+    assert "block = bytearray(64 * 1024 * 1024)" in cells and "del block" in cells
+    records = list(instance(ip)._gpumem_cells.records)
+    assert [r.first_line for r in records] == ["block = bytearray(64 * 1024 * 1024); block[::4096] = "
+                                               "b'1' * len(block[::4096])", "del block"]
+    assert [r.number for r in records] == [first, first + 1]
+    assert f"[{first}]" in cells
+    assert records[0].rss_delta > 48 * MiB
+    assert records[1].rss_delta < -48 * MiB
+    assert records[0].rss_peak is None or records[0].rss_peak > 64 * MiB
+    with capture_output():
+        run(ip, "%gpumem --cells off")
+    assert instance(ip)._gpumem_cells is None and "off" in p.cells.value
+    assert instance(ip)._gpumem_pre_cell not in ip.events.callbacks["pre_run_cell"]
+    run(ip, "x = 1")
+    with capture_output():
+        run(ip, "%gpumem")  # showing the panel again keeps the user's choice
+    assert instance(ip)._gpumem_cells is None
+    with capture_output():
+        run(ip, "%gpumem --cells on")
+    run(ip, "y = 2")
+    assert "y = 2" in p.cells.value
+    run(ip, "%gpumem stop")
+
+
+def test_closing_the_widget_unhooks_the_cell_events(ip):
+    with capture_output():
+        run(ip, "%gpumem --interval 0.1")
+    magics = instance(ip)
+    assert magics._gpumem_post_cell in ip.events.callbacks["post_run_cell"]
+    _panel(ip).widget.close()
+    assert _threads() == [] and magics._gpumem_panel is None
+    assert magics._gpumem_post_cell not in ip.events.callbacks["post_run_cell"]
+
+
+def test_unload_stops_the_sampler_within_one_interval(ip):
+    with capture_output():
+        run(ip, "%gpumem --interval 5")
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    torchgpu_magic.unload_ipython_extension(ip)
+    assert time.monotonic() - t0 < 1.0
+    assert _threads() == []
+    torchgpu_magic.load_ipython_extension(ip)
+
+
+def _hooks(ip) -> dict:
+    """The event callbacks by function (a reload makes a new TorchGPUMagics, so not by bound method)."""
+    return {k: [getattr(cb, "__func__", cb) for cb in v] for k, v in ip.events.callbacks.items()}
+
+
+def test_hundred_cycles_leave_no_thread_no_widget_no_hook(ip):
+    events_before = _hooks(ip)
+    for i in range(100):
+        with capture_output():
+            run(ip, "%gpumem --interval 0.05")
+        if i % 2:
+            run(ip, "%gpumem stop")
+        else:
+            torchgpu_magic.unload_ipython_extension(ip)
+            torchgpu_magic.load_ipython_extension(ip)
+    assert _threads() == []
+    assert _hooks(ip) == events_before
+
+
+def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now raises ImportError
+    with capture_output() as out:
+        run(ip, "%gpumem")
+    text = out.stdout + "".join(o.data.get("text/plain", "") for o in out.outputs)
+    assert "RSS" in text and "no GPU: host memory only" in text
+    assert "pip install torchgpu-magic[widgets]" in text
+    assert _threads() == []
+
+
+def test_gpumem_on_scripted_nvml_shows_the_gpu(ip, fake_nvml):
+    fake_nvml("h100_busy")
+    with capture_output():
+        run(ip, "%gpumem --interval 0.05")
+    p = _panel(ip)
+    assert [t.nvml_index for t in p.sampler.targets] == [0]
+    assert _wait_for(lambda: "NVIDIA H100 80GB HBM3" in p.gpus.value and "30.0 GiB" in p.gpus.value)
+    run(ip, "%gpumem stop")

@@ -1,5 +1,6 @@
 """devices.py for real: spec parsing, the errors people see, switching and restoring torch's defaults,
 and moving objects. Runs on CPU with the `meta` device; CUDA paths are under the `gpu` marker."""
+
 from __future__ import annotations
 
 import pytest
@@ -68,8 +69,14 @@ def test_cuda_without_a_gpu_says_why_and_lists_what_exists(spec):
 
 @pytest.mark.parametrize(
     "spec, guess",
-    [("cdua:0", "cuda:0"), ("gpu", "cuda"), ("gpu:1", "cuda:1"), ("mta", "meta"), ("atuo", "auto"),
-     ("cpus", "cpu")],
+    [
+        ("cdua:0", "cuda:0"),
+        ("gpu", "cuda"),
+        ("gpu:1", "cuda:1"),
+        ("mta", "meta"),
+        ("atuo", "auto"),
+        ("cpus", "cpu"),
+    ],
 )
 def test_typos_get_a_did_you_mean(spec, guess):
     with pytest.raises(MagicInputError) as info:
@@ -82,8 +89,20 @@ def test_typos_get_a_did_you_mean(spec, guess):
 
 @pytest.mark.parametrize(
     "spec",
-    ["", "   ", "zzz", "cuda:-1", "cuda:x", "cpu:1", "meta:2", "cuda 0", "1", "__import__('os')", "cpu\nmeta",
-     "torch.device('cpu')"],
+    [
+        "",
+        "   ",
+        "zzz",
+        "cuda:-1",
+        "cuda:x",
+        "cpu:1",
+        "meta:2",
+        "cuda 0",
+        "1",
+        "__import__('os')",
+        "cpu\nmeta",
+        "torch.device('cpu')",
+    ],
 )
 def test_malformed_specs_are_one_line_errors(spec):
     with pytest.raises(MagicInputError) as info:

@@ -77,7 +77,7 @@ def resolve(spec: Any) -> Any:
         index = None if match.group("index") is None else int(match.group("index"))
     if kind in ("cpu", "meta"):
         if index not in (None, 0):
-            raise MagicInputError(f"'{text}': {kind} has no index {index}; use '{kind}'. {_here()}")
+            raise MagicInputError(f"'{shown(text)}': {kind} has no index {index}; use '{kind}'. {_here()}")
         return torch.device(kind)
     if kind == "cuda":
         return _resolve_indexed("cuda", index, _cuda_count(), _cuda_missing)
@@ -100,7 +100,7 @@ def parse_dtype(name: str) -> Any:
     text = str(name).strip().lower()
     text = text[len("torch."):] if text.startswith("torch.") else text
     if text not in DTYPES:
-        raise MagicInputError(f"unknown dtype '{name}'; valid: {', '.join(DTYPES)}")
+        raise MagicInputError(f"unknown dtype '{shown(name)}'; valid: {', '.join(DTYPES)}")
     return getattr(torch, text)
 
 
@@ -389,12 +389,19 @@ def _short(name: str) -> str:
     return "mps" if name == "mps:0" else name
 
 
+def shown(text: str, limit: int = 40) -> str:
+    """User text made safe for a one-line message: escaped control characters, at most ``limit`` long."""
+    text = str(text)
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return text.encode("unicode_escape").decode("ascii")
+
+
 def _unknown(text: str) -> str:
-    shown = text if len(text) <= 40 else text[:37] + "..."
-    shown = shown.encode("unicode_escape").decode("ascii")
+    shown_text = shown(text)
     kind, _, index = text.strip().lower().partition(":")
-    guess = _HINTS.get(kind) or next(iter(difflib.get_close_matches(kind, KINDS + ("auto",), n=1)), None)
+    close = difflib.get_close_matches(kind, KINDS + ("auto",), n=1, cutoff=0.5)
+    guess = _HINTS.get(kind) or (close[0] if close else None)
     if guess and index.isdigit() and guess in ("cuda", "xpu"):
         guess = f"{guess}:{int(index)}"
     hint = f" Did you mean '{guess}'?" if guess else ""
-    return f"unknown device '{shown}'.{hint} {_here()}"
+    return f"unknown device '{shown_text}'.{hint} {_here()}"

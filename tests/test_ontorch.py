@@ -1,0 +1,386 @@
+"""%%ontorch / %ontorch through a real InteractiveShell, on CPU with the `meta` device.
+
+The `ip` fixture (conftest) also checks that torch's default device, dtype and thread count are the
+same at the end of every test as at its start."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+import torch
+from conftest import run, run_error
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+from torchgpu_magic import devices
+
+HAS_CUDA = torch.cuda.is_available()
+no_cuda = pytest.mark.skipif(HAS_CUDA, reason="torch sees a CUDA GPU here")
+
+
+def _state():
+    return (devices._raw_default_device(), torch.get_default_dtype(), torch._C._len_torch_function_stack())
+
+
+CLEAN = (None, torch.float32, 0)
+
+
+def cell(ip, code):
+    """Run ``code``; return (result, what it printed, less the displayhook's ``Out[...]``) and fail on
+    any error."""
+    with capture_output() as cap:
+        result = run(ip, code)
+    return result, "\n".join(line for line in cap.stdout.splitlines() if not line.startswith("Out["))
+
+
+def failing(ip, code):
+    """Run ``code`` that must fail; return (exception, stdout)."""
+    with capture_output() as cap:
+        error = run_error(ip, code)
+    return error, cap.stdout
+
+
+@pytest.fixture
+def tip(ip):
+    run(ip, "import torch, numpy as np")
+    return ip
+
+
+# ---- where things land ------------------------------------------------------------------------------
+
+
+def test_tensors_modules_and_parameters_land_on_meta(tip):
+    value, out = cell(
+        tip, "%%ontorch meta\nx = torch.ones(3)\nm = torch.nn.Linear(4, 2)\nz = torch.zeros_like(x)\nx.device"
+    )
+    assert value == torch.device("meta")
+    ns = tip.user_ns
+    assert ns["x"].device.type == "meta" and ns["z"].device.type == "meta"
+    assert {p.device.type for p in ns["m"].parameters()} == {"meta"}
+    assert out.strip() == "%%ontorch: ran on meta"
+    assert torch.ones(1).device.type == "cpu" and _state() == CLEAN
+
+
+def test_footer_lists_what_the_default_device_missed(tip):
+    run(tip, "before = torch.ones(2)")
+    _, out = cell(
+        tip,
+        "%%ontorch meta\n"
+        "a = torch.from_numpy(np.ones(3))\n"
+        "b = torch.zeros(2, device='cpu')\n"
+        "c = torch.Tensor(4)\n"
+        "d = before * 2\n"
+        "ok = torch.ones(5)\n"
+        "before",
+    )
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    footer = lines[0]
+    assert footer.startswith("%%ontorch: ran on meta; not on meta: ")
+    for name, summary in (("a", "float64 (3,)"), ("b", "float32 (2,)"), ("c", "float32 (4,)"), ("d", "")):
+        assert f"{name} (cpu, {summary}" in footer
+    assert "ok (" not in footer and "before (" not in footer  # on meta / unchanged by the cell
+
+
+def test_footer_counts_modules_elsewhere_and_q_silences_it(tip):
+    _, out = cell(tip, "%%ontorch meta\nnet = torch.nn.Linear(2, 2, device='cpu')")
+    assert "net (cpu, Linear 6 params)" in out
+    _, out = cell(tip, "%%ontorch meta -q\nnet2 = torch.nn.Linear(2, 2, device='cpu')")
+    assert out == ""
+
+
+def test_last_expression_is_the_cells_value_and_semicolon_silences_it(tip):
+    value, _ = cell(tip, "%%ontorch meta\ny = 2\ny * 21")
+    assert value == 42
+    value, _ = cell(tip, "%%ontorch meta\ny * 21;")
+    assert value is None
+
+
+# ---- restoring ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raise_",
+    [
+        "raise ValueError('mine')",
+        "raise KeyboardInterrupt",
+        "raise SystemExit(2)",
+        "torch.ones(2, device='meta') + torch.ones(2, device='cpu')",
+    ],
+)
+def test_defaults_restored_after_errors_and_interrupts(tip, raise_):
+    error, out = failing(tip, f"%%ontorch meta --dtype float64\nw = torch.ones(1)\n{raise_}\n")
+    assert not isinstance(error, UsageError)
+    assert tip.user_ns["w"].device.type == "meta" and tip.user_ns["w"].dtype == torch.float64
+    assert _state() == CLEAN
+    assert "%%ontorch: ran on" not in out  # no footer for a failed cell
+
+
+def test_error_shows_the_users_line_not_the_extensions_frames(tip):
+    error, out = failing(tip, "%%ontorch meta\nfirst = 1\nraise ValueError('from the cell')\n")
+    assert isinstance(error, ValueError)
+    assert "----> 3 raise ValueError('from the cell')" in out
+    assert "magics.py" not in out and "devices.py" not in out
+
+
+def test_nested_cells_unwind_in_order(tip):
+    value, out = cell(
+        tip,
+        "%%ontorch meta --dtype float64\n%%ontorch cpu\ninner = torch.ones(1)\n(inner.device, inner.dtype)",
+    )
+    assert value == (torch.device("cpu"), torch.float64)
+    assert out.splitlines() == [
+        "%%ontorch: ran on cpu",
+        "%%ontorch: ran on meta; not on meta: inner (cpu, float64 (1,)) "
+        "(torch's default device skips from_numpy, torch.Tensor(), explicit device= and "
+        "objects made before)",
+    ]
+    assert _state() == CLEAN
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "%%time\n%%ontorch meta\nt = torch.ones(2)\nt.device",
+        "%%ontorch meta\n%%time\nt = torch.ones(2)\nt.device",
+    ],
+)
+def test_combined_with_time_either_way(tip, code):
+    value, out = cell(tip, code)
+    assert value == torch.device("meta")
+    assert "Wall time" in out and "%%ontorch: ran on meta" in out
+    assert _state() == CLEAN
+
+
+def test_time_around_a_failing_cell_still_restores(tip):
+    failing(tip, "%%time\n%%ontorch meta --dtype float16\n1/0")
+    assert _state() == CLEAN
+
+
+# ---- the line form ------------------------------------------------------------------------------------
+
+
+def test_line_form_sets_the_kernel_default_until_reset(tip):
+    _, out = cell(tip, "%ontorch meta --dtype bfloat16")
+    assert "default device is now meta" in out
+    value, _ = cell(tip, "q = torch.ones(1)\n(q.device, q.dtype)")
+    assert value == (torch.device("meta"), torch.bfloat16)
+    _, out = cell(tip, "%ontorch")
+    assert "default device meta (set by %ontorch meta --dtype bfloat16)" in out and "bfloat16" in out
+    value, _ = cell(tip, "%%ontorch cpu\ntorch.ones(1).device")  # a cell inside the line form's default
+    assert value == torch.device("cpu")
+    assert torch.ones(1).device.type == "meta"
+    _, out = cell(tip, "%ontorch --reset")
+    assert "restored" in out
+    assert _state() == CLEAN
+    _, out = cell(tip, "%ontorch --reset")
+    assert "nothing to reset" in out
+
+
+def test_unload_undoes_the_line_form(tip):
+    import torchgpu_magic
+
+    cell(tip, "%ontorch meta --dtype float64")
+    assert devices._raw_default_device() == torch.device("meta")
+    torchgpu_magic.unload_ipython_extension(tip)
+    assert _state() == CLEAN
+    torchgpu_magic.load_ipython_extension(tip)
+
+
+def test_line_form_inside_a_cell_is_refused(tip):
+    error, _ = failing(tip, "%%ontorch meta\n%ontorch cpu")
+    assert "would be undone when the cell ends" in str(error)
+    assert _state() == CLEAN
+
+
+@pytest.mark.skipif(
+    HAS_CUDA or devices._mps_available() or devices._xpu_count() > 0, reason="has an accelerator"
+)
+def test_status_shows_default_and_auto_is_cpu_here(tip):
+    _, out = cell(tip, "%ontorch")
+    assert out.strip() == (
+        "%ontorch: default device cpu (torch's own default), default dtype float32; "
+        "auto here is cpu; devices here: cpu, meta"
+    )
+    value, out = cell(tip, "%%ontorch auto\ntorch.ones(1).device")
+    assert value == torch.device("cpu") and out.strip() == "%%ontorch: ran on cpu"
+
+
+# ---- unavailable devices and --fallback ---------------------------------------------------------------
+
+
+@no_cuda
+def test_cuda_here_is_a_usage_error_with_the_reason(tip):
+    error, _ = failing(tip, "%%ontorch cuda:0\nran = 1")
+    assert isinstance(error, UsageError)
+    message = str(error)
+    assert (
+        message.startswith("%ontorch: 'cuda:0' is not available: ") and "Devices here: cpu, meta" in message
+    )
+    assert "\n" not in message and "ran" not in tip.user_ns
+
+
+@no_cuda
+def test_fallback_runs_on_cpu_and_says_so_in_one_line(tip):
+    value, out = cell(tip, "%%ontorch cuda:0 --fallback cpu\ntorch.ones(1).device")
+    assert value == torch.device("cpu")
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("%%ontorch: 'cuda:0' is not available") and lines[0].endswith(
+        "running on cpu instead (--fallback)"
+    )
+    assert lines[1] == "%%ontorch: ran on cpu"
+
+
+def test_fallback_does_not_hide_typos_and_is_itself_validated(tip):
+    error, _ = failing(tip, "%%ontorch cdua:0 --fallback cpu\nran = 1")
+    assert "Did you mean 'cuda:0'?" in str(error)
+    error, _ = failing(tip, "%%ontorch meta --fallback mte\nran = 1")
+    assert str(error).startswith("%ontorch: --fallback: unknown device 'mte'. Did you mean 'meta'?")
+    assert "ran" not in tip.user_ns
+
+
+# ---- --move and --dtype -------------------------------------------------------------------------------
+
+
+def test_move_moves_and_reports_bytes(tip):
+    run(
+        tip,
+        "model = torch.nn.Linear(3, 2)\nbatch = torch.ones(4, 3)\nopt = torch.optim.SGD(model.parameters())",
+    )
+    value, out = cell(tip, "%%ontorch meta --move model,batch,opt\n(model.weight.device, batch.device)")
+    assert value == (torch.device("meta"), torch.device("meta"))
+    assert out.splitlines()[0] == (
+        "%%ontorch: moved to meta: model (module, 32 B), batch (tensor, 48 B), "
+        "opt (already there); 80 B in all"
+    )
+    _, out = cell(tip, "%%ontorch meta --move batch -q\npass")
+    assert out == ""
+
+
+def test_move_with_an_unknown_name_moves_nothing(tip):
+    run(tip, "batch = torch.ones(2)\nk = 3")
+    for line, expected in (
+        ("--move batch,nope", "no variable named nope"),
+        ("--move batch,k", "k is a int; --move takes tensors"),
+        ("--move 'batch nope'", "give variable names separated by commas"),
+    ):
+        error, _ = failing(tip, f"%%ontorch meta {line}\nran = 1")
+        assert isinstance(error, UsageError) and expected in str(error), str(error)
+        assert tip.user_ns["batch"].device.type == "cpu" and "ran" not in tip.user_ns
+
+
+def test_dtype_for_the_cell_and_bad_names(tip):
+    value, _ = cell(
+        tip, "%%ontorch meta --dtype float16\ntorch.ones(1).dtype, torch.nn.Linear(1, 1).weight.dtype"
+    )
+    assert value == (torch.float16, torch.float16)
+    assert torch.get_default_dtype() == torch.float32
+    error, _ = failing(tip, "%%ontorch meta --dtype int32\nran = 1")
+    assert str(error) == "%ontorch: unknown dtype 'int32'; valid: float16, bfloat16, float32, float64"
+
+
+# ---- fuzz: every rejected input is a one-line UsageError and changes nothing -----------------------
+
+
+_SPECS = st.one_of(
+    st.sampled_from(
+        [
+            "cpu",
+            "meta",
+            "auto",
+            "cuda",
+            "cuda:0",
+            "cuda:7",
+            "mps",
+            "xpu",
+            "cdua",
+            "gpu",
+            "META ",
+            "cpu:1",
+            "",
+            "-",
+            "--",
+            "'meta'",
+            "$t",
+            "{t}",
+            "meta meta",
+            "None",
+        ]
+    ),
+    st.text(alphabet="cpumetaxdi:0123 -'\"{}$,", max_size=10),
+)
+_OPTIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("--dtype"), st.sampled_from(["float64", "bfloat16", "int8", "half", "", "float"])),
+        st.tuples(st.just("--fallback"), _SPECS),
+        st.tuples(
+            st.just("--move"), st.sampled_from(["t", "m", "t,m", "nope", "t,nope", "n", ",", "t,,m", "m t"])
+        ),
+        st.tuples(st.sampled_from(["-q", "--reset", "--bogus", "-x"])),
+    ),
+    max_size=3,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=_SPECS, options=_OPTIONS, form=st.sampled_from(["cell", "line"]), quote=st.booleans())
+def test_fuzz_rejected_input_is_a_one_line_usage_error_and_changes_nothing(tip, spec, options, form, quote):
+    run(tip, "t = torch.ones(2)\nm = torch.nn.Linear(2, 2)\nn = 3\nran = False")
+    ids = {name: id(tip.user_ns[name]) for name in ("t", "m", "n")}
+    words = [spec] + [part for option in options for part in option]
+    line = " ".join(shlex.quote(w) for w in words) if quote else " ".join(words)
+    code = f"%%ontorch {line}\nran = True" if form == "cell" else f"%ontorch {line}"
+    result = tip.run_cell(code, silent=True)
+    error = result.error_before_exec or result.error_in_exec
+    if error is None:  # accepted: the cell ran and left nothing behind; a line form is undone by --reset
+        if form == "cell":
+            assert tip.user_ns["ran"] is True
+        run(tip, "%ontorch --reset -q")
+        assert _state() == CLEAN
+        return
+    assert isinstance(error, UsageError), repr(error)
+    assert "\n" not in str(error) and str(error).startswith("%ontorch"), str(error)
+    assert _state() == CLEAN
+    assert tip.user_ns["ran"] is False
+    assert {name: id(tip.user_ns[name]) for name in ("t", "m", "n")} == ids
+    assert tip.user_ns["t"].device.type == "cpu" and tip.user_ns["m"].weight.device.type == "cpu"
+
+
+# ---- on a real GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_cuda0_and_dot_cuda_inside(tip):
+    value, out = cell(
+        tip,
+        "%%ontorch cuda:0\na = torch.ones(2)\nb = torch.zeros(2, device='cpu').cuda()\n"
+        "(a.device, b.device, torch.cuda.current_device())",
+    )
+    assert value == (torch.device("cuda", 0), torch.device("cuda", 0), 0)
+    assert out.strip() == "%%ontorch: ran on cuda:0"
+    assert torch.ones(1).device.type == "cpu"
+
+
+@pytest.mark.gpu
+def test_gpu_last_gpu_is_current_inside_and_index_out_of_range_is_refused(tip):
+    count = torch.cuda.device_count()
+    before = torch.cuda.current_device()
+    value, _ = cell(tip, f"%%ontorch cuda:{count - 1}\n(torch.ones(1).device, torch.zeros(1).cuda().device)")
+    assert value == (torch.device("cuda", count - 1),) * 2
+    assert torch.cuda.current_device() == before
+    error, _ = failing(tip, f"%%ontorch cuda:{count}\nran = 1")
+    assert f"'cuda:{count}' does not exist: torch sees {count} CUDA" in str(error)
+
+
+@pytest.mark.gpu
+def test_gpu_move_a_model_to_cuda_and_back(tip):
+    run(tip, "gm = torch.nn.Linear(64, 64)")
+    _, out = cell(tip, "%%ontorch cuda:0 --move gm\ny = gm(torch.ones(1, 64))")
+    assert "gm (module, 16.2 KiB)" in out
+    assert tip.user_ns["gm"].weight.device.type == "cuda" and tip.user_ns["y"].device.type == "cuda"
+    _, out = cell(tip, "%%ontorch cpu --move gm\npass")
+    assert tip.user_ns["gm"].weight.device.type == "cpu"
+    assert "gm (module, 16.2 KiB)" in out

@@ -34,8 +34,10 @@ def pytest_collection_modifyitems(config: Any, items: list) -> None:
 def _shell() -> Any:
     from IPython.core.interactiveshell import InteractiveShell
 
+    import IPython
+
     shell = InteractiveShell.instance()
-    shell.colors = "NoColor"
+    shell.colors = "nocolor" if IPython.version_info[0] >= 9 else "NoColor"
     return shell
 
 

@@ -1,0 +1,318 @@
+"""%%cudatime / %cudatime through a real InteractiveShell: every option, errors in cells, output shown once,
+nesting with %%ontorch, state restored; and, under the `gpu` marker, the checks of the timing method on a
+real GPU (calibrated _sleep kernels, first-run exclusion, launch-bound, other streams, --kernels)."""
+from __future__ import annotations
+
+import linecache
+
+import pytest
+from conftest import run, run_error
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+FAST = "-n 2 -r 3 --warmup 0"
+
+
+@pytest.fixture
+def tip(ip):
+    """The shell with torch, a small tensor and a log list in the namespace."""
+    run(ip, "import torch\nx = torch.ones(64, 64)\nlog = []")
+    return ip
+
+
+def test_cell_returns_a_result_with_every_field(tip):
+    result = run(tip, f"%%cudatime -o -q {FAST}\ny = x @ x\nlog.append(1)")
+    from torchgpu_magic.timing import TimingResult
+
+    assert isinstance(result, TimingResult)
+    assert result.device == "cpu" and result.kind == "host" and result.clock.startswith("perf_counter")
+    assert result.loops == 2 and len(result.samples) == 3 == len(result.host_samples)
+    assert result.device_samples is None and result.wall is None and result.memory_peak is None
+    assert result.min <= result.median <= result.max and result.first_run > 0
+    assert result.torch_version == __import__("torch").__version__ and result.device_name
+    assert result.threads == __import__("torch").get_num_threads()
+    assert result.floor is not None and result.floor > 0
+    assert result.stop_reason == "fixed"
+    assert tip.user_ns["log"] == [1] * 7  # first run + 3 samples x 2 loops, nothing else
+    assert "y" not in tip.user_ns  # like %timeit, names the cell binds stay inside the timing loop
+
+
+def test_default_shows_text_and_html_and_returns_nothing(tip):
+    with capture_output() as captured:
+        value = run(tip, f"%%cudatime {FAST}\nx + 1")
+    assert value is None
+    [shown] = captured.outputs
+    assert "host time per loop" in shown.data["text/plain"] and "<table" in shown.data["text/html"]
+    assert "host time (perf_counter)" in shown.data["text/plain"]
+
+
+def test_quiet_shows_nothing(tip):
+    with capture_output() as captured:
+        run(tip, f"r = %cudatime -o -q {FAST} x + 1")
+    assert captured.outputs == [] and captured.stdout == ""
+    assert tip.user_ns["r"].loops == 2
+
+
+def test_line_magic_keeps_the_statement_verbatim(tip):
+    run(tip, f'%cudatime -q {FAST} log.append("a  b   c")')
+    assert set(tip.user_ns["log"]) == {"a  b   c"}
+    run(tip, "v = 3")
+    result = run(tip, f"%cudatime -o -q {FAST} -- -v")
+    assert result.loops == 2
+
+
+def test_setup_runs_once_per_row_before_the_cell(tip):
+    run(tip, f"%%cudatime -q {FAST} log.append('setup'); k = 100\nlog.append(k)")
+    assert tip.user_ns["log"] == ["setup"] + [100] * 7
+
+
+def test_print_and_display_are_shown_once(tip):
+    code = (f"%%cudatime -q {FAST} print('setup says hi')\n"
+            "print('cell says hi')\nfrom IPython.display import display\ndisplay('shown')\nx.sum().item()")
+    with capture_output() as captured:
+        run(tip, code)
+    assert captured.stdout.count("setup says hi") == 1
+    assert captured.stdout.count("cell says hi") == 1
+    assert len(captured.outputs) == 1
+
+
+@pytest.mark.parametrize("options", ["", "--cold", "--flush-l2", "--kernels", "--devices cpu",
+                                     "--threads 1,2", "--warmup 3"])
+def test_item_and_print_work_in_every_mode(tip, options):
+    with capture_output() as captured:
+        code = f"%%cudatime -o -q -n 1 -r 3 --max-time 0.5 {options}\nprint('p')\nv = x.sum().item()"
+        result = run(tip, code)
+    assert captured.stdout.count("p\n") == 1
+    assert result is not None
+
+
+def test_autorange_fills_a_millisecond(tip):
+    result = run(tip, "%%cudatime -o -q -r 3\ny = x + 1")
+    assert result.loops > 1 and result.loops * result.median >= 0.5e-3
+    assert str(result.loops).strip("0") in ("1", "2", "5")
+
+
+def test_max_time_stops_a_noisy_cell_and_says_not_converged(tip):
+    run(tip, "import random, time")
+    result = run(tip, "%%cudatime -o -q -n 1 --max-time 0.3\ntime.sleep(random.random() * 2e-3)")
+    assert result.stop_reason == "max-time" and not result.converged
+    assert result.elapsed < 1.0 and len(result.samples) >= 3
+    assert any(w.startswith("not converged within --max-time 0.3 s") for w in result.warnings)
+
+
+def test_warmup_runs_exactly_n(tip):
+    run(tip, "%%cudatime -q -n 1 -r 1 --warmup 4\nlog.append(1)")
+    assert len(tip.user_ns["log"]) == 1 + 4 + 1
+
+
+def test_cold_and_flush_notes(tip):
+    cold = run(tip, f"%%cudatime -o -q {FAST} --cold\nx + 1")
+    assert cold.cold and any("nothing to synchronize on cpu" in n for n in cold.notes)
+    flushed = run(tip, f"%%cudatime -o -q {FAST} --flush-l2\nx + 1")
+    assert flushed.flush_l2 and any(n.startswith("--flush-l2:") and "last-level cache" in n
+                                    for n in flushed.notes)
+
+
+def test_kernels_lists_top_cpu_ops_apart_from_the_samples(tip):
+    result = run(tip, f"%%cudatime -o -q {FAST} --kernels\ny = x @ x\nlog.append(1)")
+    names = [row.name for row in result.kernels]
+    assert "aten::mm" in names
+    assert result.kernels[0].time > 0 and 0 < result.kernels[0].share <= 1
+    assert len(tip.user_ns["log"]) == 7 + 2  # the profiler pass ran its own loops, after the samples
+    assert "top ops by self CPU time" in result.to_text()
+
+
+def test_threads_rows_set_and_restore_thread_counts(tip):
+    import torch
+
+    before = torch.get_num_threads()
+    table = run(tip, f"%%cudatime -o -q {FAST} --threads 1,2\nlog.append(torch.get_num_threads())\nx @ x")
+    assert torch.get_num_threads() == before
+    assert [label for label, _ in table.rows] == ["cpu, 1 thread", "cpu, 2 threads"]
+    assert [r.threads for _, r in table.rows] == [1, 2]
+    assert sorted(set(tip.user_ns["log"])) == [1, 2]
+    assert table.speedups()[0] == 1.0
+    data = table.to_dict()
+    assert [row["threads"] for row in data["rows"]] == [1, 2] and "speedup" in data["rows"][1]
+    assert "speed-up" in table.to_text() and "<table" in table._repr_html_()
+
+
+def test_devices_rows_switch_the_default_device_and_restore_it(tip):
+    table = run(tip, f"%%cudatime -o -q {FAST} --devices cpu,cpu\nlog.append(str(torch.empty(0).device))")
+    assert [label for label, _ in table.rows] == ["cpu", "cpu"]
+    assert set(tip.user_ns["log"]) == {"cpu"}
+
+
+def test_output_of_later_rows_is_silenced(tip):
+    with capture_output() as captured:
+        run(tip, f"%%cudatime -q {FAST} --threads 1,2\nprint('once')")
+    assert captured.stdout.count("once") == 1
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+def test_error_in_the_cell_is_raised_with_the_cells_own_traceback(tip):
+    error = run_error(tip, f"%%cudatime {FAST}\nx + 1\n1 / 0")
+    assert isinstance(error, ZeroDivisionError)
+    tb = error.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    filename, lineno = frames[-1]
+    assert lineno == 3 and linecache.getline(filename, lineno).strip() == "1 / 0"
+    assert not any(name.endswith("timing.py") for name, _ in frames)
+
+
+def test_error_in_setup_points_at_the_setup(tip):
+    error = run_error(tip, f"%%cudatime {FAST} y = undefined_name\nx + 1")
+    assert isinstance(error, NameError)
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    assert linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip() == "y = undefined_name"
+
+
+def test_error_restores_threads_and_device(tip):
+    import torch
+
+    before = (torch.get_num_threads(), torch.empty(0).device)
+    error = run_error(tip, f"%%cudatime {FAST} --threads 1 --devices cpu\nraise KeyError('k')")
+    assert isinstance(error, KeyError)
+    assert (torch.get_num_threads(), torch.empty(0).device) == before
+
+
+def test_syntax_error_is_shown_as_usual(tip):
+    assert isinstance(run_error(tip, f"%%cudatime {FAST}\nx = ("), SyntaxError)
+    assert isinstance(run_error(tip, f"%%cudatime {FAST}\nreturn 1"), SyntaxError)
+
+
+@pytest.mark.parametrize("line, words", [
+    ("--bogus", "unrecognized arguments: --bogus"),
+    ("-n 0", "-n must be a whole number"),
+    ("-r x", "invalid int value: 'x'"),
+    ("--max-time 0", "--max-time must be a number of seconds above 0"),
+    ("--warmup -1", "--warmup must be a whole number"),
+    ("--devices gpu", "unknown device 'gpu'. Did you mean 'cuda'?"),
+    ("--devices cpu,meta", "cannot time on 'meta'"),
+    ("--devices cpu,,cpu", "--devices takes a comma-separated list"),
+    ("--threads 0", "--threads takes whole numbers from 1 to 4096"),
+    ("--threads 2,many", "got 'many'"),
+])
+def test_bad_input_is_one_usage_error_before_anything_runs(tip, line, words):
+    error = run_error(tip, f"%%cudatime {line}\nlog.append(1)")
+    assert isinstance(error, UsageError)
+    assert words in str(error) and "\n" not in str(error)
+    assert tip.user_ns["log"] == []
+
+
+def test_line_magic_without_statement_is_a_usage_error(tip):
+    error = run_error(tip, "%cudatime -n 2")
+    assert isinstance(error, UsageError) and "no statement to time" in str(error)
+
+
+def test_cuda_is_refused_in_one_line_without_a_gpu(tip):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    error = run_error(tip, "%%cudatime --devices cuda\nlog.append(1)")
+    assert isinstance(error, UsageError) and "'cuda' is not available" in str(error)
+    assert tip.user_ns["log"] == []
+
+
+# ---- nesting with %%ontorch --------------------------------------------------------------------------
+def test_cudatime_inside_ontorch_times_on_its_device(tip):
+    run(tip, f"%%ontorch cpu -q\nr = %cudatime -o -q {FAST} torch.ones(3)")
+    assert tip.user_ns["r"].device == "cpu"
+    error = run_error(tip, f"%%ontorch meta -q\nr2 = %cudatime -o -q {FAST} torch.ones(3)")
+    assert isinstance(error, UsageError) and "cannot time on 'meta'" in str(error)
+
+
+def test_ontorch_inside_cudatime_runs_each_loop_there(tip):
+    import torch
+
+    result = run(tip, f"%%cudatime -o -q {FAST}\n%%ontorch meta -q\nlog.append(torch.ones(1).device.type)")
+    assert set(tip.user_ns["log"]) == {"meta"} and len(tip.user_ns["log"]) == 7
+    assert result.device == "cpu" and torch.empty(0).device.type == "cpu"
+
+
+# ---- on a real GPU -----------------------------------------------------------------------------------
+def _cycles_per_ms() -> float:
+    """Calibrate torch.cuda._sleep as PyTorch's tests do: ten 1e6-cycle runs, trimmed mean of events."""
+    import torch
+
+    torch.cuda._sleep(1_000_000)  # load the kernel
+    torch.cuda.synchronize()
+    spans = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        end.synchronize()
+        spans.append(start.elapsed_time(end))
+    spans.sort()
+    return 1_000_000 / (sum(spans[2:-2]) / len(spans[2:-2]))
+
+
+@pytest.fixture
+def gip(tip):
+    run(tip, "x = torch.ones(1, device='cuda')")
+    tip.user_ns["cycles_50ms"] = int(_cycles_per_ms() * 50)
+    return tip
+
+
+@pytest.mark.gpu
+def test_gpu_sleep_device_time_within_1_percent_and_host_enqueue_tiny(gip):
+    result = run(gip, "%%cudatime -o -q --max-time 5\ntorch.cuda._sleep(cycles_50ms)")
+    assert result.kind == "device" and result.device.startswith("cuda")
+    assert result.median == pytest.approx(50e-3, rel=0.01)
+    assert result.host < 1e-3
+    assert result.memory_peak is not None and result.wall >= result.median
+
+
+@pytest.mark.gpu
+def test_gpu_first_run_is_excluded(gip):
+    run(gip, "once = []")
+    code = ("%%cudatime -o -q -r 5 --max-time 5\n"
+            "if not once:\n    once.append(1)\n    torch.cuda._sleep(cycles_50ms * 4)\n"
+            "torch.cuda._sleep(cycles_50ms // 10)")
+    result = run(gip, code)
+    assert result.first_run == pytest.approx(0.205, rel=0.05)
+    assert result.max < 0.1 and result.median == pytest.approx(5e-3, rel=0.02)
+
+
+@pytest.mark.gpu
+def test_gpu_item_does_not_hang_in_any_mode(gip):
+    for options in ("", "--cold", "--flush-l2", "--kernels"):
+        result = run(gip, f"%%cudatime -o -q -r 5 --max-time 2 {options}\n(x * 2).sum().item()")
+        assert result.median > 0
+
+
+@pytest.mark.gpu
+def test_gpu_launch_bound_on_a_thousand_tiny_ops(gip):
+    result = run(gip, "%%cudatime -o -q -r 5 --max-time 3\nfor _ in range(1000):\n    x.add_(1)")
+    assert any(w.startswith("launch-bound") for w in result.warnings)
+
+
+@pytest.mark.gpu
+def test_gpu_kernels_lists_the_sleep_kernel(gip):
+    result = run(gip, "%%cudatime -o -q -r 5 --max-time 3 --kernels\ntorch.cuda._sleep(cycles_50ms // 10)")
+    assert "spin_kernel" in result.kernels[0].name or "sleep" in result.kernels[0].name.lower()
+    assert result.kernels[0].time == pytest.approx(5e-3, rel=0.05)
+
+
+@pytest.mark.gpu
+def test_gpu_side_stream_work_triggers_the_other_streams_note(gip):
+    code = ("%%cudatime -o -q -r 5 --max-time 3 side = torch.cuda.Stream()\n"
+            "with torch.cuda.stream(side):\n    torch.cuda._sleep(cycles_50ms // 5)")
+    result = run(gip, code)
+    assert any("other streams" in w for w in result.warnings)
+
+
+@pytest.mark.gpu
+def test_gpu_devices_table_cpu_and_cuda(gip):
+    table = run(gip, "%%cudatime -o -q -r 3 --max-time 2 --devices cpu,cuda:0 a = torch.randn(512, 512)\n"
+                     "a @ a")
+    assert [label for label, _ in table.rows] == ["cpu", "cuda:0"]
+    assert [r.kind for _, r in table.rows] == ["host", "device"]

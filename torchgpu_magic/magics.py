@@ -138,7 +138,7 @@ class TorchGPUMagics(Magics):
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
         from . import devices
 
-        args = parse_args(self.ontorch, line)
+        args = self._ontorch_args(line)
         if cell is None and args.spec is None and not args.reset:
             if args.fallback or args.dtype or args.move or args.quiet:
                 raise UsageError("%ontorch: options need a device: %ontorch SPEC [options]")
@@ -169,6 +169,19 @@ class TorchGPUMagics(Magics):
                       " (undo with %ontorch --reset)")
             return None
         return self._ontorch_cell(cell, line, device, dtype, targets, args.quiet)
+
+    def _ontorch_args(self, line: str) -> Any:
+        """``parse_args`` for ``%%ontorch``, remembered per line: a notebook re-runs the same few magic
+        lines, and argparse is a measurable part of the magic's cost on a fast cell. The parsed
+        options are only read, never changed, so sharing them is safe."""
+        cache = self.__dict__.setdefault("_ontorch_parsed", {})
+        args = cache.get(line)
+        if args is None:
+            args = parse_args(self.ontorch, line)
+            if len(cache) >= 64:
+                cache.clear()
+            cache[line] = args
+        return args
 
     def _ontorch_device(self, spec: str, fallback: Optional[str]) -> tuple:
         """Resolve SPEC (and always validate --fallback); (device, one-line note or '')."""

@@ -17,6 +17,7 @@ from typing import Any, Iterator, Mapping, Optional
 _TORCH: Any = None
 _KIND_BY_TYPE: dict = {}
 _DEVICE_STR: dict = {}
+_DTYPE_STR: dict = {}
 # Containers looked into (one level deep) by the per-cell snapshot only when this small, so a list of a
 # million floats in the namespace never slows every cell down; the full %whereis table looks into all.
 SNAPSHOT_CONTAINER_LIMIT = 64
@@ -70,8 +71,12 @@ def device_str(device: Any) -> str:
 
 
 def dtype_str(dtype: Any) -> str:
-    """'float32' for ``torch.float32``."""
-    return str(dtype).replace("torch.", "")
+    """'float32' for ``torch.float32`` (cached)."""
+    try:
+        return _DTYPE_STR[dtype]
+    except KeyError:
+        text = _DTYPE_STR[dtype] = str(dtype).replace("torch.", "")
+        return text
 
 
 def _module_tensors(module: Any) -> Iterator[tuple[str, Any, bool]]:
@@ -132,16 +137,15 @@ def storage_key(tensor: Any) -> tuple:
     count their storage once. Tensors without real storage (meta, sparse, subclasses) get a key of
     their own and their view's size."""
     try:
-        if tensor.is_meta or tensor.layout != _torch().strided:
-            raise NotImplementedError
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
-        nbytes = int(storage.nbytes())
-        if ptr == 0:
-            raise NotImplementedError
-        return ("s", device_str(tensor.device), ptr, nbytes), nbytes
+        if tensor.layout is _torch().strided and not tensor.is_meta:
+            storage = tensor.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr:
+                nbytes = int(storage.nbytes())
+                return ("s", tensor.device, ptr, nbytes), nbytes
     except (RuntimeError, TypeError, NotImplementedError, AttributeError):
-        return ("t", id(tensor)), tensor_nbytes(tensor)
+        pass
+    return ("t", id(tensor)), tensor_nbytes(tensor)
 
 
 def _module_sig(module: Any) -> tuple:
@@ -431,13 +435,15 @@ def _device_order(device: str) -> tuple:
 def _placeables(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
     """(name, object, kind) for every placeable object bound to a public name of ``ns`` or one level
     inside a list, tuple or dict bound to one."""
+    kinds = _KIND_BY_TYPE
     for name, obj in list(ns.items()):
         if name[:1] == "_" or name in IPYTHON_NAMES:
             continue
-        kind = kind_of(obj)
+        typ = type(obj)
+        kind = kinds[typ] if typ in kinds else kind_of(obj)
         if kind is not None:
             yield name, obj, kind
-        elif type(obj) in (list, tuple, dict):
+        elif typ in (list, tuple, dict):
             for sub, item in _container_items(name, obj):
                 item_kind = kind_of(item)
                 if item_kind is not None:
@@ -559,10 +565,11 @@ def namespace_report(ns: Mapping[str, Any]) -> NamespaceReport:
     keys: dict = {}
     user_ids: set = set()
     tensor_names: dict = {}
-    for name, obj, kind in _placeables(ns):
+    found = list(_placeables(ns))
+    for name, obj, kind in found:
         user_ids.add(id(obj))
         _rows_for(name, obj, kind, keys, rows, "", tensor_names)
-    for _name, obj, kind in list(_placeables(ns)):
+    for _name, obj, kind in found:
         if kind == "module":
             user_ids.update(id(t) for _, t, _ in _module_tensors(obj))
         elif kind == "optimizer":
@@ -707,7 +714,7 @@ class _Node:
 
 def _hook_notes(module: Any) -> list:
     """What accelerate's hooks (``_hf_hook``) say about where a module runs and where its weights are."""
-    hook = getattr(module, "_hf_hook", None)
+    hook = module.__dict__.get("_hf_hook")  # set by accelerate; no Module.__getattr__ miss per module
     if hook is None:
         return []
     hooks = getattr(hook, "hooks", None) or [hook]
@@ -734,7 +741,7 @@ def _build_tree(name: str, module: Any, seen: set, keys: dict) -> _Node:
             device = device_str(tensor.device)
             node.devices.add(device)
             if is_param or is_floating(tensor):
-                node.dtypes.add(dtype_str(tensor.dtype))
+                node.dtypes.add(tensor.dtype)
             key, size = storage_key(tensor)
             if key not in keys:
                 keys[key] = (device, size)
@@ -800,6 +807,10 @@ class ModuleReport:
 MAX_MODULE_ROWS = 200
 
 
+def _dtypes(dtypes: set) -> str:
+    return _join(sorted(dtype_str(d) for d in dtypes))
+
+
 def _node_row(node: _Node, collapsed: bool) -> ModuleRow:
     notes = list(node.notes)
     if len(node.devices) > 1:
@@ -809,7 +820,7 @@ def _node_row(node: _Node, collapsed: bool) -> ModuleRow:
     if node.children and collapsed:
         notes.append(f"+{node.n_modules - 1} submodules, same placement")
     return ModuleRow(
-        node.name, node.cls, _join(sorted(node.devices, key=_device_order)), _join(sorted(node.dtypes)),
+        node.name, node.cls, _join(sorted(node.devices, key=_device_order)), _dtypes(node.dtypes),
         node.params, node.buffers, node.nbytes, node.grad(), "; ".join(notes),
     )
 
@@ -874,7 +885,7 @@ def module_report(name: str, module: Any) -> ModuleReport:
             first, count = item[0], len(item)
             rows.append(ModuleRow(
                 f"{first.name}..{item[-1].name.rsplit('.', 1)[-1]}", f"{count} × {first.cls}",
-                _join(sorted(first.devices, key=_device_order)), _join(sorted(first.dtypes)),
+                _join(sorted(first.devices, key=_device_order)), _dtypes(first.dtypes),
                 first.params * count, first.buffers * count, sum(n.nbytes for n in item), first.grad(),
                 "; ".join(first.notes),
             ))

@@ -158,7 +158,7 @@ class MemoryPanel:
     def _title_html(self, snapshot: memory.MemorySnapshot) -> str:
         state = "paused" if self.sampler.paused else f"every {fmt_seconds(self.sampler.interval)}"
         stamp = time.strftime("%H:%M:%S", time.localtime(snapshot.wall_time))
-        return (f'<div style="{_BOX}"><b>GPU memory</b> <span style="opacity:.7">· this process · '
+        return (f'<div style="{_BOX}"><b>Memory</b> <span style="opacity:.7">· this process · '
                 f'sampling {html.escape(state)} · <span class="tgm-time">{stamp}</span></span></div>')
 
     # ---- buttons (kernel thread) ------------------------------------------------------------------

@@ -384,3 +384,26 @@ def test_gpu_move_a_model_to_cuda_and_back(tip):
     _, out = cell(tip, "%%ontorch cpu --move gm\npass")
     assert tip.user_ns["gm"].weight.device.type == "cpu"
     assert "gm (module, 16.2 KiB)" in out
+
+
+# ---- IPython syntax in the body, and in-place changes in the footer ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    x = torch.ones(1)\n    y = x.device",  # indented: IPython's cleanup dedents it
+        ">>> x = torch.ones(1)\n>>> y = x.device",  # pasted from a Python prompt
+        "%time x = torch.ones(1)\ny = x.device",  # a line magic inside
+        "x = torch.ones(1)\ny = x.device  # what?",  # '?' in a comment: IPython's path, same result
+    ],
+)
+def test_ipython_syntax_in_the_body_works_as_in_any_cell(tip, body):
+    cell(tip, f"%%ontorch meta\n{body}")
+    assert tip.user_ns["y"] == torch.device("meta")
+
+
+def test_footer_sees_models_and_containers_changed_in_place(tip):
+    run(tip, "net = torch.nn.Linear(2, 2, device='meta')\nbatch = [torch.ones(1, device='meta')]")
+    _, out = cell(tip, "%%ontorch meta\nnet.to_empty(device='cpu')\nbatch[0] = torch.zeros(1, device='cpu')")
+    assert "net (cpu, Linear 6 params)" in out and "batch[0] (cpu, float32 (1,))" in out

@@ -102,7 +102,9 @@ def test_out_cache_only_objects_are_marked_with_their_memory():
     kept = torch.ones(10)
     only_out = torch.zeros(100)
     view_of_kept = kept[:5]
-    ns = {"kept": kept, "Out": {3: kept, 4: only_out, 5: view_of_kept}, "_": view_of_kept, "_4": only_out}
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    ns = {"kept": kept, "Out": {3: kept, 4: only_out, 5: view_of_kept, 6: model[0], 7: model[0].weight},
+          "_": view_of_kept, "_4": only_out, "model": model}
     report = placement.namespace_report(ns)
     rows = {r.name: r for r in report.rows}
     assert "Out[3]" not in rows  # also bound to a user name

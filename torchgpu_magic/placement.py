@@ -569,9 +569,11 @@ def namespace_report(ns: Mapping[str, Any]) -> NamespaceReport:
     for name, obj, kind in found:
         user_ids.add(id(obj))
         _rows_for(name, obj, kind, keys, rows, "", tensor_names)
+    # A submodule, parameter or state tensor of a named object is not "only in Out".
     for _name, obj, kind in found:
         if kind == "module":
             user_ids.update(id(t) for _, t, _ in _module_tensors(obj))
+            user_ids.update(id(m) for m in obj.modules())
         elif kind == "optimizer":
             user_ids.update(id(t) for t, _ in _optimizer_tensors(obj))
     user_keys = set(keys)

@@ -73,6 +73,7 @@ def test_footer_lists_what_the_default_device_missed(tip):
         "b = torch.zeros(2, device='cpu')\n"
         "c = torch.Tensor(4)\n"
         "d = before * 2\n"
+        "e = torch.normal(0.0, 1.0, size=(2,))\n"
         "ok = torch.ones(5)\n"
         "before",
     )
@@ -80,7 +81,13 @@ def test_footer_lists_what_the_default_device_missed(tip):
     assert len(lines) == 1, out
     footer = lines[0]
     assert footer.startswith("%%ontorch: ran on meta; not on meta: ")
-    for name, summary in (("a", "float64 (3,)"), ("b", "float32 (2,)"), ("c", "float32 (4,)"), ("d", "")):
+    for name, summary in (
+        ("a", "float64 (3,)"),
+        ("b", "float32 (2,)"),
+        ("c", "float32 (4,)"),
+        ("d", ""),
+        ("e", ""),
+    ):
         assert f"{name} (cpu, {summary}" in footer
     assert "ok (" not in footer and "before (" not in footer  # on meta / unchanged by the cell
 
@@ -135,8 +142,7 @@ def test_nested_cells_unwind_in_order(tip):
     assert out.splitlines() == [
         "%%ontorch: ran on cpu",
         "%%ontorch: ran on meta; not on meta: inner (cpu, float64 (1,)) "
-        "(torch's default device skips from_numpy, torch.Tensor(), explicit device= and "
-        "objects made before)",
+        "(the default device skips from_numpy, torch.Tensor(), torch.normal, device= and older objects)",
     ]
     assert _state() == CLEAN
 

@@ -374,8 +374,8 @@ class TorchGPUMagics(Magics):
             return f"%%ontorch: ran on {here}"
         shown = [f"{p.name} ({'+'.join(p.devices)}, {p.summary})" for p in elsewhere[:5]]
         more = f" and {len(elsewhere) - 5} more" if len(elsewhere) > 5 else ""
-        return (f"%%ontorch: ran on {here}; not on {here}: {', '.join(shown)}{more} (torch's default "
-                "device skips from_numpy, torch.Tensor(), explicit device= and objects made before)")
+        return (f"%%ontorch: ran on {here}; not on {here}: {', '.join(shown)}{more} (the default device "
+                "skips from_numpy, torch.Tensor(), torch.normal, device= and older objects)")
 
     # ---- %%cudatime (issue 4) --------------------------------------------------------------------
     @magic_arguments()

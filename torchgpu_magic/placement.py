@@ -714,11 +714,9 @@ class _Node:
         return len(self.devices) <= 1 and len(self.dtypes) <= 1 and "%" not in self.grad()
 
 
-def _hook_notes(module: Any) -> list:
-    """What accelerate's hooks (``_hf_hook``) say about where a module runs and where its weights are."""
-    hook = module.__dict__.get("_hf_hook")  # set by accelerate; no Module.__getattr__ miss per module
-    if hook is None:
-        return []
+def _hook_notes(hook: Any) -> list:
+    """What an accelerate hook (a module's ``_hf_hook``) says about where the module runs and where
+    its weights are."""
     hooks = getattr(hook, "hooks", None) or [hook]
     notes = []
     for h in hooks:
@@ -733,40 +731,54 @@ def _hook_notes(module: Any) -> list:
 
 
 def _build_tree(name: str, module: Any, seen: set, keys: dict) -> _Node:
+    """The placement facts of ``module``'s subtree, bottom-up; each tensor object counted in the first
+    module that holds it, each storage once (``keys``). Written for speed: 10,000 tensors in tens of ms."""
     node = _Node(name, type(module).__name__)
-    node.notes.extend(_hook_notes(module))
+    hook = module.__dict__.get("_hf_hook")  # set by accelerate; no Module.__getattr__ miss per module
+    if hook is not None:
+        node.notes.extend(_hook_notes(hook))
+    devices, dtypes = node.devices, node.dtypes
+    params = buffers = nbytes = trainable = 0
     for table, is_param in ((module._parameters, True), (module._buffers, False)):
         for tensor in table.values():
             if tensor is None or id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-            device = device_str(tensor.device)
-            node.devices.add(device)
+            dev = tensor.device
+            device = _DEVICE_STR.get(dev) or device_str(dev)
+            devices.add(device)
             if is_param or is_floating(tensor):
-                node.dtypes.add(tensor.dtype)
+                dtypes.add(tensor.dtype)
             key, size = storage_key(tensor)
             if key not in keys:
                 keys[key] = (device, size)
-                node.nbytes += size
+                nbytes += size
             numel = tensor.nelement()
             if is_param:
-                node.params += numel
+                params += numel
                 if tensor.requires_grad:
-                    node.trainable += numel
+                    trainable += numel
             else:
-                node.buffers += numel
+                buffers += numel
+    n_modules = 1
+    children = node.children
+    prefix = name + "." if name else ""
     for child_name, child in module._modules.items():
         if child is None:
             continue
-        sub = _build_tree(f"{name}.{child_name}" if name else child_name, child, seen, keys)
-        node.children.append(sub)
-        node.devices |= sub.devices
-        node.dtypes |= sub.dtypes
-        node.params += sub.params
-        node.buffers += sub.buffers
-        node.nbytes += sub.nbytes
-        node.trainable += sub.trainable
-        node.n_modules += sub.n_modules
+        sub = _build_tree(prefix + child_name, child, seen, keys)
+        children.append(sub)
+        if not sub.devices <= devices:
+            devices |= sub.devices
+        if not sub.dtypes <= dtypes:
+            dtypes |= sub.dtypes
+        params += sub.params
+        buffers += sub.buffers
+        nbytes += sub.nbytes
+        trainable += sub.trainable
+        n_modules += sub.n_modules
+    node.params, node.buffers, node.nbytes, node.trainable, node.n_modules = (
+        params, buffers, nbytes, trainable, n_modules)
     return node
 
 

@@ -51,9 +51,14 @@ _BOX = ("font-family:var(--jp-ui-font-family, sans-serif);font-size:12px;line-he
 class _PanelBox(widgets.VBox):
     """The panel's root widget: closing it (from code, or ``Widget.close_all()``) closes the panel."""
 
-    def __init__(self, on_close: Callable[[], None], **kwargs: Any) -> None:
+    def __init__(self, on_close: Callable[[], None], describe: Callable[[], str], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._on_close = on_close
+        self._describe = describe
+
+    def __repr__(self) -> str:
+        """The text/plain shown where widgets cannot render (terminals, static HTML exports)."""
+        return self._describe()
 
     def close(self) -> None:
         """Stop the sampler and close every widget of the panel, then this one."""
@@ -96,6 +101,7 @@ class MemoryPanel:
         self.buttons = widgets.HBox([self.empty_button, self.reset_button, self.pause_button])
         self.widget = _PanelBox(
             self.close,
+            self.describe,
             children=[self.title, self.host, self.gpus, self.cells, self.buttons, self.status],
         )
         self.widget.add_class("torchgpu-magic-gpumem")
@@ -123,6 +129,12 @@ class MemoryPanel:
                 if isinstance(sub, widgets.Widget):
                     found.append(sub)
         return found
+
+    def describe(self) -> str:
+        """One line of text for where the widget cannot render."""
+        latest = self.sampler.latest
+        figures = f" · {latest.host_line()}" if latest is not None else ""
+        return f"%gpumem {'closed' if self._closed else 'live'} panel{figures}"
 
     # ---- updates (any thread) ---------------------------------------------------------------------
     def update(self, snapshot: memory.MemorySnapshot) -> None:

@@ -259,7 +259,8 @@ def test_gpu_model_table_and_dataparallel(ip):
     text = "\n".join(_texts(_cell(ip, "%whereis")))
     assert "cuda:0:" in text and "net" in text
     text = "\n".join(_texts(_cell(ip, "%whereis dp")))
-    assert "DataParallel wrapper: replicates .module onto device_ids [0]" in text and "cuda:0" in text
+    assert "DataParallel wrapper: replicates .module onto cuda:0 at each forward, " in text
+    assert "outputs gathered on cuda:0" in text
 
 
 @pytest.mark.gpu

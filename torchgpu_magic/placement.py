@@ -870,15 +870,17 @@ def module_report(name: str, module: Any) -> ModuleReport:
     header = []
     inner = module
     if isinstance(module, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
-        ids = getattr(module, "device_ids", None)
+        raw_ids = getattr(module, "device_ids", None) or []
+        ids = [f"cuda:{d}" if isinstance(d, int) else str(d) for d in raw_ids]
         out = getattr(module, "output_device", None)
+        out = f"cuda:{out}" if isinstance(out, int) else out
         kind = "DataParallel" if isinstance(module, torch.nn.DataParallel) else "DistributedDataParallel"
         if kind == "DataParallel" and not ids:
             where = "no GPU visible, so it runs .module as is"
         elif kind == "DataParallel":
-            where = f"replicates .module onto device_ids {ids} at each forward, outputs gathered on {out}"
+            where = f"replicates .module onto {', '.join(ids)} at each forward, outputs gathered on {out}"
         else:
-            where = f"one process per device, device_ids {ids}, output_device {out}"
+            where = f"one process per device, device_ids {', '.join(ids) or 'None'}, output_device {out}"
         header.append(f"{name} is a {kind} wrapper: {where}; the parameters below live on {name}.module.")
     elif type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
         header.append(f"{name} is a torch.compile wrapper; the parameters below belong to ._orig_mod.")

@@ -211,7 +211,7 @@ def test_inside_a_torch_device_block_cpu_still_means_cpu():
 
 def test_current_state_roundtrip():
     state = devices.current_state()
-    devices.apply(torch.device("meta"), torch.float16)
+    devices.apply(torch.device("meta"), torch.float16, state)
     assert torch.ones(1).device.type == "meta"
     state.restore()
     assert devices.current_state() == state

@@ -17,7 +17,7 @@ import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import MagicInputError
@@ -120,32 +120,41 @@ def synchronize(device: Any) -> None:
 # ---- switching and restoring ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class DeviceState:
-    """What :func:`use_device` changes, captured so it can be put back exactly.
+    """What :func:`apply` changes, captured by :func:`current_state` so it can be put back exactly.
 
     ``default_device`` is torch's raw setting: None when nothing was ever set (tensors go to cpu and
     torch adds no per-call cost), or the device exactly as it was given (``cuda`` without an index
-    follows the current CUDA device, so it must not come back as ``cuda:0``).
+    follows the current CUDA device, so it must not come back as ``cuda:0``). ``current`` holds the
+    current device of accelerators already initialised; ``guards`` the ``torch.cuda.device`` /
+    ``torch.xpu.device`` contexts :func:`apply` entered, exited newest first by :meth:`restore` (torch's
+    own way back, which does not create a CUDA context on a GPU that had none).
     """
 
     default_device: Any
     dtype: Any
-    current: tuple  # ((kind, index), ...) of the accelerators whose current device we may change
+    current: tuple  # ((kind, index), ...)
+    guards: list = field(default_factory=list)
 
     def restore(self) -> None:
-        """Put torch back into this state (default device, default dtype, current devices)."""
+        """Put torch back into this state (current devices, default dtype, default device)."""
         import torch
 
+        while self.guards:
+            self.guards.pop().__exit__(None, None, None)
         for kind, index in self.current:
-            _module(kind).set_device(index)
+            module = _module(kind)
+            if module.current_device() != index:  # the block itself switched devices
+                module.set_device(index)
         torch.set_default_dtype(self.dtype)
         if _raw_default_device() != self.default_device:
             torch.set_default_device(self.default_device)
 
 
 def current_state() -> DeviceState:
-    """Capture torch's default device, default dtype and the current device of initialised accelerators."""
+    """Capture torch's default device, default dtype and the current device of the accelerators that are
+    already initialised (never initialising one: that would create a CUDA context)."""
     import torch
 
     current = []
@@ -156,10 +165,11 @@ def current_state() -> DeviceState:
     return DeviceState(_raw_default_device(), torch.get_default_dtype(), tuple(current))
 
 
-def apply(device: Any, dtype: Optional[Any] = None) -> None:
-    """Make ``device`` torch's default device (and ``dtype`` its default dtype; for ``cuda:N`` / ``xpu:N``
-    also the current device, so ``.cuda()`` and ``'cuda'`` mean N). Use :func:`current_state` first and
-    restore it afterwards, or use :func:`use_device`, which does both.
+def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:
+    """Make ``device`` torch's default device (and ``dtype`` its default dtype when given; for ``cuda:N`` /
+    ``xpu:N`` also the current device, so ``.cuda()`` and ``'cuda'`` mean N). ``state`` comes from
+    :func:`current_state` before the first change, and ``state.restore()`` undoes them all;
+    :func:`use_device` does both.
 
     For cpu the default-device setting is cleared rather than set: cpu is torch's default anyway, and a
     cleared setting spares every torch call the device-mode cost of pytorch issue #92701.
@@ -168,7 +178,9 @@ def apply(device: Any, dtype: Optional[Any] = None) -> None:
 
     device = torch.device(device)
     if device.type in ("cuda", "xpu") and device.index is not None:
-        _module(device.type).set_device(device.index)
+        guard = _module(device.type).device(device.index)
+        guard.__enter__()
+        state.guards.append(guard)
     if dtype is not None:
         torch.set_default_dtype(dtype)
     target = None if device == torch.device("cpu") else device
@@ -186,11 +198,9 @@ def use_device(device: Any, dtype: Optional[Any] = None) -> Iterator[Any]:
     import torch
 
     device = torch.device(device)
-    if device.type in ("cuda", "xpu") and device.index is not None:
-        _module(device.type).current_device()  # initialise first, so the state below includes it
     saved = current_state()
     try:
-        apply(device, dtype)
+        apply(device, dtype, saved)
         yield device
     finally:
         saved.restore()

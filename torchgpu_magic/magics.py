@@ -249,7 +249,7 @@ class TorchGPUMagics(Magics):
         if not self._ontorch_closer_added:
             self.add_closer(self._ontorch_reset)
             self._ontorch_closer_added = True
-        devices.apply(device, dtype)
+        devices.apply(device, dtype, self._ontorch_saved)
         self._ontorch_setting = f"set by %ontorch {' '.join(line.split())}"
 
     def _ontorch_reset(self, report: bool = False) -> None:

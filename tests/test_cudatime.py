@@ -120,6 +120,9 @@ def test_kernels_lists_top_cpu_ops_apart_from_the_samples(tip):
     assert result.kernels[0].time > 0 and 0 < result.kernels[0].share <= 1
     assert len(tip.user_ns["log"]) == 7 + 2  # the profiler pass ran its own loops, after the samples
     assert "top ops by self CPU time" in result.to_text()
+    table = run(tip, f"%%cudatime -o -q {FAST} --kernels --threads 1,2\ny = x @ x")
+    text = table.to_text()
+    assert text.count("top ops by self CPU time") == 2 and "cpu, 2 threads: top ops" in text
 
 
 def test_threads_rows_set_and_restore_thread_counts(tip):
@@ -304,7 +307,8 @@ def test_gpu_kernels_lists_the_sleep_kernel(gip):
 
 @pytest.mark.gpu
 def test_gpu_side_stream_work_triggers_the_other_streams_note(gip):
-    code = ("%%cudatime -o -q -r 5 --max-time 3 side = torch.cuda.Stream()\n"
+    # -n 1: the events on the current stream see almost nothing, so the auto-range would pile up loops
+    code = ("%%cudatime -o -q -n 1 -r 5 --warmup 1 side = torch.cuda.Stream()\n"
             "with torch.cuda.stream(side):\n    torch.cuda._sleep(cycles_50ms // 5)")
     result = run(gip, code)
     assert any("other streams" in w for w in result.warnings)

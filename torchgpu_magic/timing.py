@@ -929,8 +929,18 @@ class TimingComparison:
             out += [f"{label}: {n}" for n in result.notes if n not in shared]
         return out + shared
 
+    def _kernel_tables(self) -> list:
+        out = []
+        for label, result in self.rows:
+            if result.kernels is not None:
+                table = kernel_table(result.kernels, result.kind == "device")
+                table.title = f"{label}: {table.title}"
+                out.append(table)
+        return out
+
     def to_text(self) -> str:
-        return "\n".join([self.table().to_text()] + ["  " + line for line in self.notes()])
+        return "\n".join([self.table().to_text()] + ["  " + line for line in self.notes()]
+                         + [table.to_text(indent="  ") for table in self._kernel_tables()])
 
     def __str__(self) -> str:
         return self.to_text()
@@ -939,7 +949,8 @@ class TimingComparison:
         p.text(self.to_text() if not cycle else "TimingComparison(...)")
 
     def _repr_html_(self) -> str:
-        return self.table().to_html() + html_lines(self.notes())
+        return (self.table().to_html() + html_lines(self.notes())
+                + "".join(table.to_html() for table in self._kernel_tables()))
 
     def to_dict(self) -> dict:
         return {"rows": [dict(label=label, speedup=_plain(s), **result.to_dict())

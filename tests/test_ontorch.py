@@ -186,6 +186,18 @@ def test_line_form_sets_the_kernel_default_until_reset(tip):
     assert "nothing to reset" in out
 
 
+def test_line_form_moves_too(tip):
+    run(tip, "lm = torch.nn.Linear(2, 2)")
+    _, out = cell(tip, "%ontorch meta --move lm")
+    assert out.splitlines() == [
+        "%ontorch: moved to meta: lm (module, 24 B); 24 B in all",
+        "%ontorch: torch's default device is now meta (undo with %ontorch --reset)",
+    ]
+    assert tip.user_ns["lm"].weight.device.type == "meta"
+    cell(tip, "%ontorch --reset")
+    assert _state() == CLEAN
+
+
 def test_unload_undoes_the_line_form(tip):
     import torchgpu_magic
 

@@ -161,8 +161,8 @@ class TorchGPUMagics(Magics):
         if note:
             print(note)
         if cell is None:
+            self._ontorch_move(targets, device, args.quiet, "%ontorch")
             self._ontorch_set_default(device, dtype, line)
-            self._ontorch_move(targets, device, args.quiet)
             if not args.quiet:
                 print(f"%ontorch: torch's default device is now {device}"
                       f"{f', default dtype {args.dtype}' if dtype is not None else ''}"
@@ -223,7 +223,7 @@ class TorchGPUMagics(Magics):
             targets.append((name, kind))
         return targets
 
-    def _ontorch_move(self, targets: list, device: Any, quiet: bool) -> None:
+    def _ontorch_move(self, targets: list, device: Any, quiet: bool, magic: str = "%%ontorch") -> None:
         """Move the validated targets; print one line naming what moved and how many bytes."""
         from . import devices
         from .render import fmt_bytes
@@ -238,7 +238,7 @@ class TorchGPUMagics(Magics):
             total += nbytes
             parts.append(f"{name} ({kind}, {fmt_bytes(nbytes)})" if nbytes else f"{name} (already there)")
         if not quiet:
-            print(f"%%ontorch: moved to {device}: {', '.join(parts)}; {fmt_bytes(total)} in all")
+            print(f"{magic}: moved to {device}: {', '.join(parts)}; {fmt_bytes(total)} in all")
 
     def _ontorch_set_default(self, device: Any, dtype: Any, line: str) -> None:
         """The line form: change the kernel's default, remembering the first state for --reset."""

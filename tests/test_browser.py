@@ -4,7 +4,8 @@ Starts JupyterLab on 127.0.0.1 (free port, a token, a temporary root, no browser
 update checks) with a ``python3`` kernelspec that is this Python, opens a notebook, runs
 ``%load_ext torchgpu_magic`` and ``%gpumem --interval 0.2``, checks the panel renders, that the RSS
 figure grows while a cell holds a big allocation, and that ``%gpumem stop`` stops it. Screenshots go to
-``test-artifacts/`` and the panel's picture to ``docs/images/gpumem-panel.png`` (used by the README).
+``test-artifacts/``; with TORCHGPU_MAGIC_UPDATE_PICTURE=1 the panel's picture also replaces
+``docs/images/gpumem-panel.png`` (the README's), so a normal run never dirties the tree.
 
 Needs ``/usr/bin/chromium`` (``make browser-deps``) and Playwright for Python (never its own browser
 download). Missing either skips, unless TORCHGPU_MAGIC_REQUIRE_BROWSER=1 (CI), which fails instead.
@@ -231,8 +232,8 @@ def _drive(page, url: str) -> None:
     time.sleep(0.5)
     page.screenshot(path=str(ARTIFACTS / "gpumem-notebook.png"), full_page=True)
     page.locator(".torchgpu-magic-gpumem").screenshot(path=str(ARTIFACTS / "gpumem-panel.png"))
-    README_IMAGE.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(ARTIFACTS / "gpumem-panel.png", README_IMAGE)
+    if os.environ.get("TORCHGPU_MAGIC_UPDATE_PICTURE") == "1":
+        shutil.copyfile(ARTIFACTS / "gpumem-panel.png", README_IMAGE)
 
     _run_cell(page, 3)  # del block
     _run_cell(page, 4)  # %gpumem stop

@@ -32,9 +32,8 @@ def pytest_collection_modifyitems(config: Any, items: list) -> None:
 
 @pytest.fixture(scope="session")
 def _shell() -> Any:
-    from IPython.core.interactiveshell import InteractiveShell
-
     import IPython
+    from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
     shell.colors = "nocolor" if IPython.version_info[0] >= 9 else "NoColor"

@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
 from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -152,8 +152,13 @@ class Table:
             + "</tr>"
             for row in self.rows
         )
-        caption = f"<caption style=\"text-align:left\"><b>{html.escape(self.title)}</b></caption>" if self.title else ""
-        return f'<table class="torchgpu-magic">{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        caption = ""
+        if self.title:
+            caption = f'<caption style="text-align:left"><b>{html.escape(self.title)}</b></caption>'
+        return (
+            f'<table class="torchgpu-magic">{caption}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>"
+        )
 
 
 def html_lines(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> str:

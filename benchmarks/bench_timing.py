@@ -12,7 +12,8 @@ GPU (`--gpu`, needs CUDA):
   * the asynchrony check (%time on a queued 100 ms sleep) and the empty-cell floor
 
 Every comparison runs in alternating rounds (ours, theirs, ours, theirs, ...) and compares medians of the
-rounds, so drift of a noisy machine hits both sides alike. Usage: python benchmarks/bench_timing.py [--gpu]
+rounds, so drift of a noisy machine hits both sides alike.
+Usage: python benchmarks/bench_timing.py [--gpu] [--strict]   (--strict: exit 1 when a target is missed)
 """
 from __future__ import annotations
 
@@ -205,6 +206,9 @@ def gpu(ip: Any) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="store_true", help="run the GPU comparisons (needs CUDA)")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit with status 1 when a target is missed (default: report only, so `make "
+                             "bench` on a noisy machine still runs every benchmark)")
     args = parser.parse_args()
     ip = shell()
     if args.gpu:
@@ -216,7 +220,8 @@ def main() -> int:
         ok = gpu(ip)
     else:
         ok = cpu(ip)
-    return 0 if ok else 1
+    print("all targets met" if ok else "some targets missed (see FAIL lines)")
+    return 1 if args.strict and not ok else 0
 
 
 if __name__ == "__main__":

@@ -116,3 +116,14 @@ def test_main_in_process(capsys, fake_nvml):
     assert "on (2 instances)" in capsys.readouterr().out
     assert main(["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["environment"]["driver_version"] == "550.163.01"
+
+
+def test_missing_nvml_hint_is_said_once(ip, fake_nvml):
+    from torchgpu_magic import nvml
+
+    fake_nvml(None)  # `import pynvml` fails, as on a machine without the NVIDIA driver
+    hint = nvml.status().hint
+    with capture_output() as cap:
+        run(ip, "%gpuinfo")
+    text = cap.outputs[0].data["text/plain"]
+    assert text.count(hint) == 1, text

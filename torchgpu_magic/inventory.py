@@ -444,8 +444,9 @@ class GPUReport:
 
     def _notes(self) -> list:
         notes = []
-        if self.nvml_problem is not None:
-            notes.append(f"NVML: {self.nvml_problem.message}. {self.nvml_problem.hint}")
+        problem = self.nvml_problem
+        if problem is not None and all(d.fix != problem.hint for d in self.diagnosis):
+            notes.append(f"NVML: {problem.message}. {problem.hint}")
         for g in self.gpus:
             where = f"GPU {g.nvml_index}" if g.nvml_index is not None else f"cuda:{g.torch_index}"
             s = g.snapshot

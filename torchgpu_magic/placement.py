@@ -782,8 +782,29 @@ def _build_tree(name: str, module: Any, seen: set, keys: dict) -> _Node:
     return node
 
 
+class _TableReport:
+    """A report shown as header lines, one table, and flag lines; subclasses provide ``table()``."""
+
+    header: list
+    flags: list
+
+    def table(self) -> Any:
+        raise NotImplementedError
+
+    def to_text(self) -> str:
+        return "\n".join(self.header + [self.table().to_text()] + self.flags)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.to_text())
+
+    def _repr_html_(self) -> str:
+        from .render import html_lines
+
+        return html_lines(self.header) + self.table().to_html() + html_lines(self.flags)
+
+
 @dataclass
-class ModuleReport:
+class ModuleReport(_TableReport):
     """A module's placement: one row per module, uniform subtrees collapsed, runs of identical
     siblings merged, split modules and meta / offloaded parameters flagged."""
 
@@ -801,17 +822,6 @@ class ModuleReport:
             table.add(r.name, r.what, r.devices, r.dtypes, fmt_count(r.params), fmt_count(r.buffers),
                       fmt_bytes(r.nbytes), r.trainable, r.note)
         return table
-
-    def to_text(self) -> str:
-        return "\n".join(self.header + [self.table().to_text()] + self.flags)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
-    def _repr_html_(self) -> str:
-        from .render import html_lines
-
-        return html_lines(self.header) + self.table().to_html() + html_lines(self.flags)
 
     def to_dict(self) -> dict:
         rows = [r.__dict__.copy() for r in self.rows]
@@ -922,7 +932,7 @@ def module_report(name: str, module: Any) -> ModuleReport:
 
 
 @dataclass
-class OptimizerReport:
+class OptimizerReport(_TableReport):
     """Where an optimizer's state lives compared with its parameters, per parameter group."""
 
     name: str
@@ -937,17 +947,6 @@ class OptimizerReport:
         for group, n, pdev, sdev, nbytes in self.rows:
             table.add(group, n, pdev, sdev, fmt_bytes(nbytes))
         return table
-
-    def to_text(self) -> str:
-        return "\n".join(self.header + [self.table().to_text()] + self.flags)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
-    def _repr_html_(self) -> str:
-        from .render import html_lines
-
-        return html_lines(self.header) + self.table().to_html() + html_lines(self.flags)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "header": list(self.header), "rows": [list(r) for r in self.rows],

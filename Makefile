@@ -6,9 +6,12 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 VPY := $(VENV)/bin/python
+# Colab's IPython: the oldest the package supports, tested in a venv of its own
+OLD_VENV := .venv-ipython7
+OLD_IPYTHON := ipython==7.34.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv demo lab test lint browser-deps bench clean
+.PHONY: venv demo lab test test-ipython7 lint browser-deps bench clean
 
 venv: $(VENV)/.installed
 
@@ -37,9 +40,24 @@ lint: venv
 
 test: venv browser-deps lint
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-ipython7
+
+# The shell-level suite again under IPython 7.34 (Colab); notebooks and the browser need a newer Jupyter.
+test-ipython7: $(OLD_VENV)/.installed
+	$(OLD_VENV)/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/test_browser.py \
+	  --ignore=tests/test_notebooks.py $(PYTEST_ARGS)
+
+$(OLD_VENV)/.installed: pyproject.toml Makefile
+	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
+	  $(PYTHON) -m venv --system-site-packages $(OLD_VENV); \
+	else \
+	  $(PYTHON) -m venv $(OLD_VENV) && $(OLD_VENV)/bin/python -m pip install -q "$(TORCH)"; \
+	fi
+	$(OLD_VENV)/bin/python -m pip install -q "$(OLD_IPYTHON)" pytest hypothesis numpy "ipywidgets>=8" -e .
+	@touch $@
 
 bench: venv
 	for b in benchmarks/bench_*.py; do $(VPY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) notebooks/tour.html test-artifacts .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLD_VENV) notebooks/tour.html test-artifacts .pytest_cache .ruff_cache

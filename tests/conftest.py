@@ -32,11 +32,10 @@ def pytest_collection_modifyitems(config: Any, items: list) -> None:
 
 @pytest.fixture(scope="session")
 def _shell() -> Any:
-    import IPython
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
-    shell.colors = "nocolor" if IPython.version_info[0] >= 9 else "NoColor"
+    shell.run_line_magic("colors", "nocolor")  # the magic reaches the traceback printers on IPython 7-9
     return shell
 
 

@@ -162,7 +162,13 @@ def test_combined_with_time_either_way(tip, code):
 
 
 def test_time_around_a_failing_cell_still_restores(tip):
-    failing(tip, "%%time\n%%ontorch meta --dtype float16\n1/0")
+    import IPython
+
+    with capture_output() as cap:
+        result = tip.run_cell("%%time\n%%ontorch meta --dtype float16\n1/0")
+    assert "ZeroDivisionError" in cap.stdout
+    if IPython.version_info[0] >= 8:  # IPython 7's %%time shows the error itself instead of raising it
+        assert isinstance(result.error_in_exec, ZeroDivisionError)
     assert _state() == CLEAN
 
 

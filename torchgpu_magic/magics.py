@@ -47,6 +47,22 @@ def usage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _ends_with_semicolon(source: str) -> bool:
+    """True when the last code token of ``source`` is ``;``: IPython's rule for a cell whose value is
+    not shown (``DisplayHook.semicolon_at_end_of_expression`` exists only from IPython 8)."""
+    import io
+    import tokenize
+
+    skip = {tokenize.ENDMARKER, tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT,
+            tokenize.DEDENT}
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    code = [tok for tok in tokens if tok.type not in skip]
+    return bool(code) and code[-1].string == ";"
+
+
 @magics_class
 class TorchGPUMagics(Magics):
     """All torchgpu_magic magics, and the per-kernel state they share."""
@@ -339,8 +355,6 @@ class TorchGPUMagics(Magics):
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
         import ast
 
-        from IPython.core.displayhook import DisplayHook
-
         shell = self.shell
         # One comment line in place of the magic's line keeps traceback line numbers those of the cell.
         header = f"# %%ontorch {line}\n"
@@ -359,8 +373,7 @@ class TorchGPUMagics(Magics):
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             tail = "\n".join(source.splitlines()[tree.body[-1].lineno - 1:])
-            quiet = getattr(DisplayHook, "semicolon_at_end_of_expression", lambda _s: False)(tail)
-            if not quiet:
+            if not _ends_with_semicolon(tail):
                 last = ast.Expression(tree.body.pop().value)
         ns = shell.user_ns
         exec(shell.compile(tree, filename, "exec"), ns)

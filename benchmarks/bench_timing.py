@@ -124,24 +124,6 @@ def _profiled_kernel_seconds(cycles: int, runs: int) -> float:
     return statistics.median(spans) / 1e6
 
 
-def _calibrate() -> float:
-    """Cycles per second of torch.cuda._sleep: ten 1e6-cycle runs, trimmed mean (PyTorch's tests)."""
-    import torch
-
-    torch.cuda._sleep(1_000_000)
-    torch.cuda.synchronize()
-    spans = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(1_000_000)
-        end.record()
-        end.synchronize()
-        spans.append(start.elapsed_time(end) / 1e3)
-    spans.sort()
-    return 1_000_000 / statistics.mean(spans[2:-2])
-
-
 def gpu(ip: Any) -> bool:
     import torch
     from torch.utils.benchmark import Timer
@@ -151,7 +133,7 @@ def gpu(ip: Any) -> bool:
     device = torch.device("cuda", torch.cuda.current_device())
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
     ok = True
-    per_second = _calibrate()
+    per_second = timing.sleep_cycles_per_ms() * 1e3
     print(f"calibration: {per_second / 1e6:.1f} _sleep cycles per microsecond")
     points = []
     for seconds in (10e-6, 100e-6, 1e-3, 10e-3, 100e-3):

@@ -10,6 +10,8 @@ from conftest import run, run_error
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
+from torchgpu_magic import timing
+
 FAST = "-n 2 -r 3 --warmup 0"
 
 
@@ -240,28 +242,10 @@ def test_ontorch_inside_cudatime_runs_each_loop_there(tip):
 
 
 # ---- on a real GPU -----------------------------------------------------------------------------------
-def _cycles_per_ms() -> float:
-    """Calibrate torch.cuda._sleep as PyTorch's tests do: ten 1e6-cycle runs, trimmed mean of events."""
-    import torch
-
-    torch.cuda._sleep(1_000_000)  # load the kernel
-    torch.cuda.synchronize()
-    spans = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(1_000_000)
-        end.record()
-        end.synchronize()
-        spans.append(start.elapsed_time(end))
-    spans.sort()
-    return 1_000_000 / (sum(spans[2:-2]) / len(spans[2:-2]))
-
-
 @pytest.fixture
 def gip(tip):
     run(tip, "x = torch.ones(1, device='cuda')")
-    tip.user_ns["cycles_50ms"] = int(_cycles_per_ms() * 50)
+    tip.user_ns["cycles_50ms"] = int(timing.sleep_cycles_per_ms() * 50)
     return tip
 
 

@@ -671,6 +671,26 @@ def _median(values: Sequence[float]) -> float:
 _FLOORS: dict = {}
 
 
+def sleep_cycles_per_ms() -> float:
+    """How many cycles of ``torch.cuda._sleep`` last one millisecond on the current GPU: ten 1e6-cycle
+    runs timed with CUDA events, trimmed mean, as PyTorch's own tests calibrate it. Kernels of known
+    length are how the CUDA clock is checked (tests and ``benchmarks/bench_timing.py --gpu``)."""
+    import torch
+
+    torch.cuda._sleep(1_000_000)  # load the kernel
+    torch.cuda.synchronize()
+    spans = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        end.synchronize()
+        spans.append(start.elapsed_time(end))
+    kept = sorted(spans)[2:-2]
+    return 1_000_000 / (sum(kept) / len(kept))
+
+
 def empty_cell_floor(device: Any, cold: bool = False, clock: Optional[Clock] = None) -> float:
     """Per-loop time this engine reports for an empty cell on ``device`` (the loop and clock overhead);
     measured once per device and mode per process, then cached."""

@@ -1,0 +1,203 @@
+"""memory/sampler.py: the interval, per-cell accounting and the Sampler thread, via the package's names."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import fake_pynvml
+import pytest
+
+from torchgpu_magic import memory, nvml
+from torchgpu_magic.errors import MagicInputError
+
+MiB = 1024 * 1024
+H100 = memory.GPUTarget(None, 0, "NVIDIA H100 80GB HBM3")
+
+
+def _sampler_threads() -> list:
+    return [t for t in threading.enumerate() if t.name == memory.THREAD_NAME]
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_left():
+    yield
+    assert _sampler_threads() == [], "a test left a sampler thread running"
+
+
+@pytest.mark.parametrize("good", [0.05, 0.2, "0.5", 1, 60])
+def test_interval_accepts_sane_values(good):
+    assert memory.validate_interval(good) == float(good)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.01, 61, 1e9, "abc", None, math.nan, math.inf])
+def test_interval_rejects_the_rest_with_the_valid_range(bad):
+    with pytest.raises(MagicInputError, match="0.05 and 60|number of seconds"):
+        memory.validate_interval(bad)
+
+
+# ---- per-cell accounting ---------------------------------------------------------------------------
+def test_cell_log_measures_rss_delta_and_peak():
+    log = memory.CellLog(keep=3)
+    log.start()
+    block = bytearray(96 * MiB)
+    block[:: 4096] = b"\x01" * len(block[:: 4096])  # touch every page so it is resident
+    record = log.finish(7, "\n\nblock = bytearray(...)\nmore()")
+    assert record.number == 7 and record.first_line == "block = bytearray(...)"
+    assert record.rss_delta > 80 * MiB
+    if record.rss_peak is not None:  # Linux: the kernel's high-water mark, reset before the cell
+        assert record.rss_peak >= memory.host_memory().rss - 8 * MiB
+    del block
+    for n in range(5):
+        log.start()
+        log.finish(n, "x")
+    assert [r.number for r in log.records] == [2, 3, 4]
+    assert log.finish(9, "no start") is None
+
+
+def test_cell_peak_rss_is_this_cells_own():
+    if not memory.reset_peak_rss():
+        pytest.skip("this OS cannot reset the peak RSS mark")
+    big = bytearray(128 * MiB)
+    big[:: 4096] = b"\x01" * len(big[:: 4096])
+    del big
+    log = memory.CellLog()
+    log.start()
+    record = log.finish(1, "pass")
+    assert record.rss_peak < memory.host_memory().rss + 32 * MiB  # the earlier 128 MiB is not counted
+
+
+# ---- the sampler -----------------------------------------------------------------------------------
+def test_sampler_thread_is_named_daemon_and_ticks_without_drift():
+    got = []
+    sampler = memory.Sampler([], interval=0.05, callback=got.append)
+    sampler.start()
+    try:
+        (thread,) = _sampler_threads()
+        assert thread.daemon
+        time.sleep(0.6)
+    finally:
+        assert sampler.stop()
+    times = [s.time for s in got]
+    assert len(times) >= 8
+    # drift-free: the n-th tick is near start + n * interval, not start + n * (interval + work)
+    for n, t in enumerate(times):
+        assert abs(t - times[0] - n * 0.05) < 0.04, (n, t - times[0])
+
+
+def test_stop_ends_the_thread_within_one_interval():
+    sampler = memory.Sampler([], interval=5.0)
+    sampler.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    assert sampler.stop()
+    assert time.monotonic() - t0 < 1.0  # far less than the 5 s interval: it waits on an Event
+    assert not sampler.running
+
+
+def test_interval_change_takes_effect_at_once():
+    got = []
+    sampler = memory.Sampler([], interval=30.0, callback=got.append)
+    sampler.start()
+    try:
+        time.sleep(0.1)
+        sampler.interval = 0.05
+        time.sleep(0.5)
+    finally:
+        sampler.stop()
+    assert len(got) >= 5
+    with pytest.raises(MagicInputError):
+        sampler.interval = 0
+
+
+def test_history_is_bounded():
+    sampler = memory.Sampler([], interval=0.05, history_seconds=0.2)
+    for _ in range(20):
+        sampler.sample_now()
+    assert len(sampler.history) == 5
+    sampler.interval = 0.1  # fewer samples cover the same time: the oldest go
+    assert len(sampler.history) == 3
+
+
+def test_callback_errors_are_kept_not_raised():
+    def broken(_):
+        raise RuntimeError("view is gone")
+
+    sampler = memory.Sampler([], interval=0.05, callback=broken)
+    sampler.start()
+    try:
+        time.sleep(0.2)
+        assert sampler.running
+    finally:
+        sampler.stop()
+    assert sampler.last_error == "RuntimeError: view is gone"
+
+
+def test_pause_and_resume():
+    got = []
+    sampler = memory.Sampler([], interval=0.05, callback=got.append)
+    sampler.start()
+    try:
+        time.sleep(0.15)
+        sampler.pause()
+        time.sleep(0.06)
+        paused_at = len(got)
+        time.sleep(0.3)
+        assert len(got) == paused_at
+        sampler.resume()
+        time.sleep(0.2)
+        assert len(got) > paused_at
+    finally:
+        sampler.stop()
+
+
+def test_gpu_lost_mid_run_becomes_a_problem_not_a_traceback(fake_nvml):
+    module = fake_nvml("h100_busy")
+    got = []
+    sampler = memory.Sampler([H100], interval=0.05, callback=got.append)
+    sampler.start()
+    try:
+        time.sleep(0.15)
+        assert got[-1].gpus[0].process == 30720 * MiB
+        module.machine.gpus[0].errors.update(fake_pynvml._lost_errors())
+        time.sleep(0.2)
+        assert sampler.running
+    finally:
+        sampler.stop()
+    lost = got[-1].gpus[0]
+    assert lost.used is nvml.NA and lost.process is None
+    assert any("fallen off the bus" in p for p in lost.problems)
+    assert sampler.last_error is None
+
+
+def test_sampler_follows_nvml_figures(fake_nvml):
+    module = fake_nvml("h100_busy")
+    sampler = memory.Sampler([H100], interval=0.05)
+    assert sampler.sample_now().gpus[0].process == 30720 * MiB
+    module.machine.gpus[0].compute[0].usedGpuMemory = 40960 * MiB
+    assert sampler.sample_now().gpus[0].process == 40960 * MiB
+
+
+def test_peaks_fold_samples_and_cells():
+    sampler = memory.Sampler([], interval=0.05)
+    first = sampler.sample_now()
+    assert first.host.peak_rss >= first.host.rss
+    record = memory.CellRecord(1, "x", 0.1, 0, first.host.rss + 512 * MiB,
+                               (memory.CellGPU(0, 0, 3 * MiB),))
+    sampler.note_cell(record)
+    assert sampler.sample_now().host.peak_rss == first.host.rss + 512 * MiB
+    assert sampler._peaks[0] == 3 * MiB
+    sampler.reset_peaks()
+    assert sampler.latest.host.peak_rss < first.host.rss + 512 * MiB
+
+
+def test_hundred_start_stop_cycles_leave_no_thread():
+    sampler = memory.Sampler([], interval=0.05)
+    for _ in range(100):
+        sampler.start()
+        assert sampler.stop()
+    for _ in range(20):
+        other = memory.Sampler([], interval=0.05)
+        other.start()
+        other.stop()
+    assert _sampler_threads() == []

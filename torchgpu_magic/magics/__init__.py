@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .errors import MagicInputError
+from ..errors import MagicInputError
 
 _REGISTRY_NAME = "TorchGPUMagics"
 
@@ -106,7 +106,7 @@ class TorchGPUMagics(Magics):
     def gpuinfo(self, line: str = "") -> Any:
         """What GPUs there are, what is using them, and whether torch can use them (and if not, why)."""
         args = parse_args(self.gpuinfo, line)
-        from .inventory import build_report
+        from ..inventory import build_report
 
         report = build_report(index=args.index, show_processes=not args.no_processes)
         if args.json:
@@ -152,7 +152,7 @@ class TorchGPUMagics(Magics):
         ``%ontorch --reset`` (or ``%unload_ext``); ``%ontorch`` alone shows the current default.
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
-        from . import devices
+        from .. import devices
 
         args = self._ontorch_args(line)
         if cell is None and args.spec is None and not args.reset:
@@ -201,7 +201,7 @@ class TorchGPUMagics(Magics):
 
     def _ontorch_device(self, spec: str, fallback: Optional[str]) -> tuple:
         """Resolve SPEC (and always validate --fallback); (device, one-line note or '')."""
-        from . import devices
+        from .. import devices
 
         try:
             backup = devices.resolve(fallback) if fallback is not None else None
@@ -217,7 +217,7 @@ class TorchGPUMagics(Magics):
 
     def _ontorch_targets(self, move: Optional[str]) -> list:
         """Validate --move NAME[,NAME...] against the namespace: [(name, kind)]; nothing moves here."""
-        from . import devices
+        from .. import devices
 
         if move is None:
             return []
@@ -241,8 +241,8 @@ class TorchGPUMagics(Magics):
 
     def _ontorch_move(self, targets: list, device: Any, quiet: bool, magic: str = "%%ontorch") -> None:
         """Move the validated targets; print one line naming what moved and how many bytes."""
-        from . import devices
-        from .render import fmt_bytes
+        from .. import devices
+        from ..render import fmt_bytes
 
         if not targets:
             return
@@ -258,7 +258,7 @@ class TorchGPUMagics(Magics):
 
     def _ontorch_set_default(self, device: Any, dtype: Any, line: str) -> None:
         """The line form: change the kernel's default, remembering the first state for --reset."""
-        from . import devices
+        from .. import devices
 
         if self._ontorch_saved is None:
             self._ontorch_saved = devices.current_state()
@@ -274,7 +274,7 @@ class TorchGPUMagics(Magics):
         if saved is not None:
             saved.restore()
         if report:
-            from . import devices
+            from .. import devices
 
             done = "restored; " if saved is not None else "nothing to reset; "
             print(f"%ontorch: {done}torch's default device is {devices.default_device()}")
@@ -282,7 +282,7 @@ class TorchGPUMagics(Magics):
     def _ontorch_status(self) -> str:
         import torch
 
-        from . import devices
+        from .. import devices
 
         how = self._ontorch_setting or "torch's own default"
         dtype = str(torch.get_default_dtype()).replace("torch.", "")
@@ -294,7 +294,7 @@ class TorchGPUMagics(Magics):
                       quiet: bool) -> Any:
         """Run the cell body under ``devices.use_device``; print the footer after a clean run."""
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
-        from . import devices, placement
+        from .. import devices, placement
 
         ns = self.shell.user_ns
         if not quiet:  # footer: what the cell binds anew, and the insides of models and containers
@@ -430,7 +430,7 @@ class TorchGPUMagics(Magics):
         cpu and torch sees a GPU; on cpu the figure is host time, and the report says so.
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
-        from . import devices, timing
+        from .. import devices, timing
 
         opts_text, statement = self._cudatime_split(line)
         args = parse_args(self.cudatime, opts_text)
@@ -522,7 +522,7 @@ class TorchGPUMagics(Magics):
         cell's lines: for the cell magic, line 1 is the setup (on the magic's line) and the body follows."""
         import ast
 
-        from . import timing
+        from .. import timing
 
         shell = self.shell
         setup_src = shell.transform_cell(setup) if setup.strip() else ""
@@ -545,7 +545,7 @@ class TorchGPUMagics(Magics):
 
         import torch
 
-        from . import devices, timing
+        from .. import devices, timing
 
         saved_threads = torch.get_num_threads()
         try:
@@ -564,7 +564,7 @@ class TorchGPUMagics(Magics):
 
         from IPython.core.displaypub import DisplayPublisher
 
-        from . import timing
+        from .. import timing
 
         shell = self.shell
         stack = contextlib.ExitStack()
@@ -597,7 +597,7 @@ class TorchGPUMagics(Magics):
         """Where tensors, modules and optimizers live: ``%whereis`` (the whole namespace, by device),
         ``%whereis NAME [NAME...]`` (one object in detail), ``%whereis --watch on|off``,
         ``%whereis --repr on|off``. Only reads: never runs forward, never moves anything."""
-        from . import placement
+        from .. import placement
 
         args = parse_args(self.whereis, line)
         if (args.watch or args.repr_) and args.names:
@@ -638,7 +638,7 @@ class TorchGPUMagics(Magics):
             self._whereis_repr(False)
 
     def _whereis_watch(self, on: bool) -> None:
-        from . import placement
+        from .. import placement
 
         registered = self._whereis_watch_cell in self.shell.events.callbacks["post_run_cell"]
         if on:
@@ -653,7 +653,7 @@ class TorchGPUMagics(Magics):
 
     def _whereis_watch_cell(self, result: Any = None) -> None:
         """post_run_cell: one line naming what the cell created or moved (nothing when nothing did)."""
-        from . import placement
+        from .. import placement
 
         before = self._whereis_snapshot or {}
         after = placement.namespace_snapshot(self.shell.user_ns)
@@ -703,7 +703,7 @@ class TorchGPUMagics(Magics):
         error = getattr(result, "error_in_exec", None)
         if not isinstance(error, RuntimeError):
             return
-        from . import placement
+        from .. import placement
 
         if placement.mismatch_devices(error) is None:
             return
@@ -744,7 +744,7 @@ class TorchGPUMagics(Magics):
         """A live memory panel: NVML, torch's allocator and host RSS side by side, and each cell's
         memory delta and peak. Without ipywidgets it prints one text snapshot instead.
         """
-        from . import memory
+        from .. import memory
 
         args = parse_args(self.gpumem, line)
         if args.action not in (None, "stop"):
@@ -784,7 +784,7 @@ class TorchGPUMagics(Magics):
         CUDA. The sampler asks again when CUDA's state changes."""
         import os
 
-        from . import inventory, memory, nvml
+        from .. import inventory, memory, nvml
 
         state = memory.cuda_state()
         if state == "initialised":
@@ -805,7 +805,7 @@ class TorchGPUMagics(Magics):
 
     def _gpumem_start(self, interval: Optional[float]) -> Any:
         """The running panel (made and started on first use); ``interval`` applied when given."""
-        from . import memory, panel
+        from .. import memory, panel
 
         if not self._gpumem_closer_added:
             self.add_closer(self._gpumem_stop)
@@ -834,7 +834,7 @@ class TorchGPUMagics(Magics):
         self._gpumem_unhook_cells()
 
     def _gpumem_hook_cells(self) -> None:
-        from . import memory
+        from .. import memory
 
         self._gpumem_cells = memory.CellLog()
         self.shell.events.register("pre_run_cell", self._gpumem_pre_cell)
@@ -869,7 +869,7 @@ def _whereis_plain(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]
     """A text/plain printer: the placement line, then what ``previous`` (or the plain repr) prints."""
     from IPython.lib.pretty import _repr_pprint
 
-    from . import placement
+    from .. import placement
 
     def printer(obj: Any, p: Any, cycle: bool) -> None:
         p.text(placement.placement_line(obj))
@@ -884,7 +884,7 @@ def _whereis_html(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:
     """A text/html printer: the placement line above ``previous``'s HTML, or above the escaped repr."""
     import html
 
-    from . import placement
+    from .. import placement
 
     def printer(obj: Any) -> str:
         body = previous(obj) if previous is not None else None

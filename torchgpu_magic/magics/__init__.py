@@ -1,92 +1,29 @@
-"""The IPython side of torchgpu_magic: option parsing, display, and registration.
+"""The IPython side of torchgpu_magic: one ``Magics`` class per magic, registered together.
 
-This is the only module that knows IPython's magic machinery and the only one that turns the core's
-:class:`~torchgpu_magic.errors.MagicInputError` into IPython's ``UsageError``. Every feature keeps its
-state on the one :class:`TorchGPUMagics` instance, and registers what it hooks into the shell (event
-callbacks, formatters, exception handlers, threads) with :meth:`TorchGPUMagics.add_closer`, so that
-``%unload_ext`` removes exactly what loading and use added.
+As IPython keeps its own magics (``IPython/core/magics/``), each magic has a module named after it
+(``gpuinfo.py``, ``ontorch.py``, ``cudatime.py``, ``whereis.py``, ``gpumem.py``) holding its options, hooks
+and state; ``base.py`` holds what they share. This package is the only part of torchgpu_magic that knows
+IPython's magic machinery and the only one that turns the core's
+:class:`~torchgpu_magic.errors.MagicInputError` into IPython's ``UsageError``. :func:`load` registers every
+magic's class under one :class:`~.base.TorchGPUMagics`, whose closers undo whatever the magics hooked into
+the shell (event callbacks, formatters, threads), so that :func:`unload` removes exactly what loading and
+use added.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Optional
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic import line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..errors import MagicInputError
-
-_REGISTRY_NAME = "TorchGPUMagics"
-
-
-def parse_args(magic: Callable[..., Any], line: str) -> Any:
-    """Parse ``line`` with the ``@magic_arguments`` of ``magic``; any problem becomes a one-line
-    ``UsageError`` that says what was wrong and shows the magic's usage."""
-    name = magic.__name__
-    try:
-        return parse_argstring(magic, line)
-    except (UsageError, ValueError) as exc:
-        usage = " ".join(magic.parser.format_usage().split())
-        usage = usage.replace("usage: ", "", 1).replace("::", "", 1).replace("%" + name, "").strip()
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"%{name}: {message}. Usage: %{name} {usage}") from None
-
-
-def usage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the core's :class:`MagicInputError` into a one-line ``UsageError`` for ``method``."""
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
-        try:
-            return method(*args, **kwargs)
-        except MagicInputError as exc:
-            raise UsageError(f"%{method.__name__}: {exc}") from None
-
-    return wrapper
-
-
-def _ends_with_semicolon(source: str) -> bool:
-    """True when the last code token of ``source`` is ``;``: IPython's rule for a cell whose value is
-    not shown (``DisplayHook.semicolon_at_end_of_expression`` exists only from IPython 8)."""
-    import io
-    import tokenize
-
-    skip = {tokenize.ENDMARKER, tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT,
-            tokenize.DEDENT}
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return False
-    code = [tok for tok in tokens if tok.type not in skip]
-    return bool(code) and code[-1].string == ";"
+from .base import MagicsPart, TorchGPUMagics, ends_with_semicolon, parse_args, usage_errors
 
 
 @magics_class
-class TorchGPUMagics(Magics):
-    """All torchgpu_magic magics, and the per-kernel state they share."""
-
-    def __init__(self, shell: Any) -> None:
-        super().__init__(shell)
-        self._closers: list[Callable[[], None]] = []
-
-    # ---- lifecycle -------------------------------------------------------------------------------
-    def add_closer(self, closer: Callable[[], None]) -> None:
-        """Remember ``closer`` to undo something hooked into the shell; run by :meth:`close`."""
-        self._closers.append(closer)
-
-    def close(self) -> None:
-        """Undo every registration, newest first; one failing closer does not stop the others."""
-        errors = []
-        while self._closers:
-            closer = self._closers.pop()
-            try:
-                closer()
-            except Exception as exc:  # noqa: BLE001 - report all, after undoing all
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+class _UnsplitMagics(MagicsPart):
+    """The magics not yet moved to a module of their own."""
 
     def start(self) -> None:
         """Hook the always-on features into the shell (called once, by :func:`load`)."""
@@ -373,7 +310,7 @@ class TorchGPUMagics(Magics):
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             tail = "\n".join(source.splitlines()[tree.body[-1].lineno - 1:])
-            if not _ends_with_semicolon(tail):
+            if not ends_with_semicolon(tail):
                 last = ast.Expression(tree.body.pop().value)
         ns = shell.user_ns
         exec(shell.compile(tree, filename, "exec"), ns)
@@ -897,9 +834,12 @@ def _whereis_html(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:
     return printer
 
 
+_PARTS = (_UnsplitMagics,)
+
+
 def instance(shell: Any) -> Optional[TorchGPUMagics]:
     """The registered :class:`TorchGPUMagics` of ``shell``, or None when the extension is not loaded."""
-    found = shell.magics_manager.registry.get(_REGISTRY_NAME)
+    found = shell.magics_manager.registry.get(TorchGPUMagics.__name__)
     return found if isinstance(found, TorchGPUMagics) else None
 
 
@@ -907,8 +847,8 @@ def load(shell: Any) -> None:
     """Register the magics on ``shell`` once; a second call is a no-op."""
     if instance(shell) is not None:
         return
-    magics = TorchGPUMagics(shell)
-    shell.register_magics(magics)
+    magics = TorchGPUMagics(shell, _PARTS)
+    shell.register_magics(magics, *magics.parts)
     magics.start()
 
 
@@ -924,9 +864,11 @@ def unload(shell: Any) -> None:
         magics.close()
     finally:
         manager = shell.magics_manager
+        ours = [magics, *magics.parts]
         for table in manager.magics.values():
             for name, func in list(table.items()):
-                if getattr(func, "__self__", None) is magics:
+                if any(getattr(func, "__self__", None) is obj for obj in ours):
                     del table[name]
-        manager.registry.pop(_REGISTRY_NAME, None)
-
+        for obj in ours:
+            if manager.registry.get(type(obj).__name__) is obj:
+                del manager.registry[type(obj).__name__]

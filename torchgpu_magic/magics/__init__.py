@@ -19,6 +19,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..errors import MagicInputError
 from .base import MagicsPart, TorchGPUMagics, ends_with_semicolon, parse_args, usage_errors
+from .gpuinfo import GPUInfoMagics
 
 
 @magics_class
@@ -29,30 +30,6 @@ class _UnsplitMagics(MagicsPart):
         """Hook the always-on features into the shell (called once, by :func:`load`)."""
         self.shell.events.register("post_run_cell", self._whereis_diagnose_cell)
         self.add_closer(lambda: self.shell.events.unregister("post_run_cell", self._whereis_diagnose_cell))
-
-    # ---- %gpuinfo (issue 2) ----------------------------------------------------------------------
-    @magic_arguments()
-    @argument("-i", "--index", type=int, default=None,
-              help="show one GPU: torch's cuda:N where torch sees GPUs, else NVML's index N")
-    @argument("--no-processes", action="store_true", help="leave out the processes using each GPU")
-    @argument("--json", action="store_true", help="print the report as JSON")
-    @argument("-o", dest="return_report", action="store_true",
-              help="return the report object (a GPUReport) instead of displaying it")
-    @line_magic
-    @usage_errors
-    def gpuinfo(self, line: str = "") -> Any:
-        """What GPUs there are, what is using them, and whether torch can use them (and if not, why)."""
-        args = parse_args(self.gpuinfo, line)
-        from ..inventory import build_report
-
-        report = build_report(index=args.index, show_processes=not args.no_processes)
-        if args.json:
-            print(report.to_json())
-        elif not args.return_report:
-            from IPython.display import display
-
-            display(report)
-        return report if args.return_report else None
 
     # ---- %%ontorch (issue 3) ---------------------------------------------------------------------
     _ontorch_saved: Any = None  # devices.DeviceState from before the line form's first change
@@ -834,7 +811,7 @@ def _whereis_html(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:
     return printer
 
 
-_PARTS = (_UnsplitMagics,)
+_PARTS = (GPUInfoMagics, _UnsplitMagics)
 
 
 def instance(shell: Any) -> Optional[TorchGPUMagics]:

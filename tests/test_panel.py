@@ -14,6 +14,7 @@ from IPython.utils.capture import capture_output
 import torchgpu_magic
 from torchgpu_magic import memory, panel
 from torchgpu_magic.magics import instance
+from torchgpu_magic.magics.gpumem import GPUMemMagics
 
 MiB = 1024 * 1024
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -47,8 +48,13 @@ def _wait_for(predicate, timeout=3.0):
     return predicate()
 
 
+def _magics(ip):
+    """The shell's %gpumem magics object, which holds the panel and the cell log."""
+    return instance(ip).part(GPUMemMagics)
+
+
 def _panel(ip):
-    return instance(ip)._gpumem_panel
+    return _magics(ip)._panel
 
 
 def _shown_model_ids(captured) -> list:
@@ -211,7 +217,7 @@ def test_per_cell_accounting_through_the_shell(ip):
     p = _panel(ip)
     cells = p.cells.value
     assert "block = bytearray(64 * 1024 * 1024)" in cells and "del block" in cells
-    records = list(instance(ip)._gpumem_cells.records)
+    records = list(_magics(ip)._cells.records)
     assert [r.first_line for r in records] == ["block = bytearray(64 * 1024 * 1024); block[::4096] = "
                                                "b'1' * len(block[::4096])", "del block"]
     assert [r.number for r in records] == [first, first + 1]
@@ -221,12 +227,12 @@ def test_per_cell_accounting_through_the_shell(ip):
     assert records[0].rss_peak is None or records[0].rss_peak > 64 * MiB
     with capture_output():
         run(ip, "%gpumem --cells off")
-    assert instance(ip)._gpumem_cells is None and "off" in p.cells.value
-    assert instance(ip)._gpumem_pre_cell not in ip.events.callbacks["pre_run_cell"]
+    assert _magics(ip)._cells is None and "off" in p.cells.value
+    assert _magics(ip)._pre_cell not in ip.events.callbacks["pre_run_cell"]
     run(ip, "x = 1")
     with capture_output():
         run(ip, "%gpumem")  # showing the panel again keeps the user's choice
-    assert instance(ip)._gpumem_cells is None
+    assert _magics(ip)._cells is None
     with capture_output():
         run(ip, "%gpumem --cells on")
     run(ip, "y = 2")
@@ -237,11 +243,11 @@ def test_per_cell_accounting_through_the_shell(ip):
 def test_closing_the_widget_unhooks_the_cell_events(ip):
     with capture_output():
         run(ip, "%gpumem --interval 0.1")
-    magics = instance(ip)
-    assert magics._gpumem_post_cell in ip.events.callbacks["post_run_cell"]
+    magics = _magics(ip)
+    assert magics._post_cell in ip.events.callbacks["post_run_cell"]
     _panel(ip).widget.close()
-    assert _threads() == [] and magics._gpumem_panel is None
-    assert magics._gpumem_post_cell not in ip.events.callbacks["post_run_cell"]
+    assert _threads() == [] and magics._panel is None
+    assert magics._post_cell not in ip.events.callbacks["post_run_cell"]
 
 
 def test_unload_stops_the_sampler_within_one_interval(ip):
@@ -256,7 +262,7 @@ def test_unload_stops_the_sampler_within_one_interval(ip):
 
 
 def _hooks(ip) -> dict:
-    """The event callbacks by function (a reload makes a new TorchGPUMagics, so not by bound method)."""
+    """The event callbacks by function (a reload makes a new GPUMemMagics, so not by bound method)."""
     return {k: [getattr(cb, "__func__", cb) for cb in v] for k, v in ip.events.callbacks.items()}
 
 

@@ -156,15 +156,15 @@ def test_coexists_with_a_custom_exception_handler(ip):
 def test_reload_leaves_one_handler(ip):
     def ours():
         return [cb for cb in ip.events.callbacks["post_run_cell"]
-                if getattr(cb, "__name__", "") in ("_whereis_diagnose_cell", "_whereis_watch_cell")]
+                if getattr(cb, "__name__", "") in ("_diagnose_cell", "_watch_cell")]
 
     ip.run_line_magic("whereis", "--watch on")
     for _ in range(5):
         ip.run_line_magic("reload_ext", "torchgpu_magic")
-    assert [cb.__name__ for cb in ours()] == ["_whereis_diagnose_cell"]
+    assert [cb.__name__ for cb in ours()] == ["_diagnose_cell"]
     ip.run_line_magic("whereis", "--watch on")
     ip.run_line_magic("whereis", "--watch on")
-    assert sorted(cb.__name__ for cb in ours()) == ["_whereis_diagnose_cell", "_whereis_watch_cell"]
+    assert sorted(cb.__name__ for cb in ours()) == ["_diagnose_cell", "_watch_cell"]
 
 
 # ---- --watch ----------------------------------------------------------------------------------------------

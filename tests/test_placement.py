@@ -287,3 +287,14 @@ def test_diagnosis_keeps_no_reference():
     gc.collect()
     assert ref() is None
     assert "x" in diagnosis.to_text() and diagnosis.to_dict()["fixes"]
+
+
+def test_diagnosis_of_a_cell_that_also_steps_an_optimizer():
+    model = torch.nn.Linear(3, 2)
+    ns = {"model": model, "x": torch.ones(1, 3, device="meta"),
+          "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+    exc = _raise(lambda: ns["model"](ns["x"]))
+    diagnosis = placement.diagnose(exc, "model(x).sum().backward()\nopt.step()", ns, lambda filename: False)
+    summaries = {c.name: c.summary for c in diagnosis.culprits}
+    assert summaries == {"model": "Linear (module)", "x": "tensor float32 (1, 3)", "opt": "SGD (optimizer)"}
+    assert diagnosis.fixes == ["x = x.to(next(model.parameters()).device)"]

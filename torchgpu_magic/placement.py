@@ -1285,7 +1285,7 @@ def _culprit(name: str, obj: Any, on_line: bool) -> Culprit:
     if kind == "tensor":
         summary = f"tensor {dtype_str(obj.dtype)} {shape_str(tuple(obj.shape))}"
     else:
-        summary = placement_line(obj).split(f" {_sep()} ", 1)[0] + f" ({kind})"
+        summary = f"{type(obj).__name__} ({kind})"
     return Culprit(name, kind or "", devices_of(obj), summary, on_line)
 
 

@@ -232,6 +232,22 @@ def test_resolve_is_static_and_suggests_close_names():
         placement.resolve("lazy.weights", {"lazy": Lazy()})
 
 
+def test_reports_show_their_text_in_ipythons_plain_text_formatter():
+    """Terminals, VS Code's text view and static exports show only text/plain: a dataclass's
+    generated __repr__ must not win over the reports' _repr_pretty_."""
+    from IPython.core.formatters import PlainTextFormatter
+
+    model = torch.nn.Linear(3, 2)
+    ns = {"model": model, "x": torch.ones(3), "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+    exc = _raise(lambda: ns["x"] + torch.ones(3, device="meta"))
+    reports = [placement.namespace_report(ns), placement.describe("x", ns["x"], ns),
+               placement.module_report("model", model), placement.optimizer_report("opt", ns["opt"]),
+               placement.diagnose(exc, "x + y", ns, lambda filename: False)]
+    formatter = PlainTextFormatter()
+    for report in reports:
+        assert formatter(report) == report.to_text()
+
+
 # ---- the diagnosis ------------------------------------------------------------------------------------
 
 

@@ -362,7 +362,7 @@ class Row:
     note: str
 
 
-@dataclass
+@dataclass(repr=False)
 class NamespaceReport:
     """The tensors, modules and optimizers of a namespace, grouped by device, with per-device totals
     (each storage counted once) and what only IPython's output cache keeps alive."""
@@ -623,7 +623,7 @@ def _rows_for(name: str, obj: Any, kind: str, keys: dict, rows: list, note: str,
 # ---------------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(repr=False)
 class Lines:
     """A report that is a few lines of text (a tensor's one line, a note)."""
 
@@ -803,7 +803,7 @@ class _TableReport:
         return html_lines(self.header) + self.table().to_html() + html_lines(self.flags)
 
 
-@dataclass
+@dataclass(repr=False)
 class ModuleReport(_TableReport):
     """A module's placement: one row per module, uniform subtrees collapsed, runs of identical
     siblings merged, split modules and meta / offloaded parameters flagged."""
@@ -931,7 +931,7 @@ def module_report(name: str, module: Any) -> ModuleReport:
     return ModuleReport(name, header, rows, flags)
 
 
-@dataclass
+@dataclass(repr=False)
 class OptimizerReport(_TableReport):
     """Where an optimizer's state lives compared with its parameters, per parameter group."""
 
@@ -1181,7 +1181,7 @@ class Culprit:
     on_failing_line: bool
 
 
-@dataclass
+@dataclass(repr=False)
 class Diagnosis:
     """What a device-mismatch error involved: the names on the failing line and in the cell that
     refer to tensors or modules, their devices, and the line that fixes it. Strings only."""

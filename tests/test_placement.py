@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from torchgpu_magic import placement
 from torchgpu_magic.errors import MagicInputError
+from torchgpu_magic.placement.common import _sep
 
 
 def _raise(fn):
@@ -203,7 +204,7 @@ def test_tensor_line_and_placement_line():
     line = placement.describe("row", ns["row"], ns).to_text()
     assert "row" in line and "cpu" in line and "(4,)" in line and "16 B" in line
     assert "a view of a 64 B storage" in line and "shares storage with x" in line
-    sep = placement._sep()
+    sep = _sep()
     expected = f"Linear {sep} cpu {sep} float32 {sep} 4 params {sep} 16 B"
     assert placement.placement_line(torch.nn.Linear(1, 2)) == expected
     with pytest.raises(MagicInputError, match="not a tensor"):

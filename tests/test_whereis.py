@@ -54,8 +54,8 @@ def test_whereis_names(ip):
     texts = _texts(_cell(ip, "%whereis x model opt d['w']"))
     assert len(texts) == 4
     assert texts[0].startswith("x ") and "(4, 3)" in texts[0]
-    assert "model: Linear" in texts[1] and "meta have no data" in texts[1]
-    assert "opt: SGD" in texts[2]
+    assert texts[1].startswith("model: Linear") and "meta have no data" in texts[1]
+    assert texts[2].startswith("opt: SGD")
     with pytest.raises(UsageError, match=r"name 'modle' is not defined; did you mean model\?"):
         ip.run_line_magic("whereis", "modle")
     with pytest.raises(UsageError, match="not a name"):

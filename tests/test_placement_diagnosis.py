@@ -7,6 +7,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
+from device_error_wordings import WORDINGS
 
 from torchgpu_magic.placement import diagnosis as placement_diagnosis
 
@@ -33,6 +34,28 @@ def _raise(fn):
 ])
 def test_mismatch_wordings(message, devices):
     assert placement_diagnosis.mismatch_devices(RuntimeError(message)) == devices
+
+
+@pytest.mark.parametrize("message, expected, source", WORDINGS,
+                         ids=[f"w{i:02d}" for i in range(len(WORDINGS))])
+def test_every_wording_in_the_table(message, expected, source):
+    """Every wording PyTorch has used (tests/device_error_wordings.py, each with where it came from),
+    and the dtype / shape errors that look alike and must get no device diagnosis."""
+    assert placement_diagnosis.mismatch_devices(RuntimeError(message)) == expected, source
+
+
+def test_the_table_has_both_kinds_of_rows():
+    positives = [row for row in WORDINGS if row[1] is not None]
+    assert len(positives) >= 60 and len(WORDINGS) - len(positives) >= 10
+
+
+def test_sdpa_python_check_is_a_value_error():
+    """torch/nn/attention/_utils.py raises the SDPA device check as a ValueError; other ValueErrors
+    with mismatch-like text stay unrecognised."""
+    message = ("Expected query, key, and value to have the same device type, but got query.device: cpu, "
+               "key.device: meta, and value.device: meta instead.")
+    assert placement_diagnosis.mismatch_devices(ValueError(message)) == ("cpu", "meta")
+    assert placement_diagnosis.mismatch_devices(TypeError(message)) is None
 
 
 @pytest.mark.parametrize("exc", [

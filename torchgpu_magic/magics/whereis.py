@@ -151,7 +151,7 @@ class WhereIsMagics(MagicsPart):
         """post_run_cell, always on: after a device-mismatch error's usual traceback, name the
         tensors and modules involved, their devices, and the fix. Silent for every other outcome."""
         error = getattr(result, "error_in_exec", None)
-        if not isinstance(error, RuntimeError):
+        if not isinstance(error, (RuntimeError, ValueError)):
             return
         from .. import placement
 

@@ -12,45 +12,148 @@ from typing import Any, Mapping, Optional
 
 from .common import _static_attr, device_str, devices_of, dtype_str, kind_of, shape_str
 
-_DEV = r"([a-z]+(?::\d+)?)"
-# torch's wordings for "these tensors are on different devices", current and older, with the groups
-# that name the devices (an older "torch.cuda.FloatTensor" names a device type by its 'cuda.').
+_D = r"([a-z]+(?::\d+)?)"  # a device as torch prints it: cpu, cuda:0, mps:0, meta, xla:0
+_T = r"([\w:.\[\]]+)"  # a legacy type string: torch.cuda.FloatTensor, Variable[...], MPSFloatType, float
+_SDPA = (rf"Expected query, key, and value to have the same device type, but got query\.device: {_D},? "
+         rf"key\.device: {_D},? and value\.device: {_D}")
+# torch's wordings of "these tensors are on different devices", from v0.3 to today, with the groups that
+# name the devices (tests/device_error_wordings.py lists each wording with where it came from). The first
+# pattern that matches decides, so the specific forms come before the general ones. ``True`` marks a pair
+# of *types*: the same words report a dtype mismatch, so it counts only when the two types name two
+# different known devices.
 _MISMATCH = [
-    rf"Expected all tensors to be on the same device, but found at least two devices, {_DEV} and {_DEV}",
-    rf"Expected all tensors to be on the same device, but got \w+ is on {_DEV}, different from other tensors "
-    rf"on {_DEV}",
-    r"Expected all tensors to be on the same device",
-    rf"Tensor on device {_DEV} is not on the expected device {_DEV}",
-    r"Expected object of device type (\w+) but got device type (\w+)",
-    r"Expected object of type torch\.((?:cuda\.)?)\w+ but found type torch\.((?:cuda\.)?)\w+",
-    r"Input type \(torch\.((?:cuda\.)?)\w+\) and weight type \(torch\.((?:cuda\.)?)\w+\) should be the same",
-    r"Tensor for argument #\d+ '\w+' is on (CPU|GPU), but expected (?:it|them) to be on (CPU|GPU)",
-    r"Expected a '(\w+)' device type for generator but found '(\w+)'",
-    r"indices should be either on cpu or on the same device as the indexed tensor \(([a-z:0-9]+)\)",
+    # the common-device check, v1.7+ (TensorIterator, dispatcher, FakeTensor, torch.compile)
+    (rf"Expected all tensors to be on the same device, but found at least two devices, {_D} and {_D}", False),
+    (rf"Expected all tensors to be on the same device, but got \w+ is on {_D}, different from other tensors "
+     rf"on {_D}", False),
+    (r"[Ee]xpected all tensors to be on the same device\. Found: ((?:[a-z]+(?::\d+)?(?:, | and )?)+)", False),
+    (r"Expected all tensors to be on the same device\. addmm:? expected '\w+' to be (?:a )?(CPU|CUDA)\b"
+     r"[^,]*, but got (?:a |tensor on )?([A-Za-z]+(?::\d+)?)", False),
+    (r"Expected all tensors to be on the same (?:common )?device", False),
+    # Python references (_prims_common, _refs)
+    (rf"Tensor on device {_D} is not on the expected device {_D}", False),
+    (rf"Expected divisor \(b\) to be on the same device \({_D}\) as dividend \(a\), but it is found on {_D}",
+     False),
+    (rf"Attempting to copy from device {_D} to device {_D}, but cross-device copies are not allowed", False),
+    (rf"[Ii]nput tensors must all be on the same device\. Input 0 is on device {_D} and input \d+ is on "
+     rf"device {_D}", False),
+    # FakeTensor, v2.0-v2.5
+    (rf"Unhandled FakeTensor Device Propagation for \S+, found two different devices {_D}, {_D}", False),
+    # legacy type / backend strings, v0.3-v1.5
+    (rf"Expected object of type {_T} but found type {_T}", True),
+    (r"Expected object of backend (\w+) but got backend (\w+)", True),
+    (r"Expected object of device type (\w+) but got device type (\w+)", True),
+    (r"expected backend (\w+) and dtype \w+ but got backend (\w+) and dtype \w+", True),
+    (rf"expected device {_D} and dtype \w+ but got device {_D} and dtype \w+", True),
+    (rf"expected device '?{_D}'? but got (?:device )?'?{_D}'?", False),
+    (rf"reduce_op\(\): expected input and both outputs to be on same device, but input is on {_D}, output1 "
+     rf"is on {_D} and output2 is on ?{_D}", False),
+    (r"to have the same device as tensor for .*?; but device (-?\d+) does not equal (-?\d+)", False),
+    (r"Tensor for (?:argument #\d+ )?'\w+' is on (CPU|GPU), (?:Tensor for (?:argument #\d+ )?'\w+' is on "
+     r"(?:CPU|GPU), )?but expected (?:it|them) to be on (CPU|GPU)", False),
+    (rf"[Aa]ll input tensors must be on the same device\. Received {_D} and {_D}", False),
+    (rf"all input tensors and out must be on the same device, but inputs are on {_D} and out is on {_D}",
+     False),
+    (r"sparse_mask: arguments are located on different devices; self is on device (-?\d+), mask is on "
+     r"device (-?\d+), out is on device (-?\d+)", False),
+    (r"located on different (?:GPUs|devices)", False),
+    # RNN / LSTM / GRU
+    (rf"Input and (?:parameter|hidden) tensors are not at the same device, found input tensor at {_D} and "
+     rf"(?:parameter|hidden) tensor at {_D}", False),
+    # scaled_dot_product_attention (C++ and Python forms; the Python one is a ValueError)
+    (_SDPA, False),
+    # indexing
+    (rf"self, index and (?:source|out) expected to be in the same device, but got "
+     rf"(?:\(self\) |self\.device = ){_D}, (?:\(index\) |index\.device = ){_D}, and "
+     rf"(?:\(source\) |source\.device = |out\.device = ){_D}", False),
+    (rf"indices should be either on cpu or on the same device as the indexed tensor \({_D}\)", False),
+    (rf"expected self and (?:mask|out) to be on the same device, but got (?:mask|out) on {_D} and self on "
+     rf"{_D}", False),
+    (r"masked_fill_: Expected inputs to be on same device", False),
+    # convolution and MPS
+    (rf"Input type \({_T}\) and (?:weight|bias) type \({_T}\) should be the same", True),
+    (rf"input\(device='{_D}'\) and weight\(device={_D}'\)\s+must be on the same device", False),
+    (rf"Tensor for argument \w+ is on {_D} but expected on {_D}", False),
+    (r"Placeholder storage has not been allocated on MPS device", False),
+    # DataParallel
+    (rf"module must have its parameters and buffers on device {_D} \(device_ids\[0\]\) but found one of "
+     rf"them on device: {_D}", False),
+    # other kernels' own checks
+    (rf"expected (?:\w+ and \w+|both inputs) to be on (?:the )?same device, but (?:\w+ )+is on {_D} and "
+     rf"(?:\w+ )+is on {_D}", False),
+    (rf"Expected b and A to be on the same device, but found b on {_D} and A on {_D}", False),
+    (rf"Expected \w+ and input tensors to be on the same device, but got \w+ on {_D} and input on {_D}",
+     False),
+    (rf"multi_dot\(\): all tensors must be on the same device but tensor 0 is on {_D} and tensor \d+ on "
+     rf"{_D}", False),
+    (rf"Expected the output and input tensors to be on the same device, but got the output tensor on {_D}, "
+     rf"(?:input tensor a|the 'input' tensor) on {_D}, and (?:input tensor b|the 'other' tensor) on {_D}",
+     False),
+    (rf"torch\.gradient expected each tensor to be on the same device, but got devices {_D} and {_D}", False),
+    (rf"stft input and window must be on the same device but got self on {_D} and window on {_D}", False),
+    (rf"\w+ and \w+ must have the same device type\. \w+: {_D} \w+: {_D}", False),
+    (rf"should have same device type, but got \w+ tensor device type {_D} and input value tensor device "
+     rf"type {_D}", False),
+    (rf"Expected condition, x and y to be on the same device, but condition is on {_D} and x and y are on "
+     rf"{_D} and {_D}", False),
+    (r"Expected a '(\w+)' device type for generator but found '(\w+)'", False),
+    (r"must have the same device\b|expects all tensors to have the same device|must be on the same device "
+     r"as the input tensor|Tensors of the same index must be on the same device", False),
 ]
+_COMPILED: list = []
+_KNOWN = {"cpu", "cuda", "mps", "meta", "xpu", "xla", "hip", "hpu", "mtia", "ipu", "lazy", "privateuseone"}
+_WORDS = {"CPU": "cpu", "GPU": "cuda", "CUDA": "cuda", "MPS": "mps", "XPU": "xpu", "Meta": "meta"}
+
+
+def _device_of_token(token: str) -> Optional[str]:
+    """One device from a captured token, or None where it names none (a bare dtype such as 'float'):
+    '1' (a CUDA index) is 'cuda:1', 'torch.cuda.FloatTensor' / 'Variable[...]' are 'cuda' / 'cpu',
+    'MPSFloatType' is 'mps', 'CPU' / 'GPU' are 'cpu' / 'cuda', 'cuda:0' stays itself."""
+    import re
+
+    if re.fullmatch(r"-?\d+", token):
+        return "cpu" if token == "-1" else f"cuda:{token}"
+    legacy = re.fullmatch(r"(?:Variable\[)?torch\.(cuda\.)?[\w.]+?\]?", token)
+    if legacy:
+        return "cuda" if legacy.group(1) else "cpu"
+    backend = re.fullmatch(r"(?:Sparse)?(CPU|CUDA|MPS|XPU|Meta|HIP)\w*Type", token)
+    if backend:
+        return _WORDS.get(backend.group(1), backend.group(1).lower())
+    if token in _WORDS:
+        return _WORDS[token]
+    if re.fullmatch(r"[a-z]+(?::\d+)?", token) and token.split(":")[0] in _KNOWN:
+        return token
+    return None
 
 
 def mismatch_devices(exc: BaseException) -> Optional[tuple]:
-    """The devices a device-mismatch ``RuntimeError`` names (possibly ``()``), or None when ``exc``
-    is not one. "Input type ... and weight type ... should be the same" counts only when the two
-    types differ in device (the same words are used for a dtype mismatch)."""
+    """The devices a device-mismatch error names, each once in the order named (``()`` when it names
+    none), or None when ``exc`` is not one. Recognises torch's wordings from v0.3 to today (a
+    RuntimeError, or the ValueError of scaled_dot_product_attention's Python check); the type-pair
+    wordings ("Input type (A) and weight type (B) should be the same") count only when the two types
+    are on different devices, since the same words report a dtype mismatch."""
     import re
 
-    if not isinstance(exc, RuntimeError):
+    if not isinstance(exc, (RuntimeError, ValueError)):
         return None
+    if not _COMPILED:
+        _COMPILED.extend((re.compile(p), pair) for p, pair in _MISMATCH)
     text = str(exc)
-    for pattern in _MISMATCH:
-        found = re.search(pattern, text)
+    for pattern, pair in _COMPILED:
+        found = pattern.search(text)
         if found is None:
             continue
-        groups = [g for g in found.groups() if g is not None]
-        if pattern.startswith(r"Expected object of type") or pattern.startswith(r"Input type"):
-            devices = tuple("cuda" if g else "cpu" for g in groups)
-            if len(set(devices)) < 2:
-                return None
-            return devices
-        names = {"CPU": "cpu", "GPU": "cuda"}
-        return tuple(names.get(g, g) for g in groups)
+        if isinstance(exc, ValueError) and pattern.pattern != _SDPA:
+            return None
+        tokens = [t for g in found.groups() if g is not None for t in re.split(r", | and ", g) if t]
+        devices = [_device_of_token(t) for t in tokens]
+        if pair and (None in devices or len(set(devices)) < 2):
+            return None
+        out: list = []
+        for device in devices:
+            if device is not None and device not in out:
+                out.append(device)
+        return tuple(out)
     return None
 
 

@@ -104,7 +104,8 @@ def test_diagnosis_of_a_cell_that_also_steps_an_optimizer():
     cell = "model(x).sum().backward()\nopt.step()"
     diagnosis = placement_diagnosis.diagnose(exc, cell, ns, lambda filename: False)
     summaries = {c.name: c.summary for c in diagnosis.culprits}
-    assert summaries == {"model": "Linear (module)", "x": "tensor float32 (1, 3)", "opt": "SGD (optimizer)"}
+    assert summaries == {"model": "Linear (module)", "x": "tensor float32 (1, 3); meta: no data",
+                         "opt": "SGD (optimizer)"}
     assert diagnosis.fixes == ["x = x.to(next(model.parameters()).device)"]
 
 

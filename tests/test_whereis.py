@@ -98,9 +98,68 @@ def test_diagnosis_on_real_errors(ip, code, names, fix):
 
 
 def test_diagnosis_in_a_function_defined_in_the_cell(ip):
+    """The user's line and objects first, the callee's line in its own terms second; the fix goes on
+    the user's line."""
     run(ip, SETUP)
     text = _texts(_cell(ip, "def step(inp):\n    return model(inp)\nstep(x)"))[0]
-    assert "return model(inp)" in text and "inp = inp.to(next(model.parameters()).device)" in text
+    assert "On line 3: step(x)" in text and "inside step(), line 2: return model(inp)" in text
+    assert re.search(r"used there:\n\s+x\s+cpu", text)
+    assert "Fix: x = x.to(next(model.parameters()).device)" in text and "inp = inp" not in text
+
+
+NET = (
+    "class Net(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc = torch.nn.Linear(3, 2)\n"
+    "    def forward(self, inp):\n"
+    "        return self.fc(inp)\n"
+)
+
+
+@pytest.mark.parametrize("code, used, fix", [
+    ("batch = {'inp': torch.ones(2, 3)}\ny = net(**batch)", ["net", "batch['inp']"],
+     "batch = {k: v.to(next(net.parameters()).device) for k, v in batch.items()}"),
+    ("inputs = [torch.ones(2, 3), torch.ones(1)]\ny = net(inputs[0])", ["net", "inputs[0]"],
+     "inputs = [t.to(next(net.parameters()).device) for t in inputs]"),
+    ("pair = (x, (torch.ones(1), x))\ny = net(pair[0])", ["net", "pair[0]", "pair[1][0]"],
+     "pair = tuple(t.to(next(net.parameters()).device) for t in pair)"),
+    ("y = net(x)", ["net", "x"], "x = x.to(next(net.parameters()).device)"),
+])
+def test_diagnosis_inside_forward_names_the_users_objects(ip, code, used, fix):
+    run(ip, SETUP + NET + "net = Net().to('meta')\n")
+    text = _texts(_cell(ip, code))[0]
+    mine = text.split("used there:")[1].split("inside forward()")[0]
+    for name in used:
+        assert re.search(rf"^\s+{re.escape(name)}\s", mine, re.M), (name, text)
+    inside = re.split(r"inside forward\(\), line \d+: return self\.fc\(inp\)", text)[1]
+    assert re.search(r"^\s+self\.fc\s+meta", inside, re.M) and re.search(r"^\s+inp\s+cpu", inside, re.M)
+    assert "Fix: " + fix in text and "inp = inp" not in text and "self" not in text.split("Fix:")[1]
+
+
+def test_diagnosis_of_a_training_step_that_names_an_optimizer(ip):
+    """The optimizer on the failing line used to kill the diagnosis with an AttributeError."""
+    run(ip, SETUP + "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    text = _texts(_cell(ip, "opt.zero_grad(); loss = model(x).sum(); loss.backward(); opt.step()"))[0]
+    assert "could not diagnose" not in text
+    assert re.search(r"^\s+opt\s+meta\s+SGD \(optimizer\)", text, re.M)
+    assert "Fix: x = x.to(next(model.parameters()).device)" in text
+
+
+@pytest.mark.parametrize("code, devices", [
+    ("lstm = torch.nn.LSTM(3, 4).to('meta')\nout, _ = lstm(torch.ones(2, 1, 3))", "(cpu, meta)"),
+    ("gru = torch.nn.GRU(3, 4)\nout, _ = gru(torch.ones(2, 1, 3), torch.zeros(1, 1, 4, device='meta'))",
+     "(cpu, meta)"),
+    ("q = torch.ones(1, 2, 4, 8)\nk = torch.ones(1, 2, 4, 8, device='meta')\n"
+     "o = F.scaled_dot_product_attention(q, k, k)", "(cpu, meta)"),
+    ("t = torch.zeros(5)\nt.index_add_(0, torch.tensor([0, 1], device='meta'), torch.ones(2, device='meta'))",
+     "(cpu, meta"),
+])
+def test_diagnosis_of_rnn_attention_and_index_errors(ip, code, devices):
+    run(ip, SETUP)
+    texts = _texts(_cell(ip, code))
+    assert len(texts) == 1, texts
+    assert texts[0].startswith(f"whereis: a device mismatch {devices}") and "Fix: " in texts[0]
 
 
 def test_traceback_unchanged(ip):

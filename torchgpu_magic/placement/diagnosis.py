@@ -159,37 +159,53 @@ def mismatch_devices(exc: BaseException) -> Optional[tuple]:
 
 @dataclass(frozen=True)
 class Culprit:
-    """A name the failing cell used, and where its object lives (strings only)."""
+    """A name the failing cell used, and where its object lives (strings only). ``where`` is 'line'
+    (the user's failing line), 'inside' (the line that raised, in a function or ``forward`` it called)
+    or 'cell' (elsewhere in the cell)."""
 
     name: str
     kind: str
     devices: tuple
     summary: str
-    on_failing_line: bool
+    where: str
+
+    @property
+    def on_failing_line(self) -> bool:
+        return self.where == "line"
 
 
 @dataclass(repr=False)
 class Diagnosis:
-    """What a device-mismatch error involved: the names on the failing line and in the cell that
-    refer to tensors or modules, their devices, and the line that fixes it. Strings only."""
+    """What a device-mismatch error involved: the names on the user's failing line (and, when it
+    raised inside a function or ``forward`` defined in a cell, on the line that raised there) and in
+    the cell, their devices, and the lines that fix it on the user's line. Strings only."""
 
     devices: tuple
     line: str
     lineno: Optional[int]
     culprits: list
     fixes: list
+    inner_line: str = ""
+    inner_lineno: Optional[int] = None
+    inner_function: str = ""
 
     def lines(self) -> list:
         devices = f" ({', '.join(self.devices)})" if self.devices else ""
         out = [f"whereis: a device mismatch{devices}: the tensors of one operation must be on one device."]
-        on_line = [c for c in self.culprits if c.on_failing_line]
-        elsewhere = [c for c in self.culprits if not c.on_failing_line]
         if self.line:
             where = f"line {self.lineno}" if self.lineno else "the failing line"
             out.append(f"On {where}: {self.line.strip()}")
-        for title, group in (("  used there:", on_line), ("  elsewhere in the cell:", elsewhere)):
+        groups = [("  used there:", "line")]
+        if self.inner_line:
+            groups.append((f"  inside {self.inner_function}(), line {self.inner_lineno}: "
+                           f"{self.inner_line.strip()}", "inside"))
+        groups.append(("  elsewhere in the cell:", "cell"))
+        for title, where in groups:
+            group = [c for c in self.culprits if c.where == where]
+            if not group and where != "inside":
+                continue
+            out.append(title)
             if group:
-                out.append(title)
                 width = max(len(c.name) for c in group)
                 for c in group:
                     out.append(f"    {c.name.ljust(width)}  {'+'.join(c.devices) or '-':<10}  {c.summary}")
@@ -210,7 +226,10 @@ class Diagnosis:
 
     def to_dict(self) -> dict:
         return {"devices": list(self.devices), "line": self.line, "lineno": self.lineno,
-                "culprits": [c.__dict__.copy() for c in self.culprits], "fixes": list(self.fixes)}
+                "inner_line": self.inner_line, "inner_lineno": self.inner_lineno,
+                "inner_function": self.inner_function,
+                "culprits": [dict(c.__dict__, on_failing_line=c.on_failing_line) for c in self.culprits],
+                "fixes": list(self.fixes)}
 
 
 def _name_chains(source: str) -> list:
@@ -244,9 +263,31 @@ def _name_chains(source: str) -> list:
     return chains
 
 
+# How deep and how wide a name used on the failing line is looked into for tensors (``batch['x']``,
+# ``inputs[0][1]``): enough for the batches users pass, bounded so a huge list costs nothing.
+_ITEMS_DEPTH = 2
+_ITEMS_WIDTH = 32
+
+
+def _items(name: str, obj: Any, depth: int) -> list:
+    """(name, tensor/module) inside a list, tuple or dict, to ``_ITEMS_DEPTH`` levels."""
+    if depth == 0 or type(obj) not in (list, tuple, dict) or len(obj) > _ITEMS_WIDTH:
+        return []
+    pairs = obj.items() if isinstance(obj, dict) else enumerate(obj)
+    found = []
+    for key, item in list(pairs):
+        sub = f"{name}[{key!r}]"
+        if kind_of(item) in ("tensor", "module"):
+            found.append((sub, item))
+        else:
+            found.extend(_items(sub, item, depth - 1))
+    return found
+
+
 def _resolve_chain(chain: str, scopes: list) -> list:
     """(name, object) for each prefix of ``chain`` that resolves, without running code, to a tensor,
-    module or optimizer in the first scope binding its head."""
+    module or optimizer in the first scope binding its head, and for the tensors and modules inside a
+    list, tuple or dict it names (``batch['x']``)."""
     parts = chain.split(".")
     for scope in scopes:
         if parts[0] in scope:
@@ -255,59 +296,108 @@ def _resolve_chain(chain: str, scopes: list) -> list:
     else:
         return []
     found = []
+    name = parts[0]
     if kind_of(obj) is not None:
-        found.append((parts[0], obj))
+        found.append((name, obj))
     for i, part in enumerate(parts[1:], start=2):
         try:
             obj = _static_attr(obj, part)
         except (AttributeError, TypeError):
-            break
+            return found
+        name = ".".join(parts[:i])
         if kind_of(obj) is not None:
-            found.append((".".join(parts[:i]), obj))
+            found.append((name, obj))
+    found.extend(_items(name, obj, _ITEMS_DEPTH))
     return found
 
 
-def _culprit(name: str, obj: Any, on_line: bool) -> Culprit:
+def _culprit(name: str, obj: Any, where: str) -> Culprit:
     kind = kind_of(obj)
     if kind == "tensor":
         summary = f"tensor {dtype_str(obj.dtype)} {shape_str(tuple(obj.shape))}"
+        if device_str(obj.device) == "meta":
+            summary += "; meta: no data"
     else:
         summary = f"{type(obj).__name__} ({kind})"
-    return Culprit(name, kind or "", devices_of(obj), summary, on_line)
+    return Culprit(name, kind or "", devices_of(obj), summary, where)
 
 
-def _fixes(found: list) -> list:
-    """The lines that would fix the mismatch: move tensors to their module's device, or to the
-    accelerator the other tensors are on."""
-    modules = [(n, o) for n, o in found if kind_of(o) == "module"]
-    tensors = [(n, o) for n, o in found if kind_of(o) == "tensor"]
-    fixes = []
+def _user_name(obj: Any, user_ns: Mapping[str, Any]) -> Optional[str]:
+    """A public name of ``user_ns`` bound to ``obj``, or to a module that contains it (a submodule seen
+    as ``self.fc`` inside ``forward``); None when the user has no name for it."""
+    for name, value in list(user_ns.items()):
+        if value is obj and name[:1] != "_":
+            return name
+    if kind_of(obj) == "module":
+        for name, value in list(user_ns.items()):
+            if name[:1] != "_" and kind_of(value) == "module" and any(m is obj for m in value.modules()):
+                return name
+    return None
+
+
+def _move_fix(name: str, obj: Any, device_expr: str) -> str:
+    """The line that moves what ``name`` holds (a tensor, or a list/tuple/dict of them) to the device."""
+    if type(obj) is dict:
+        return f"{name} = {{k: v.to({device_expr}) for k, v in {name}.items()}}"
+    if type(obj) is list:
+        return f"{name} = [t.to({device_expr}) for t in {name}]"
+    if type(obj) is tuple:
+        return f"{name} = tuple(t.to({device_expr}) for t in {name})"
+    return f"{name} = {name}.to({device_expr})"
+
+
+def _fixes(line: list, context: list, user_ns: Mapping[str, Any]) -> list:
+    """The lines that fix the mismatch on the user's line: move its tensors (or the containers that hold
+    them) to the device of the module it calls, or of the accelerator the other tensors are on.
+    ``line`` are the user line's (name, object) pairs, ``context`` those of the line that raised
+    inside a function the user called, and of the cell."""
+    modules = [(n, o) for n, o in line if kind_of(o) == "module"]
+    if not modules:
+        for _, obj in context:
+            if kind_of(obj) == "module":
+                name = _user_name(obj, user_ns)
+                if name is not None:
+                    modules.append((name, user_ns[name]))
     for name, module in modules:
         where = devices_of(module)
         if len(where) > 1:
-            fixes.append(f"{name} is split across {', '.join(where)}: move all of it with "
-                         f"{name}.to(device), or give each part inputs on its own device.")
-            return fixes
+            return [f"move all of {name} to one device with {name}.to(device), or give each part inputs on "
+                    f"its own device."]
+    # Tensors the user can rebind: plain names, or the container a tensor item came from.
+    movable: dict = {}
+    for name, obj in line:
+        if kind_of(obj) != "tensor" or "." in name.split("[")[0]:
+            continue
+        base = name.split("[")[0]
+        holder = user_ns.get(base, obj) if "[" in name else obj
+        if "[" in name and type(holder) not in (list, tuple, dict):
+            continue
+        movable.setdefault(base, (holder, []))[1].append(device_str(obj.device))
+    fixes: list = []
     if modules:
         name, module = modules[0]
         target = devices_of(module)
         if target:
-            for tname, tensor in tensors:
-                if device_str(tensor.device) != target[0] and "." not in tname:
-                    fixes.append(f"{tname} = {tname}.to(next({name}.parameters()).device)")
-            if target[0] == "meta":
-                fixes.append(f"{name} is on meta (no data): it cannot compute; load its weights onto a real "
-                             f"device ({name}.to_empty(device=...) then load_state_dict).")
+            expr = f"next({name}.parameters()).device"
+            for base, (holder, devices) in movable.items():
+                if any(d != target[0] for d in devices):
+                    fixes.append(_move_fix(base, holder, expr))
+            if target[0] == "meta" and not fixes:
+                fixes.append(f"give {name} real weights: {name}.to_empty(device=...) then "
+                             f"{name}.load_state_dict(...).")
         if fixes:
             return fixes
+    tensors = [(n, o) for n, o in line + context if kind_of(o) == "tensor"]
     on = [device_str(t.device) for _, t in tensors]
     # The accelerator is where work is meant to run (meta stands in for one on CPU-only machines).
     accelerators = [d for d in on if d != "cpu"]
     target = accelerators[0] if accelerators else (on[0] if on else "")
-    ref = next((n for n, t in tensors if device_str(t.device) == target), None)
-    for tname, tensor in tensors:
-        if device_str(tensor.device) != target and ref is not None and "." not in tname:
-            fixes.append(f"{tname} = {tname}.to({ref}.device)")
+    ref = next((n for n, t in line if kind_of(t) == "tensor" and device_str(t.device) == target
+                and "[" not in n and "." not in n), None)
+    expr = f"{ref}.device" if ref is not None else repr(target)
+    for base, (holder, devices) in movable.items():
+        if target and any(d != target for d in devices):
+            fixes.append(_move_fix(base, holder, expr))
     if not fixes:
         fixes.append("move every tensor of the failing operation to one device with .to(device) "
                      "(a module's device: next(model.parameters()).device).")
@@ -322,44 +412,58 @@ def diagnose(
 ) -> Optional[Diagnosis]:
     """A :class:`Diagnosis` of ``exc`` when it is a device-mismatch error, else None.
 
-    The failing line is the deepest traceback frame whose file ``is_cell_file(filename)`` accepts
-    (a notebook cell); its names are resolved in that frame's locals and globals, the cell's other
-    names in ``user_ns``. Only static lookups: no code is evaluated, nothing is kept.
+    The user's failing line is the outermost traceback frame whose file ``is_cell_file(filename)``
+    accepts (a notebook cell); when the error was raised deeper, in a function or ``forward`` defined in
+    a cell, the deepest such frame is shown too, in its own terms (``self``, ``x``). Names are resolved
+    in each frame's locals and globals (and ``user_ns``), the cell's other names in ``user_ns``. Only
+    static lookups: no code is evaluated, nothing is kept.
     """
     import linecache
 
     devices = mismatch_devices(exc)
     if devices is None:
         return None
-    frame = None
-    lineno = None
+    frames = []
     tb = exc.__traceback__
     while tb is not None:
         if is_cell_file(tb.tb_frame.f_code.co_filename):
-            frame, lineno = tb.tb_frame, tb.tb_lineno
+            frames.append((tb.tb_frame, tb.tb_lineno))
         tb = tb.tb_next
-    line = ""
-    found_line: list = []
-    if frame is not None:
-        line = linecache.getline(frame.f_code.co_filename, lineno or 0)
-        scopes = [frame.f_locals, frame.f_globals, user_ns]
-        for chain in _name_chains(line.strip()):
-            found_line.extend(_resolve_chain(chain, scopes))
-    frame = tb = None  # drop the frames: the diagnosis keeps strings only
+
+    def names_on(frame: Any, lineno: int, scopes: list) -> tuple:
+        text = linecache.getline(frame.f_code.co_filename, lineno or 0)
+        found: list = []
+        for chain in _name_chains(text.strip()):
+            found.extend(_resolve_chain(chain, scopes))
+        return text.rstrip("\n"), found
+
+    line, found_line = "", []
+    lineno: Optional[int] = None
+    inner_line, found_inner = "", []
+    inner_lineno: Optional[int] = None
+    inner_function = ""
+    if frames:
+        outer, lineno = frames[0]
+        line, found_line = names_on(outer, lineno, [outer.f_locals, outer.f_globals, user_ns])
+        if len(frames) > 1:
+            inner, inner_lineno = frames[-1]
+            inner_function = inner.f_code.co_name
+            scopes = [inner.f_locals, inner.f_globals, user_ns]
+            inner_line, found_inner = names_on(inner, inner_lineno, scopes)
+    frames = outer = inner = scopes = tb = None  # drop the frames: the diagnosis keeps strings only
     found_cell: list = []
     for chain in _name_chains(cell_source):
         found_cell.extend(_resolve_chain(chain, [user_ns]))
     culprits = []
     seen: set = set()
-    involved: list = []
-    for on_line, group in ((True, found_line), (False, found_cell)):
+    for where, group in (("line", found_line), ("inside", found_inner), ("cell", found_cell)):
         for name, obj in group:
-            if id(obj) in seen:
+            key = (id(obj), where == "inside")
+            if key in seen or (where == "cell" and (id(obj), False) in seen):
                 continue
-            seen.add(id(obj))
-            culprits.append(_culprit(name, obj, on_line))
-            if on_line or not found_line:
-                involved.append((name, obj))
-    fixes = _fixes(involved)
-    return Diagnosis(tuple(devices), line.rstrip("\n"), lineno, culprits, fixes)
-
+            seen.add(key)
+            culprits.append(_culprit(name, obj, where))
+    context = found_inner if found_line else found_inner + found_cell
+    line_objs = found_line if found_line or found_inner else found_cell
+    fixes = _fixes(line_objs, context, user_ns)
+    return Diagnosis(tuple(devices), line, lineno, culprits, fixes, inner_line, inner_lineno, inner_function)

@@ -327,3 +327,29 @@ def test_gpu_diagnosis_on_real_cuda_cpu_mismatch(ip):
     run(ip, "import torch\nmodel = torch.nn.Linear(3, 2).cuda()\nx = torch.ones(4, 3)")
     text = _texts(_cell(ip, "y = model(x)"))[0]
     assert "cuda:0" in text and "x = x.to(next(model.parameters()).device)" in text
+
+
+def test_big_namespace_options_through_the_magic(ip):
+    run(ip, "import torch\nfor i in range(300):\n    globals()[f't{i}'] = torch.ones(i + 1)\n"
+            "m = torch.ones(2, device='meta')")
+    text = "\n".join(_texts(_cell(ip, "%whereis")))
+    assert "... and 200 more" in text and "meta: 1 object" in text
+    text = "\n".join(_texts(_cell(ip, "%whereis --device cpu --sort bytes --top 3")))
+    assert "meta" not in text and "t299" in text and "t296 " not in text and "... and 297 more" in text
+    assert "more" not in "\n".join(_texts(_cell(ip, "%whereis --top 0")))
+    report = ip.run_line_magic("whereis", "-o --device META --sort name")
+    assert [r.name for r in report.rows] == ["m"]
+    for bad, match in [("--top -1", "count of rows"), ("--device 'cuda 0'", "takes a device"),
+                       ("m --top 3", "without NAME"), ("--sort size", "invalid choice")]:
+        with pytest.raises(UsageError, match=match):
+            ip.run_line_magic("whereis", bad)
+
+
+def test_gradients_and_user_objects_through_the_magic(ip):
+    run(ip, "import torch, types\nmodel = torch.nn.Linear(4, 4)\nmodel(torch.ones(1, 4)).sum().backward()\n"
+            "class Trainer:\n    def __init__(self, m):\n        self.m = m\n"
+            "        self.hist = [[torch.ones(2)]]\n"
+            "trainer = Trainer(model)\ncfg = types.SimpleNamespace(w=torch.ones(3))")
+    text = "\n".join(_texts(_cell(ip, "%whereis")))
+    assert "of which gradients 80 B" in text
+    assert "trainer.hist[0][0]" in text and "cfg.w" in text and "trainer.m " not in text

@@ -6,12 +6,14 @@ the names, devices and fix, from :func:`torchgpu_magic.placement.diagnose`.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..placement.namespace import DEFAULT_TOP
 from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
 
 
@@ -37,6 +39,13 @@ class WhereIsMagics(MagicsPart):
               help="after each cell, one line naming the tensors and modules it created or moved")
     @argument("--repr", dest="repr_", choices=("on", "off"), default=None,
               help="a placement line above the repr of tensors and modules shown as a cell's result")
+    @argument("--device", default=None, metavar="D",
+              help="the table: only what is on device D (cpu, cuda:0, meta...)")
+    @argument("--sort", choices=("bytes", "name"), default=None,
+              help="the table: largest first (data + gradients), or by name; default: namespace order")
+    @argument("--top", type=int, default=None, metavar="N",
+              help=f"the table: the first N rows per device, then one line for the rest; 0: all "
+                   f"(default {DEFAULT_TOP})")
     @argument("-o", dest="return_report", action="store_true",
               help="return the report object instead of displaying it")
     @line_magic
@@ -59,11 +68,21 @@ class WhereIsMagics(MagicsPart):
                 self._repr(args.repr_ == "on")
             return None
         ns = self.shell.user_ns
+        table_options = args.device is not None or args.sort is not None or args.top is not None
+        if args.names and table_options:
+            raise UsageError("%whereis: --device / --sort / --top shape the table; use them without NAME")
+        if args.top is not None and args.top < 0:
+            raise UsageError(f"%whereis: --top takes a count of rows (0: all), not {args.top}")
+        if args.device is not None and not re.fullmatch(r"[a-z]+(:\d+)?", args.device.strip().lower()):
+            raise UsageError(f"%whereis: --device takes a device such as cpu, cuda:0 or meta, not "
+                             f"{args.device!r}")
         if args.names:
             reports = [placement.describe(name, placement.resolve(name, ns), ns) for name in args.names]
             report = reports[0] if len(reports) == 1 else reports
         else:
-            report = placement.namespace_report(ns)
+            top = DEFAULT_TOP if args.top is None else (args.top or None)
+            device = args.device.strip().lower() if args.device is not None else None
+            report = placement.namespace_report(ns, device=device, sort=args.sort, top=top)
         if args.return_report:
             return report
         from IPython.display import display

@@ -2,7 +2,8 @@
 
 Split by concern, each module importing only ``common`` (the shared facts and helpers):
 
-- ``scan``: the namespace snapshot (``--watch``, ``%%ontorch``'s footer) and the ``%whereis`` table;
+- ``scan``: the namespace snapshot (``--watch``, ``%%ontorch``'s footer);
+- ``namespace``: the ``%whereis`` table (names, containers and user objects walked, gradients counted);
 - ``modules``: ``%whereis NAME`` for one tensor, module or optimizer, and the ``--repr`` line;
 - ``names``: resolving that NAME without evaluating code;
 - ``diagnosis``: recognising a device-mismatch error and naming what it involved.
@@ -42,20 +43,12 @@ from .modules import (
     tensor_line,
 )
 from .names import resolve
-from .scan import (
-    SNAPSHOT_CONTAINER_LIMIT,
-    NamespaceReport,
-    Placed,
-    Row,
-    changed,
-    namespace_report,
-    namespace_snapshot,
-    watch_line,
-)
+from .namespace import DEFAULT_TOP, NamespaceReport, Row, namespace_report
+from .scan import SNAPSHOT_CONTAINER_LIMIT, Placed, changed, namespace_snapshot, watch_line
 
 __all__ = [
-    "IPYTHON_NAMES", "MAX_MODULE_ROWS", "SNAPSHOT_CONTAINER_LIMIT", "Culprit", "Diagnosis", "Lines",
-    "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport", "Placed", "Row", "changed",
+    "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "SNAPSHOT_CONTAINER_LIMIT", "Culprit", "Diagnosis",
+    "Lines",    "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport", "Placed", "Row", "changed",
     "describe", "device_str", "devices_of", "diagnose", "dtype_str", "fmt_count", "is_floating", "kind_of",
     "mismatch_devices", "module_report", "namespace_report", "namespace_snapshot", "optimizer_report",
     "placement_line", "resolve", "shape_str", "storage_key", "tensor_line", "tensor_nbytes", "watch_line",

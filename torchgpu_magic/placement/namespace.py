@@ -1,0 +1,349 @@
+"""The ``%whereis`` table: everything placeable in a namespace (names, containers and user objects
+walked to a bounded depth), grouped by device, with gradients counted, filtered by device, sorted and
+cut to the top rows so that 10,000 tensors are not 10,000 lines.
+
+Reports hold names, strings and numbers, never the objects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Optional
+
+from .common import (
+    Walk,
+    _container_items,
+    _device_order,
+    _grad_state,
+    _join,
+    _module_tensors,
+    _optimizer_tensors,
+    _pinned,
+    device_str,
+    dtype_str,
+    fmt_count,
+    grad_of,
+    is_floating,
+    kind_of,
+    shape_str,
+    storage_key,
+    tensor_nbytes,
+)
+
+# Rows shown per device when no --top is given: a namespace of a few hundred objects shows whole, one
+# of 10,000 tensors shows its first rows and one line for the rest.
+DEFAULT_TOP = 100
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the namespace table: an object (or the part of a split module) on one device.
+    ``grad_bytes`` are the gradients (``.grad``) it holds on that device, counted apart from ``nbytes``."""
+
+    name: str
+    what: str
+    device: str
+    dtype: str
+    shape: str
+    nbytes: int
+    grad: str
+    pinned: str
+    note: str
+    grad_bytes: int = 0
+
+
+@dataclass(repr=False)
+class NamespaceReport:
+    """The tensors, modules and optimizers of a namespace, grouped by device, with per-device totals
+    (each storage counted once, gradients included) and what only IPython's output cache keeps alive.
+    ``top`` rows per device are shown (None: all); ``cut`` lists what the walk did not look into."""
+
+    rows: list
+    totals: dict
+    counts: dict
+    out_only_bytes: int
+    out_only_names: list
+    grad_totals: dict = field(default_factory=dict)
+    top: Optional[int] = DEFAULT_TOP
+    cut: list = field(default_factory=list)
+
+    def tables(self) -> list:
+        from ..render import Table, fmt_bytes
+
+        tables = []
+        for device in sorted(self.totals, key=_device_order):
+            rows = [r for r in self.rows if r.device == device]
+            n = self.counts.get(device, 0)
+            count = f"{device}: {n} object{'s' if n != 1 else ''}, "
+            grads = self.grad_totals.get(device, 0)
+            if device == "meta":
+                size = fmt_bytes(self.totals[device])
+                title = count + f"no memory (meta tensors have no data; {size} if materialised)"
+            else:
+                of_which = f", of which gradients {fmt_bytes(grads)}" if grads else ""
+                title = count + f"{fmt_bytes(self.totals[device])}{of_which} (shared storage counted once)"
+            headers = ["name", "what", "dtype", "shape", "bytes", "grad bytes", "grad", "pinned", "note"]
+            table = Table(headers, align="llllrrlll", title=title)
+            shown = rows if self.top is None else rows[: self.top]
+            for r in shown:
+                table.add(r.name, r.what, r.dtype, r.shape, fmt_bytes(r.nbytes),
+                          fmt_bytes(r.grad_bytes) if r.grad_bytes else "-", r.grad, r.pinned, r.note)
+            if len(shown) < len(rows):
+                rest = rows[len(shown):]
+                size = fmt_bytes(sum(r.nbytes + r.grad_bytes for r in rest))
+                table.add(f"... and {len(rest):,} more", "", "", "", size, "", "", "",
+                          "--top N, or --top 0: all")
+            tables.append(table)
+        return tables
+
+    def footer(self) -> list:
+        from ..render import fmt_bytes
+
+        if not self.rows:
+            return ["No tensors, modules or optimizers in the namespace."]
+        lines = []
+        if self.out_only_names:
+            lines.append(
+                f"Only IPython's output cache keeps {_join(self.out_only_names)} alive "
+                f"({fmt_bytes(self.out_only_bytes)}): `%reset -f out` frees them."
+            )
+        if self.cut:
+            shown = "; ".join(f"{name} ({why})" for name, why in self.cut[:5])
+            more = f"; and {len(self.cut) - 5} more" if len(self.cut) > 5 else ""
+            lines.append(f"Not looked into: {shown}{more}. Name an object to see it: %whereis NAME.")
+        return lines
+
+    def to_text(self) -> str:
+        parts = [t.to_text() for t in self.tables()]
+        footer = self.footer()
+        return "\n\n".join(parts + ["\n".join(footer)] if footer else parts)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.to_text())
+
+    def _repr_html_(self) -> str:
+        from ..render import html_lines
+
+        return "".join(t.to_html() for t in self.tables()) + html_lines(self.footer())
+
+    def to_dict(self) -> dict:
+        return {
+            "rows": [r.__dict__.copy() for r in self.rows],
+            "totals": dict(self.totals),
+            "grad_totals": dict(self.grad_totals),
+            "out_only_bytes": self.out_only_bytes,
+            "out_only_names": list(self.out_only_names),
+            "cut": [list(c) for c in self.cut],
+        }
+
+
+def _out_cache_items(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
+    """(name, object, kind) for what IPython's output cache holds: ``Out[N]`` (also bound to
+    ``_N``), and ``_``, ``__``, ``___`` when they are not in ``Out``; one level into containers."""
+    out = ns.get("Out")
+    seen: set = set()
+    entries: list = []
+    if isinstance(out, dict):
+        for key, value in sorted(out.items(), key=lambda kv: str(kv[0])):
+            entries.append((f"Out[{key}]", value))
+    for name in ("_", "__", "___"):
+        if name in ns:
+            entries.append((name, ns[name]))
+    for name, obj in entries:
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        kind = kind_of(obj)
+        if kind is not None:
+            yield name, obj, kind
+        elif type(obj) in (list, tuple, dict):
+            for sub, item in _container_items(name, obj):
+                item_kind = kind_of(item)
+                if item_kind is not None:
+                    yield sub, item, item_kind
+
+
+class _Tally:
+    """Storage keys seen so far: {key: (device, bytes)} for data and for gradients, so a storage shared
+    by two names (or a gradient seen through a module and a tensor) counts once."""
+
+    def __init__(self) -> None:
+        self.data: dict = {}
+        self.grads: dict = {}
+
+    def grad(self, tensor: Any) -> tuple:
+        """(device, bytes newly counted) of ``tensor.grad``; ('', 0) when it has none."""
+        grad = grad_of(tensor)
+        if grad is None:
+            return "", 0
+        key, size = storage_key(grad)
+        device = device_str(grad.device)
+        self.grads[key] = (device, size)
+        return device, size
+
+
+def _tensor_row(name: str, tensor: Any, tally: _Tally, note: str) -> Row:
+    device = device_str(tensor.device)
+    _, grad_bytes = tally.grad(tensor)
+    if device == "meta":
+        note = "; ".join(filter(None, [note, "meta: no data"]))
+    return Row(
+        name, "tensor", device, dtype_str(tensor.dtype), shape_str(tuple(tensor.shape)),
+        tensor_nbytes(tensor), "yes" if tensor.requires_grad else "no", _pinned(tensor, device), note,
+        grad_bytes,
+    )
+
+
+def _module_rows(name: str, module: Any, tally: _Tally, note: str) -> list:
+    """One row per device the module lives on, with the bytes on that device (storage deduplicated
+    within the module) and its parameters' gradients."""
+    per_device: dict = {}
+    for _, tensor, is_param in _module_tensors(module):
+        key, size = storage_key(tensor)
+        device = device_str(tensor.device)
+        tally.data[key] = (device, size)
+        info = per_device.get(device)
+        if info is None:
+            info = per_device[device] = {"keys": {}, "dtypes": set(), "numel": 0, "trainable": 0, "grads": {}}
+        info["keys"][key] = size
+        if is_floating(tensor) or is_param:
+            info["dtypes"].add(dtype_str(tensor.dtype))
+        if is_param:
+            numel = tensor.nelement()
+            info["numel"] += numel
+            if tensor.requires_grad:
+                info["trainable"] += numel
+                grad = grad_of(tensor)
+                if grad is not None:
+                    gkey, gsize = storage_key(grad)
+                    tally.grads[gkey] = (device_str(grad.device), gsize)
+                    info["grads"][gkey] = gsize
+    what = type(module).__name__
+    if not per_device:
+        return [Row(name, what, "(no tensors)", "-", "0 params", 0, "-", "-", note)]
+    notes = [note] if note else []
+    if len(per_device) > 1:
+        notes.append("split across " + ", ".join(sorted(per_device, key=_device_order)))
+    rows = []
+    for device, info in per_device.items():
+        row_notes = list(notes)
+        if device == "meta":
+            row_notes.append("meta: no data")
+        rows.append(Row(
+            name, what, device, _join(sorted(info["dtypes"])), f"{fmt_count(info['numel'])} params",
+            sum(info["keys"].values()), _grad_state(info["trainable"], info["numel"]), "-",
+            "; ".join(row_notes), sum(info["grads"].values()),
+        ))
+    return rows
+
+
+def _optimizer_rows(name: str, optimizer: Any, tally: _Tally, note: str) -> list:
+    per_device: dict = {}
+    param_devices = set()
+    n_params = 0
+    for tensor, is_state in _optimizer_tensors(optimizer):
+        device = device_str(tensor.device)
+        if not is_state:
+            param_devices.add(device)
+            n_params += 1
+            continue
+        key, size = storage_key(tensor)
+        tally.data[key] = (device, size)
+        per_device.setdefault(device, {})[key] = size
+    what = type(optimizer).__name__
+    notes = [note] if note else []
+    if not per_device:
+        notes.append("no state yet (created by the first step())")
+        return [Row(name, what, d, "-", f"{n_params} params", 0, "-", "-", "; ".join(notes))
+                for d in sorted(param_devices, key=_device_order) or ["(no params)"]]
+    if set(per_device) - param_devices:
+        notes.append("state not on its params' device (" + _join(sorted(param_devices)) + ")")
+    return [Row(name, what, device, "-", f"{n_params} params, state", sum(sizes.values()), "-", "-",
+                "; ".join(notes)) for device, sizes in per_device.items()]
+
+
+def namespace_report(
+    ns: Mapping[str, Any],
+    device: Optional[str] = None,
+    sort: Optional[str] = None,
+    top: Optional[int] = DEFAULT_TOP,
+) -> NamespaceReport:
+    """Everything placeable in ``ns`` (a shell's user namespace, with its ``Out`` cache), grouped by
+    device; only ``device``'s table when given; rows by size (data + gradients) with ``sort='bytes'``,
+    by name with ``sort='name'``, else in namespace order; ``top`` rows per device (None: all). Reads
+    only; keeps no reference."""
+    rows: list = []
+    tally = _Tally()
+    user_ids: set = set()
+    tensor_names: dict = {}
+    walk = Walk(ns)
+    found = list(walk)
+    for name, obj, kind in found:
+        user_ids.add(id(obj))
+        _rows_for(name, obj, kind, tally, rows, "", tensor_names)
+    # A submodule, parameter or state tensor of a named object is not "only in Out".
+    for _name, obj, kind in found:
+        if kind == "module":
+            user_ids.update(id(t) for _, t, _ in _module_tensors(obj))
+            user_ids.update(id(m) for m in obj.modules())
+        elif kind == "optimizer":
+            user_ids.update(id(t) for t, _ in _optimizer_tensors(obj))
+    found = []
+    user_keys = set(tally.data) | set(tally.grads)
+    out_names: list = []
+    out_tally = _Tally()
+    for name, obj, kind in _out_cache_items(ns):
+        if id(obj) in user_ids:
+            continue
+        user_ids.add(id(obj))
+        out_names.append(name)
+        _rows_for(name, obj, kind, out_tally, rows, "only in Out", tensor_names)
+    out_only = {k: v for table in (out_tally.data, out_tally.grads) for k, v in table.items()
+                if k not in user_keys}
+    tally.data.update(out_tally.data)
+    tally.grads.update(out_tally.grads)
+    totals: dict = {}
+    grad_totals: dict = {}
+    for where, size in tally.data.values():
+        totals[where] = totals.get(where, 0) + size
+    for key, (where, size) in tally.grads.items():
+        if key not in tally.data:  # a gradient that is also a named tensor counts once
+            totals[where] = totals.get(where, 0) + size
+            grad_totals[where] = grad_totals.get(where, 0) + size
+    counts: dict = {}
+    for row in rows:
+        totals.setdefault(row.device, 0)
+        counts[row.device] = counts.get(row.device, 0) + 1
+    if device is not None:
+        rows = [r for r in rows if r.device == device]
+        totals = {device: totals[device]} if device in totals else {}
+        counts = {device: counts[device]} if device in counts else {}
+        grad_totals = {device: grad_totals[device]} if device in grad_totals else {}
+    if sort == "bytes":
+        rows.sort(key=lambda r: r.nbytes + r.grad_bytes, reverse=True)
+    elif sort == "name":
+        rows.sort(key=lambda r: r.name)
+    return NamespaceReport(rows, totals, counts, sum(size for _, size in out_only.values()), out_names,
+                           grad_totals, top, walk.cut)
+
+
+def _rows_for(name: str, obj: Any, kind: str, tally: _Tally, rows: list, note: str,
+              tensor_names: dict) -> None:
+    try:
+        if kind == "tensor":
+            key, size = storage_key(obj)
+            tally.data[key] = (device_str(obj.device), size)
+            names = tensor_names.get(key)
+            if names is None:
+                tensor_names[key] = [(name, id(obj))]
+                rows.append(_tensor_row(name, obj, tally, note))
+                return
+            names.append((name, id(obj)))
+            first, first_id = names[0]
+            same = "same tensor as " if first_id == id(obj) else "shares storage with "
+            rows.append(_tensor_row(name, obj, tally, "; ".join(filter(None, [note, same + first]))))
+        elif kind == "module":
+            rows.extend(_module_rows(name, obj, tally, note))
+        else:
+            rows.extend(_optimizer_rows(name, obj, tally, note))
+    except (RuntimeError, AttributeError, TypeError):  # an exotic object we cannot read: leave it out
+        return

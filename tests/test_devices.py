@@ -222,47 +222,6 @@ def test_synchronize_is_a_no_op_on_cpu_and_meta():
     devices.synchronize("meta")
 
 
-# ---- move -------------------------------------------------------------------------------------------
-
-
-def test_move_tensor_returns_a_new_tensor_and_counts_bytes():
-    x = torch.ones(10)
-    moved, nbytes = devices.move(x, torch.device("meta"))
-    assert moved.device.type == "meta" and x.device.type == "cpu"
-    assert nbytes == 40
-    again, nbytes = devices.move(moved, torch.device("meta"))
-    assert again is moved and nbytes == 0
-
-
-def test_move_module_in_place_and_parameter():
-    layer = torch.nn.Linear(3, 2)  # 6 + 2 floats
-    same, nbytes = devices.move(layer, torch.device("meta"))
-    assert same is layer and {p.device.type for p in layer.parameters()} == {"meta"}
-    assert nbytes == 8 * 4
-    param = torch.nn.Parameter(torch.ones(4))
-    moved, nbytes = devices.move(param, torch.device("meta"))  # cpu -> meta cannot swap .data in place
-    assert isinstance(moved, torch.nn.Parameter) and moved.device.type == "meta" and nbytes == 16
-    assert moved.requires_grad
-
-
-def test_move_optimizer_state_keeps_step_where_torch_keeps_it():
-    layer = torch.nn.Linear(2, 1)
-    opt = torch.optim.Adam(layer.parameters())
-    layer(torch.ones(1, 2)).sum().backward()
-    opt.step()
-    _, nbytes = devices.move(opt, torch.device("meta"))
-    state = opt.state[layer.weight]
-    assert state["exp_avg"].device.type == "meta" and state["exp_avg_sq"].device.type == "meta"
-    assert state["step"].device.type == "cpu"  # as Optimizer.load_state_dict places a non-capturable step
-    assert nbytes == 2 * (2 + 1) * 4
-
-
-def test_move_rejects_other_objects():
-    assert devices.movable_kind([torch.ones(1)]) is None
-    with pytest.raises(MagicInputError, match="takes tensors, nn.Modules and optimizers"):
-        devices.move(3, torch.device("meta"))
-
-
 # ---- on a real GPU ----------------------------------------------------------------------------------
 
 

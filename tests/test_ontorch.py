@@ -194,7 +194,7 @@ def test_line_form_sets_the_kernel_default_until_reset(tip):
 
 def test_line_form_moves_too(tip):
     run(tip, "lm = torch.nn.Linear(2, 2)")
-    _, out = cell(tip, "%ontorch meta --move lm")
+    _, out = cell(tip, "%ontorch meta --move lm --discard-data")
     assert out.splitlines() == [
         "%ontorch: moved to meta: lm (module, 24 B); 24 B in all",
         "%ontorch: torch's default device is now meta (undo with %ontorch --reset)",
@@ -242,7 +242,7 @@ def test_cuda_here_is_a_usage_error_with_the_reason(tip):
     assert isinstance(error, UsageError)
     message = str(error)
     assert (
-        message.startswith("%ontorch: 'cuda:0' is not available: ") and "Devices here: cpu, meta" in message
+        message.startswith("%%ontorch: 'cuda:0' is not available: ") and "Devices here: cpu, meta" in message
     )
     assert "\n" not in message and "ran" not in tip.user_ns
 
@@ -262,7 +262,7 @@ def test_fallback_does_not_hide_typos_and_is_itself_validated(tip):
     error, _ = failing(tip, "%%ontorch cdua:0 --fallback cpu\nran = 1")
     assert "Did you mean 'cuda:0'?" in str(error)
     error, _ = failing(tip, "%%ontorch meta --fallback mte\nran = 1")
-    assert str(error).startswith("%ontorch: --fallback: unknown device 'mte'. Did you mean 'meta'?")
+    assert str(error).startswith("%%ontorch: --fallback: unknown device 'mte'. Did you mean 'meta'?")
     assert "ran" not in tip.user_ns
 
 
@@ -274,14 +274,53 @@ def test_move_moves_and_reports_bytes(tip):
         tip,
         "model = torch.nn.Linear(3, 2)\nbatch = torch.ones(4, 3)\nopt = torch.optim.SGD(model.parameters())",
     )
-    value, out = cell(tip, "%%ontorch meta --move model,batch,opt\n(model.weight.device, batch.device)")
+    value, out = cell(tip, "%%ontorch meta --move model,batch,opt --discard-data\n"
+                           "(model.weight.device, batch.device)")
     assert value == (torch.device("meta"), torch.device("meta"))
     assert out.splitlines()[0] == (
         "%%ontorch: moved to meta: model (module, 32 B), batch (tensor, 48 B), "
         "opt (already there); 80 B in all"
     )
+    ns = tip.user_ns
+    assert ns["opt"].param_groups[0]["params"] == list(ns["model"].parameters())  # follows the model
     _, out = cell(tip, "%%ontorch meta --move batch -q\npass")
     assert out == ""
+
+
+def test_move_to_meta_is_refused_unless_asked_and_meta_cannot_move_back(tip):
+    run(tip, "model = torch.nn.Linear(3, 2)\nx = torch.ones(3)\nw0 = model.weight")
+    error, _ = failing(tip, "%%ontorch meta --move model,x\nran = 1")
+    assert str(error) == ("%%ontorch: --move: moving model, x to meta would drop their values (meta keeps "
+                          "shapes only; nothing can move back); add --discard-data to do it anyway")
+    ns = tip.user_ns
+    assert ns["model"].weight is ns["w0"] and ns["x"].device.type == "cpu" and "ran" not in ns
+    error, _ = failing(tip, "%ontorch meta --move x")
+    assert str(error).startswith("%ontorch: --move: moving x to meta would drop its values")
+    run(tip, "%ontorch --reset -q")
+    run(tip, "%%ontorch meta --move model --discard-data -q\npass")
+    error, _ = failing(tip, "%%ontorch cpu --move model\nran = 1")
+    assert str(error) == ("%%ontorch: --move: model is on meta, which holds no values to copy to cpu; create "
+                          "it there instead (a module: model.to_empty(device='cpu'), then load its weights)")
+    assert ns["model"].weight.device.type == "meta" and "ran" not in ns
+    error, _ = failing(tip, "%%ontorch cpu --discard-data\nran = 1")
+    assert str(error) == "%%ontorch: --discard-data goes with --move NAME,..."
+
+
+def test_move_with_an_optimizer_keeps_it_on_the_models_parameters(tip):
+    run(tip, "model = torch.nn.Linear(3, 2)\nopt = torch.optim.Adam(model.parameters())\n"
+             "model(torch.ones(1, 3)).sum().backward()\nopt.step()")
+    error, _ = failing(tip, "%%ontorch meta --move model --discard-data\nran = 1")
+    assert str(error) == ("%%ontorch: --move: opt holds parameters of model, which this move replaces; move "
+                          "them together (--move model,opt) so opt follows them")
+    assert tip.user_ns["model"].weight.device.type == "cpu"
+    _, out = cell(tip, "%%ontorch meta --move model,opt --discard-data\n"
+                       "same = [id(p) for p in opt.param_groups[0]['params']] == "
+                       "[id(p) for p in model.parameters()]")
+    ns = tip.user_ns
+    assert ns["same"] is True
+    state = ns["opt"].state[ns["model"].weight]
+    assert state["exp_avg"].device.type == "meta" and len(ns["opt"].state) == 2
+    assert "opt (optimizer, 64 B)" in out  # exp_avg and exp_avg_sq; step stays on cpu, as torch keeps it
 
 
 def test_move_with_an_unknown_name_moves_nothing(tip):
@@ -303,6 +342,8 @@ def test_dtype_for_the_cell_and_bad_names(tip):
     assert value == (torch.float16, torch.float16)
     assert torch.get_default_dtype() == torch.float32
     error, _ = failing(tip, "%%ontorch meta --dtype int32\nran = 1")
+    assert str(error) == "%%ontorch: unknown dtype 'int32'; valid: float16, bfloat16, float32, float64"
+    error, _ = failing(tip, "%ontorch meta --dtype int32")
     assert str(error) == "%ontorch: unknown dtype 'int32'; valid: float16, bfloat16, float32, float64"
 
 
@@ -343,7 +384,7 @@ _OPTIONS = st.lists(
         st.tuples(
             st.just("--move"), st.sampled_from(["t", "m", "t,m", "nope", "t,nope", "n", ",", "t,,m", "m t"])
         ),
-        st.tuples(st.sampled_from(["-q", "--reset", "--bogus", "-x"])),
+        st.tuples(st.sampled_from(["-q", "--reset", "--bogus", "-x", "--discard-data"])),
     ),
     max_size=3,
 )
@@ -366,7 +407,8 @@ def test_fuzz_rejected_input_is_a_one_line_usage_error_and_changes_nothing(tip, 
         assert _state() == CLEAN
         return
     assert isinstance(error, UsageError), repr(error)
-    assert "\n" not in str(error) and str(error).startswith("%ontorch"), str(error)
+    prefix = "%%ontorch: " if form == "cell" else "%ontorch: "
+    assert "\n" not in str(error) and str(error).startswith(prefix), str(error)
     assert _state() == CLEAN
     assert tip.user_ns["ran"] is False
     assert {name: id(tip.user_ns[name]) for name in ("t", "m", "n")} == ids

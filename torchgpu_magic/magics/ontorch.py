@@ -1,6 +1,7 @@
 """``%%ontorch``: run a cell, or the rest of the session, on a chosen device."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 from IPython.core.error import UsageError
@@ -34,6 +35,8 @@ class OnTorchMagics(MagicsPart):
               help="default floating dtype: float16, bfloat16, float32 or float64")
     @argument("--move", metavar="NAME[,NAME...]", default=None,
               help="move these tensors / modules / optimizers' state to the device first")
+    @argument("--discard-data", action="store_true",
+              help="let --move take objects to meta, which keeps their shapes and drops their values")
     @argument("-q", "--quiet", action="store_true", help="no footer or move report")
     @argument("--reset", action="store_true",
               help="line form: undo %%ontorch SPEC, restoring the default device and dtype from before")
@@ -54,6 +57,19 @@ class OnTorchMagics(MagicsPart):
         ``%ontorch --reset`` (or ``%unload_ext``); ``%ontorch`` alone shows the current default.
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        try:
+            run = self._prepare(line, cell)
+        except MagicInputError as exc:
+            raise UsageError(f"{'%%' if cell is not None else '%'}ontorch: {exc}") from None
+        except UsageError as exc:  # the cell form's errors name the cell magic
+            if cell is not None and str(exc).startswith("%ontorch:"):
+                raise UsageError("%" + str(exc)) from None
+            raise
+        return run() if run is not None else None
+
+    def _prepare(self, line: str, cell: Optional[str]) -> Any:
+        """Validate the options and do what needs no cell; return the cell's run (a callable) or None.
+        Every refusal happens here, before anything changes."""
         from .. import devices
 
         args = self._args(line)
@@ -73,20 +89,27 @@ class OnTorchMagics(MagicsPart):
         if cell is None and self._depth:
             raise UsageError("%ontorch: SPEC inside a %%ontorch cell would be undone when the cell ends; "
                              "run it in a cell of its own")
-        device, note = self._device(args.spec, args.fallback)
+        magic = "%ontorch" if cell is None else "%%ontorch"
+        device, note = self._device(args.spec, args.fallback, magic)
         dtype = devices.parse_dtype(args.dtype) if args.dtype is not None else None
         targets = self._targets(args.move)
-        if note:
-            print(note)
+        if args.discard_data and not targets:
+            raise UsageError("%ontorch: --discard-data goes with --move NAME,...")
         if cell is None:
-            self._move(targets, device, args.quiet, "%ontorch")
+            moved = self._move(targets, device, args.discard_data)
+            if note:
+                print(note)
+            self._report_move(moved, device, args.quiet, magic)
             self._set_default(device, dtype, line)
             if not args.quiet:
                 print(f"%ontorch: torch's default device is now {device}"
                       f"{f', default dtype {args.dtype}' if dtype is not None else ''}"
                       " (undo with %ontorch --reset)")
             return None
-        return self._run_cell(cell, line, device, dtype, targets, args.quiet)
+        if note:
+            print(note)
+        return functools.partial(self._run_cell, cell, line, device, dtype, targets, args.quiet,
+                                 args.discard_data)
 
     def _args(self, line: str) -> Any:
         """``parse_args`` for ``%%ontorch``, remembered per line: a notebook re-runs the same few magic
@@ -100,7 +123,7 @@ class OnTorchMagics(MagicsPart):
             self._parsed[line] = args
         return args
 
-    def _device(self, spec: str, fallback: Optional[str]) -> tuple:
+    def _device(self, spec: str, fallback: Optional[str], magic: str) -> tuple:
         """Resolve SPEC (and always validate --fallback); (device, one-line note or '')."""
         from .. import devices
 
@@ -114,11 +137,11 @@ class OnTorchMagics(MagicsPart):
             if backup is None:
                 raise
             reason = str(exc).split(". Devices here:")[0]
-            return backup, f"%%ontorch: {reason}; running on {backup} instead (--fallback)"
+            return backup, f"{magic}: {reason}; running on {backup} instead (--fallback)"
 
     def _targets(self, move: Optional[str]) -> list:
         """Validate --move NAME[,NAME...] against the namespace: [(name, kind)]; nothing moves here."""
-        from .. import devices
+        from .. import devices, moves
 
         if move is None:
             return []
@@ -133,29 +156,38 @@ class OnTorchMagics(MagicsPart):
                              "(give names of tensors, nn.Modules or optimizers)")
         targets = []
         for name in dict.fromkeys(names):
-            kind = devices.movable_kind(ns[name])
+            kind = moves.movable_kind(ns[name])
             if kind is None:
                 raise UsageError(f"%ontorch: --move: {name} is a {type(ns[name]).__name__}; --move takes "
                                  "tensors, nn.Modules and optimizers")
             targets.append((name, kind))
         return targets
 
-    def _move(self, targets: list, device: Any, quiet: bool, magic: str = "%%ontorch") -> None:
-        """Move the validated targets; print one line naming what moved and how many bytes."""
-        from .. import devices
-        from ..render import fmt_bytes
+    def _move(self, targets: list, device: Any, discard_data: bool) -> list:
+        """Move the validated targets, all or nothing (:func:`torchgpu_magic.moves.move`), and bind the
+        new objects; [(name, kind, bytes)]. A refusal or failure raises MagicInputError, nothing moved."""
+        from .. import moves
 
         if not targets:
-            return
+            return []
         ns = self.shell.user_ns
-        parts, total = [], 0
-        for name, kind in targets:
-            obj, nbytes = devices.move(ns[name], device)
+        kinds = dict(targets)
+        moved = moves.move([(name, ns[name]) for name, _ in targets], device, discard_data, ns)
+        for name, obj, _ in moved:
             ns[name] = obj
-            total += nbytes
-            parts.append(f"{name} ({kind}, {fmt_bytes(nbytes)})" if nbytes else f"{name} (already there)")
-        if not quiet:
-            print(f"{magic}: moved to {device}: {', '.join(parts)}; {fmt_bytes(total)} in all")
+        return [(name, kinds[name], nbytes) for name, _, nbytes in moved]
+
+    @staticmethod
+    def _report_move(moved: list, device: Any, quiet: bool, magic: str) -> None:
+        """One line naming what moved and how many bytes."""
+        from ..render import fmt_bytes
+
+        if not moved or quiet:
+            return
+        parts = [f"{name} ({kind}, {fmt_bytes(nbytes)})" if nbytes else f"{name} (already there)"
+                 for name, kind, nbytes in moved]
+        total = sum(nbytes for _, _, nbytes in moved)
+        print(f"{magic}: moved to {device}: {', '.join(parts)}; {fmt_bytes(total)} in all")
 
     def _set_default(self, device: Any, dtype: Any, line: str) -> None:
         """The line form: change the kernel's default, remembering the first state for --reset."""
@@ -193,7 +225,7 @@ class OnTorchMagics(MagicsPart):
                 f"auto here is {devices.resolve('auto')}; devices here: {here}")
 
     def _run_cell(self, cell: str, line: str, device: Any, dtype: Any, targets: list,
-                  quiet: bool) -> Any:
+                  quiet: bool, discard_data: bool) -> Any:
         """Run the cell body under ``devices.use_device``; print the footer after a clean run."""
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
         from .. import devices, placement
@@ -206,7 +238,11 @@ class OnTorchMagics(MagicsPart):
         self._depth += 1
         try:
             with devices.use_device(device, dtype):
-                self._move(targets, device, quiet)
+                try:
+                    moved = self._move(targets, device, discard_data)
+                except MagicInputError as exc:
+                    raise UsageError(f"%%ontorch: {exc}") from None
+                self._report_move(moved, device, quiet, "%%ontorch")
                 value = self._exec(cell, line)
         finally:
             self._depth -= 1

@@ -65,7 +65,7 @@ def resolve(expr: str, ns: Mapping[str, Any]) -> Any:
 def _did_you_mean(name: str, ns: Mapping[str, Any]) -> str:
     import difflib
 
-    candidates = [n for n, _, _ in _placeables(ns) if "[" not in n]
+    candidates = [n for n, _, _ in _placeables(ns) if "[" not in n and "." not in n]
     close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
     if close:
         return "; did you mean " + ", ".join(close) + "?"

@@ -186,9 +186,34 @@ def test_error_restores_threads_and_device(tip):
     assert (torch.get_num_threads(), torch.empty(0).device) == before
 
 
-def test_syntax_error_is_shown_as_usual(tip):
-    assert isinstance(run_error(tip, f"%%cudatime {FAST}\nx = ("), SyntaxError)
-    assert isinstance(run_error(tip, f"%%cudatime {FAST}\nreturn 1"), SyntaxError)
+@pytest.mark.parametrize("code, line, text", [
+    (f"%%cudatime {FAST}\nx = (", 2, "x = ("),
+    (f"%%cudatime {FAST}\ny = 1\nreturn 1", 3, "return 1"),
+    (f"%%cudatime {FAST} y = (\nx = 1", 1, "y = ("),
+    (f"%cudatime {FAST} x +", 1, "x +"),
+])
+def test_syntax_error_is_shown_from_the_users_text(tip, code, line, text):
+    """As IPython shows a SyntaxError in a cell: the cell's line and a caret, no frames of the package."""
+    from torchgpu_magic.magics.cudatime import CellSyntaxError
+
+    with capture_output() as captured:
+        result = tip.run_cell(code)
+    error = result.error_in_exec
+    assert isinstance(error, CellSyntaxError) and isinstance(error.error, SyntaxError)
+    assert error.error.lineno == line and error.error.text.strip() == text
+    shown = captured.stdout
+    assert "SyntaxError" in shown and text in shown and f"line {line}" in shown
+    assert "torchgpu_magic" not in shown and "Traceback" not in shown
+
+
+def test_devices_error_lists_only_devices_it_takes(tip):
+    from torchgpu_magic import devices
+
+    takes = ", ".join([d for d in devices.available_devices() if d != "meta"] + ["auto"])
+    for spec in ("bogus", "mps:7"):
+        error = run_error(tip, f"%cudatime {FAST} --devices {spec} 1 + 1")
+        assert isinstance(error, UsageError) and str(error).startswith("%cudatime: --devices: ")
+        assert str(error).endswith(f"; it takes: {takes}") and "meta" not in str(error).split("takes:")[1]
 
 
 @pytest.mark.parametrize("line, words", [

@@ -55,7 +55,7 @@ class CUDATimeMagics(MagicsPart):
         cpu and torch sees a GPU; on cpu the figure is host time, and the report says so.
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
-        from .. import devices, timing
+        from .. import timing
 
         opts_text, statement = self._split(line)
         args = parse_args(self.cudatime, opts_text)
@@ -66,7 +66,7 @@ class CUDATimeMagics(MagicsPart):
                               max_time=args.max_time, cold=args.cold, flush_l2=args.flush_l2,
                               kernels=args.kernels)
         opts.check()
-        targets = ([devices.resolve(spec) for spec in self._items(args.devices, "--devices")]
+        targets = ([self._device(spec) for spec in self._items(args.devices, "--devices")]
                    if args.devices is not None else [timing.timing_device()])
         for device in targets:
             timing.check_device(device, args.flush_l2)
@@ -137,6 +137,20 @@ class CUDATimeMagics(MagicsPart):
         return items
 
     @staticmethod
+    def _device(spec: str) -> Any:
+        """One ``--devices`` item resolved; an unknown or absent device is a UsageError listing the
+        devices --devices takes here (meta, which runs no kernels, is not one of them)."""
+        from .. import devices
+        from ..errors import MagicInputError
+
+        try:
+            return devices.resolve(spec)
+        except MagicInputError as exc:
+            reason = str(exc).split(". Devices here:")[0]
+            takes = [d for d in devices.available_devices() if d != "meta"] + ["auto"]
+            raise UsageError(f"%cudatime: --devices: {reason}; it takes: {', '.join(takes)}") from None
+
+    @staticmethod
     def _thread_count(text: str) -> int:
         """One ``--threads`` item as a thread count, 1 to 4096."""
         if not text.isdigit() or not 1 <= int(text) <= 4096:
@@ -156,13 +170,26 @@ class CUDATimeMagics(MagicsPart):
         body_src = shell.transform_cell(body)
         offset = max(1, setup_src.count("\n")) if is_cell else 0
         source = (setup_src.rstrip("\n") + "\n" + body_src) if is_cell else body_src
-        setup_ast = shell.compile.ast_parse(setup_src or "pass")
-        body_ast = shell.compile.ast_parse(body_src)
+        filename = shell.compile.cache(source, shell.execution_count)
+        start = 0  # the line the part being parsed starts after: the setup, then the body
+        try:
+            setup_ast = shell.compile.ast_parse(setup_src or "pass", filename)
+            start = offset
+            body_ast = shell.compile.ast_parse(body_src, filename)
+        except SyntaxError as exc:
+            exc.lineno = (exc.lineno or 1) + start
+            if getattr(exc, "end_lineno", None):
+                exc.end_lineno += start
+            raise CellSyntaxError(exc, shell) from None
         ast.increment_lineno(body_ast, offset)
         setup_ast = shell.transform_ast(setup_ast)
         body_ast = shell.transform_ast(body_ast)
-        filename = shell.compile.cache(source, shell.execution_count)
-        return timing.compile_cell(body_ast, shell.user_ns, setup_ast, filename)
+        try:
+            return timing.compile_cell(body_ast, shell.user_ns, setup_ast, filename)
+        except SyntaxError as exc:  # found by the compiler ('return' outside a function...)
+            if exc.filename != filename:
+                raise
+            raise CellSyntaxError(exc, shell) from None
 
     def _row(self, compiled: Any, device: Any, threads: Optional[int], opts: Any,
                switch: bool, show_output: bool) -> Any:
@@ -203,3 +230,17 @@ class CUDATimeMagics(MagicsPart):
         stack.callback(setattr, shell, "display_pub", saved)
         stack.enter_context(timing.silenced())
         return stack
+
+
+class CellSyntaxError(Exception):
+    """A SyntaxError in the timed statement or setup, shown the way IPython shows one in a cell (the
+    cell's line and a caret) rather than from the package's frames: IPython renders an exception
+    through ``_render_traceback_`` when it has one. ``.error`` is the SyntaxError itself."""
+
+    def __init__(self, error: SyntaxError, shell: Any) -> None:
+        super().__init__(f"{error.msg} (line {error.lineno})")
+        self.error = error
+        self._syntax_tb = shell.SyntaxTB
+
+    def _render_traceback_(self) -> list:
+        return self._syntax_tb.structured_traceback(SyntaxError, self.error, [])

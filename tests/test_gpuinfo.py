@@ -56,10 +56,10 @@ def test_gpuinfo_with_fake_h100(ip, fake_nvml):
     with capture_output() as cap:
         run(ip, "%gpuinfo")
     text = cap.outputs[0].data["text/plain"]
-    assert "NVIDIA H100 80GB HBM3" in text and "<- this kernel" in text
+    assert "NVIDIA H100 80GB HBM3" in text and "<- this process" in text
     with capture_output() as cap:
         run(ip, "%gpuinfo --no-processes")
-    assert "<- this kernel" not in cap.outputs[0].data["text/plain"]
+    assert "<- this process" not in cap.outputs[0].data["text/plain"]
 
 
 @pytest.mark.parametrize("line, words", [

@@ -99,7 +99,7 @@ def test_own_process_marked(fake_nvml, fresh_env):
     own = [p for p in report.gpus[0].processes if p.is_self]
     assert [p.pid for p in own] == [os.getpid()]
     assert not report.gpus[0].host_pids
-    assert "<- this kernel" in report.to_text()
+    assert "<- this process" in report.to_text()
 
 
 def test_container_host_pids_noted(fake_nvml, fresh_env):

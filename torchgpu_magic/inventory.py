@@ -43,7 +43,7 @@ HIDING_VALUES_EXAMPLE = "'' or '-1' or 'NoDevFiles'"
 
 @dataclass
 class ProcessRow:
-    """A process on a GPU; ``is_self`` marks this kernel's own process."""
+    """A process on a GPU; ``is_self`` marks this process."""
 
     pid: int
     name: Any
@@ -143,7 +143,7 @@ class GPUReport:
             ("CUDA_VISIBLE_DEVICES", _env_text(env["CUDA_VISIBLE_DEVICES"])),
             ("CUDA_DEVICE_ORDER", _env_text(env["CUDA_DEVICE_ORDER"])),
             ("other accelerators", ", ".join(self.torch.other_accelerators) or "none"),
-            ("this kernel's PID", self.pid),
+            ("this process's PID", self.pid),
         ]
         for key, value in rows:
             table.add(key, fmt_value(value))
@@ -186,7 +186,7 @@ class GPUReport:
         for g in self.gpus:
             for p in g.processes:
                 table.add("-" if g.nvml_index is None else g.nvml_index, p.pid, fmt_value(p.name),
-                          fmt_bytes(p.used_memory), p.kind, "<- this kernel" if p.is_self else "")
+                          fmt_bytes(p.used_memory), p.kind, "<- this process" if p.is_self else "")
         return table
 
     def _notes(self) -> list:
@@ -208,7 +208,7 @@ class GPUReport:
                     notes.append(f"{where}: process list incomplete ({g.process_problem.message}). "
                                  f"{g.process_problem.hint}")
                 if g.host_pids:
-                    notes.append(f"{where}: the list shows host PIDs (this kernel runs in a container, "
+                    notes.append(f"{where}: the list shows host PIDs (this process runs in a container, "
                                  f"PID {self.pid} here), so its own process cannot be marked by PID.")
             if g.mapping is not None and g.mapping.matched_by == "CUDA_VISIBLE_DEVICES":
                 notes.append(f"cuda:{g.torch_index} matched to GPU {g.nvml_index} by position in "

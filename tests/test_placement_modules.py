@@ -51,7 +51,8 @@ def test_module_report_trainable_and_wrappers_and_hooks():
     lin = torch.nn.Linear(2, 2).to("meta")
     lin._hf_hook = AlignDevicesHook()
     text = modules.module_report("lin", lin).to_text()
-    assert "accelerate hook AlignDevicesHook runs on cuda:0 weights offloaded" in text
+    assert "accelerate: weights on cpu, loaded onto cuda:0 for each forward" in text
+    assert "loaded onto cuda:0 for each forward; the forward runs as is." in text
 
 
 def test_module_report_never_runs_forward_or_moves():

@@ -24,6 +24,7 @@ from .common import (
     grad_of,
     is_floating,
     kind_of,
+    offload_map,
     shape_str,
     storage_key,
     tensor_nbytes,
@@ -197,9 +198,10 @@ def _module_rows(name: str, module: Any, tally: _Tally, note: str) -> list:
     """One row per device the module lives on, with the bytes on that device (storage deduplicated
     within the module) and its parameters' gradients."""
     per_device: dict = {}
+    offloaded = offload_map(module)
     for _, tensor, is_param in _module_tensors(module):
         key, size = storage_key(tensor)
-        device = device_str(tensor.device)
+        device = offloaded.get(id(tensor)) or device_str(tensor.device)
         tally.data[key] = (device, size)
         info = per_device.get(device)
         if info is None:
@@ -228,6 +230,8 @@ def _module_rows(name: str, module: Any, tally: _Tally, note: str) -> list:
         row_notes = list(notes)
         if device == "meta":
             row_notes.append("meta: no data")
+        elif offloaded and device in set(offloaded.values()):
+            row_notes.append(f"offloaded by accelerate to {device}")
         rows.append(Row(
             name, what, device, _join(sorted(info["dtypes"])), f"{fmt_count(info['numel'])} params",
             sum(info["keys"].values()), _grad_state(info["trainable"], info["numel"]), "-",

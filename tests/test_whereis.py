@@ -353,3 +353,53 @@ def test_gradients_and_user_objects_through_the_magic(ip):
     text = "\n".join(_texts(_cell(ip, "%whereis")))
     assert "of which gradients 80 B" in text
     assert "trainer.hist[0][0]" in text and "cfg.w" in text and "trainer.m " not in text
+
+
+def test_every_report_shows_its_text_in_the_shells_plain_text_formatter(ip):
+    """Terminals, VS Code's text view and static exports show only text/plain: no report may fall back
+    to a dataclass-generated repr (ModuleReport(name=..., rows=[ModuleRow(...)])), on either IPython leg."""
+    run(ip, SETUP + "opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n")
+    ns = ip.user_ns
+    from torchgpu_magic import placement
+
+    error = RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                         "cpu and meta!")
+    diagnosis = placement.diagnose(error, "c = a + b", ns, lambda filename: False)
+    reports = [ip.run_line_magic("whereis", f"-o {name}") for name in ("x", "model", "opt")]
+    reports += [ip.run_line_magic("whereis", "-o"), diagnosis]
+    plain = ip.display_formatter.formatters["text/plain"]
+    for report in reports:
+        assert plain(report) == report.to_text(), type(report).__name__
+        assert not re.match(r"\w+\(", plain(report))
+    shown = _texts(_cell(ip, "%whereis model opt"))
+    assert shown[0].startswith("model: Linear") and shown[1].startswith("opt: SGD")
+
+
+@pytest.mark.notebook
+def test_training_notebook_diagnoses_each_forgotten_move():
+    """notebooks/training.ipynb in a real kernel: each cell that forgets a .to(device) gets the diagnosis
+    with the fix on the user's line; the right loop shows the model's gradients in %whereis."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("notebook_runner", ROOT / "notebooks" / "run.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    nb = runner.execute(ROOT / "notebooks" / "training.ipynb", timeout=300)
+    failing = [c for c in nb.cells if "raises-exception" in c.get("metadata", {}).get("tags", [])]
+    fixes = [
+        ["Fix: xb = xb.to(next(model.parameters()).device)",
+         "Fix: yb = yb.to(next(model.parameters()).device)",
+         "On line 2: loss = train_step(model, opt, xb, yb)", "inside train_step()"],
+        ["Fix: batch = {k: v.to(next(model.parameters()).device) for k, v in batch.items()}"],
+        ["Fix: head.to(xb.device)"],
+    ]
+    assert len(failing) == len(fixes)
+    for cell, expected in zip(failing, fixes):
+        text = runner.cell_text(cell)
+        assert "whereis: a device mismatch" in text, (cell.source, text)
+        for line in expected:
+            assert line in text, (line, text)
+    shown = "\n".join(runner.cell_text(c) for c in nb.cells if c.source.startswith("%whereis --sort"))
+    assert re.search(r"^model\s+Sequential\s+float32\s+178 params\s+712 B\s+712 B\s", shown, re.M), shown

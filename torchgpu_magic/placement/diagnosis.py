@@ -302,8 +302,8 @@ def _resolve_chain(chain: str, scopes: list) -> list:
     for i, part in enumerate(parts[1:], start=2):
         try:
             obj = _static_attr(obj, part)
-        except (AttributeError, TypeError):
-            return found
+        except (AttributeError, TypeError):  # a method (batch.values) or code: look into what resolved
+            break
         name = ".".join(parts[:i])
         if kind_of(obj) is not None:
             found.append((name, obj))
@@ -377,6 +377,12 @@ def _fixes(line: list, context: list, user_ns: Mapping[str, Any]) -> list:
     if modules:
         name, module = modules[0]
         target = devices_of(module)
+        elsewhere = {d for _, devices in movable.values() for d in devices}
+        if target == ("cpu",) and len(elsewhere) == 1 and "cpu" not in elsewhere:
+            # The batch is on the accelerator and the module was never moved there: move the module.
+            named = [base for base, (holder, _) in movable.items() if kind_of(holder) == "tensor"]
+            device_expr = f"{named[0]}.device" if named else repr(next(iter(elsewhere)))
+            return [f"{name}.to({device_expr})"]
         if target:
             expr = f"next({name}.parameters()).device"
             for base, (holder, devices) in movable.items():

@@ -106,7 +106,7 @@ def test_diagnosis_of_a_cell_that_also_steps_an_optimizer():
     summaries = {c.name: c.summary for c in diagnosis.culprits}
     assert summaries == {"model": "Linear (module)", "x": "tensor float32 (1, 3); meta: no data",
                          "opt": "SGD (optimizer)"}
-    assert diagnosis.fixes == ["x = x.to(next(model.parameters()).device)"]
+    assert diagnosis.fixes == ["model.to(x.device)"]  # the batch is on the accelerator: move the model
 
 
 def test_diagnosis_shows_its_text_in_ipythons_plain_text_formatter():

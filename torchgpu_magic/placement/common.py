@@ -182,19 +182,16 @@ def tensor_nbytes(tensor: Any) -> int:
 
 
 def storage_key(tensor: Any) -> tuple:
-    """(key, bytes) of the memory behind ``tensor``: views and tied weights share one key, so totals
-    count their storage once. Tensors without real storage (meta, sparse, subclasses) get a key of
-    their own and their view's size."""
+    """(key, bytes) of the memory behind ``tensor``: views and tied weights share one key (the address
+    of torch's storage object, unique while it lives), so totals count their storage once. Tensors
+    without a storage (sparse, some subclasses) get a key of their own and their view's size.
+
+    Two C calls on the common path: this runs once per tensor of every report."""
     try:
-        if tensor.layout is _torch().strided and not tensor.is_meta:
-            storage = tensor.untyped_storage()
-            ptr = storage.data_ptr()
-            if ptr:
-                nbytes = int(storage.nbytes())
-                return ("s", tensor.device, ptr, nbytes), nbytes
+        storage = tensor.untyped_storage()
+        return ("s", storage._cdata), int(storage.nbytes())
     except (RuntimeError, TypeError, NotImplementedError, AttributeError):
-        pass
-    return ("t", id(tensor)), tensor_nbytes(tensor)
+        return ("t", id(tensor)), tensor_nbytes(tensor)
 
 
 def _pinned(tensor: Any, device: str) -> str:

@@ -99,7 +99,7 @@ class _Node:
     """Placement facts of one module's subtree, computed bottom-up in one pass."""
 
     __slots__ = ("name", "cls", "children", "devices", "dtypes", "params", "buffers", "nbytes",
-                 "trainable", "notes", "n_modules", "offloaded")
+                 "trainable", "notes", "n_modules")
 
     def __init__(self, name: str, cls: str) -> None:
         self.name = name
@@ -113,7 +113,6 @@ class _Node:
         self.trainable = 0
         self.notes: list = []
         self.n_modules = 1
-        self.offloaded: set = set()  # where accelerate keeps this module's own offloaded weights
 
     def signature(self) -> tuple:
         return (self.cls, frozenset(self.devices), frozenset(self.dtypes), self.grad(), tuple(self.notes),
@@ -126,41 +125,50 @@ class _Node:
         return len(self.devices) <= 1 and len(self.dtypes) <= 1 and "%" not in self.grad()
 
 
-def _build_tree(name: str, module: Any, seen: dict, keys: dict) -> _Node:
+def _build_tree(name: str, module: Any, seen: dict, keys: dict, hooks: list) -> _Node:
     """The placement facts of ``module``'s subtree, bottom-up; each tensor object counted in the first
     module that holds it (``seen``: id -> qualified name; a later holder notes the tie), each storage
     once (``keys``). Weights accelerate offloads (meta tensors behind a hook) are placed where the hook
-    keeps them, 'cpu' or 'disk'. Written for speed: 10,000 tensors in tens of ms."""
+    keeps them, 'cpu' or 'disk'; ``hooks`` collects (execution device, offload places) per hooked
+    module. Written for speed: this is the whole cost of ``%whereis MODEL``."""
     node = _Node(name, type(module).__name__)
     hooked = "_hf_hook" in module.__dict__  # set by accelerate; no Module.__getattr__ miss per module
     runs_on = execution_device(module) if hooked else None
     devices, dtypes = node.devices, node.dtypes
     params = buffers = nbytes = trainable = 0
-    prefix = name + "." if name else ""
     places: set = set()
+    names = _DEVICE_STR
     for table, is_param in ((module._parameters, True), (module._buffers, False)):
+        if not table:
+            continue
         for key_name, tensor in table.items():
             if tensor is None:
                 continue
             dev = tensor.device
-            device = _DEVICE_STR.get(dev) or device_str(dev)
+            device = names.get(dev) or device_str(dev)
             if hooked and device == "meta":
                 place = offload_place(module, key_name)
                 if place is not None:
                     device = place
                     places.add(place)
-            first = seen.get(id(tensor))
-            if first is not None:
-                devices.add(device)
-                dtypes.add(tensor.dtype)
-                node.notes.append(f"{key_name} tied to {first} (counted there)")
-                continue
-            seen[id(tensor)] = prefix + key_name
             devices.add(device)
+            tid = id(tensor)
+            if tid in seen:
+                dtypes.add(tensor.dtype)
+                prefix_of, first = seen[tid]
+                node.notes.append(f"{key_name} tied to {prefix_of}{first} (counted there)")
+                continue
+            seen[tid] = (name + "." if name else "", key_name)
             if is_param or is_floating(tensor):
                 dtypes.add(tensor.dtype)
-            key, size = storage_key(tensor)
+            try:  # storage_key, inlined: two C calls per tensor
+                storage = tensor.untyped_storage()
+                key = storage._cdata
+            except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+                key, size = storage_key(tensor)
+                storage = None
             if key not in keys:
+                size = int(storage.nbytes()) if storage is not None else size
                 keys[key] = (device, size)
                 nbytes += size
             numel = tensor.nelement()
@@ -170,19 +178,20 @@ def _build_tree(name: str, module: Any, seen: dict, keys: dict) -> _Node:
                     trainable += numel
             else:
                 buffers += numel
-    if places:
-        node.offloaded = places
-        node.notes.append(f"accelerate: weights on {'+'.join(sorted(places))}, loaded onto {runs_on} "
-                          "for each forward")
-    elif runs_on is not None and (module._parameters or module._buffers):
-        node.notes.append(f"accelerate: runs on {runs_on}")
+    if hooked:
+        hooks.append((runs_on, places))
+        if places:
+            node.notes.append(f"accelerate: weights on {'+'.join(sorted(places))}, loaded onto {runs_on} "
+                              "for each forward")
+        elif runs_on is not None and (module._parameters or module._buffers):
+            node.notes.append(f"accelerate: runs on {runs_on}")
+    prefix = name + "." if name else ""
     n_modules = 1
     children = node.children
-    prefix = name + "." if name else ""
     for child_name, child in module._modules.items():
         if child is None:
             continue
-        sub = _build_tree(prefix + child_name, child, seen, keys)
+        sub = _build_tree(prefix + child_name, child, seen, keys, hooks)
         children.append(sub)
         if not sub.devices <= devices:
             devices |= sub.devices
@@ -311,7 +320,8 @@ def module_report(name: str, module: Any) -> ModuleReport:
     elif type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
         header.append(f"{name} is a torch.compile wrapper; the parameters below belong to ._orig_mod.")
     keys: dict = {}
-    tree = _build_tree("", inner, {}, keys)
+    hooks: list = []
+    tree = _build_tree("", inner, {}, keys, hooks)
     tree.name = name
     totals: dict = {}
     for device, size in keys.values():
@@ -337,35 +347,22 @@ def module_report(name: str, module: Any) -> ModuleReport:
     if len(flat) > MAX_MODULE_ROWS:
         flags.append(f"... {len(flat) - MAX_MODULE_ROWS} more rows not shown")
     split = [r.name for r in rows if "split across" in r.note and r.name != name]
-    hooked = _hooked_modules(inner)
     if len(tree.devices) > 1:
-        advice = ("accelerate's hooks move inputs and weights between them" if hooked
+        advice = ("accelerate's hooks move inputs and weights between them" if hooks
                   else "inputs must be on the device of the layer that reads them")
         flags.append(f"{name} is split across {', '.join(sorted(tree.devices, key=_device_order))}"
                      + (f" (inside: {', '.join(split[:5])})" if split else "") + f": {advice}.")
-    offloaded = _offloaded_nodes(tree)
-    if offloaded:
-        places = sorted({place for node in offloaded for place in node.offloaded})
-        runs_on = sorted({d for d in (execution_device(m) for m in hooked) if d is not None})
-        flags.append(f"Offloaded by accelerate: the weights of {len(offloaded)} module(s) live on "
+    offloading = [places for _, places in hooks if places]
+    if offloading:
+        places = sorted(set().union(*offloading))
+        runs_on = sorted({device for device, _ in hooks if device is not None})
+        flags.append(f"Offloaded by accelerate: the weights of {len(offloading)} module(s) live on "
                      f"{' and '.join(places)} (meta tensors stand in for them) and are loaded onto "
                      f"{', '.join(runs_on)} for each forward; the forward runs as is.")
     if "meta" in tree.devices:
         flags.append("Parameters on meta have no data: materialise them (module.to_empty(device=...) then "
                      "load_state_dict), or check the loading options (device_map, low_cpu_mem_usage).")
     return ModuleReport(name, header, rows, flags)
-
-
-def _offloaded_nodes(node: _Node) -> list:
-    """The nodes of the tree whose own weights accelerate offloads."""
-    found = [node] if node.offloaded else []
-    for child in node.children:
-        found.extend(_offloaded_nodes(child))
-    return found
-
-
-def _hooked_modules(module: Any) -> list:
-    return [m for m in module.modules() if "_hf_hook" in m.__dict__]
 
 
 @dataclass(repr=False)

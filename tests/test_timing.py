@@ -9,7 +9,7 @@ import pytest
 
 from torchgpu_magic import timing
 from torchgpu_magic.errors import MagicInputError
-from torchgpu_magic.timing import Clock, Options, Sample, Stats
+from torchgpu_magic.timing import Clock, Options, Sample, Stats, engine
 
 
 class FakeClock(Clock):
@@ -301,14 +301,14 @@ def test_meta_cannot_be_timed():
 
 def test_empty_cell_floor_is_measured_once_per_device_and_mode():
     clock = FakeClock(lambda call, loops: 25e-9)
-    timing._FLOORS.pop(("fake:0", False), None)
+    engine._FLOORS.pop(("fake:0", False), None)
     try:
         assert timing.empty_cell_floor("fake:0", clock=clock) == pytest.approx(25e-9)
         calls = len(clock.calls)
         assert timing.empty_cell_floor("fake:0", clock=clock) == pytest.approx(25e-9)
         assert len(clock.calls) == calls
     finally:
-        timing._FLOORS.pop(("fake:0", False), None)
+        engine._FLOORS.pop(("fake:0", False), None)
 
 
 def test_cpu_memory_is_not_available_rather_than_invented():

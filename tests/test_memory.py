@@ -57,8 +57,17 @@ def test_torch_side_derives_cache_and_other():
 def test_process_in_other_pid_namespace_is_said(fake_nvml):
     fake_nvml("container")
     (g,) = memory.collect([H100]).gpus
-    assert g.process == 0 and g.others == (20480 + 8192) * MiB
-    assert any("PID namespace" in p for p in g.problems)
+    # NVML lists the host's PIDs: our share is unknown (not 0), and so is the others' (it includes ours)
+    assert g.process is None and g.others is None and g.used == (4 + 20480 + 8192) * MiB
+    assert any("PID namespace" in p and "N/A" in p for p in g.problems)
+
+
+def test_a_mig_target_is_measured_on_its_slice(fake_nvml):
+    fake_nvml("mig_user")
+    slice_uuid = nvml.gpu_snapshot(0).mig_devices[1].uuid
+    (g,) = memory.collect([memory.GPUTarget(0, 0, "MIG 3g.20gb", slice_uuid)]).gpus
+    assert g.total == 19968 * MiB and g.used == (13 + 2048) * MiB
+    assert g.others == 0 or g.others is None  # the slice's one process reports no memory without root
 
 
 def test_process_list_refused_gives_na_and_hint(fake_nvml):

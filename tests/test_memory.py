@@ -117,3 +117,24 @@ def test_figures_agree_with_torch_and_nvml_on_a_real_gpu():
     used, total = nvml.memory(mapping.nvml_index)
     assert g.total == total and abs(g.used - used) <= 256 * MiB
     del x
+
+
+@pytest.mark.gpu
+def test_gpu_one_gib_tensor_figures_and_the_context_on_top():
+    # a fresh process: allocated must be exactly the tensor, and the context must be ours alone
+    from fresh_process import run_fresh
+
+    done = run_fresh(
+        "from torchgpu_magic import gpumap, memory\n"
+        "x = torch.empty(2**30, dtype=torch.uint8, device='cuda')\ntorch.cuda.synchronize()\n"
+        "m = gpumap.gpu_map()[0]\n"
+        "target = memory.GPUTarget(m.torch_index, m.nvml_index, '', m.mig)\n"
+        "(g,) = memory.collect([target]).gpus\n"
+        "assert g.allocated == 2**30, g.allocated\n"
+        "assert 0 <= g.reserved - 2**30 <= 20 * 2**20, g.reserved\n"
+        "assert 250 * 2**20 <= g.process - g.reserved <= 2**30, (g.process, g.reserved)\n"
+        "del x\nassert memory.empty_cache()\n"
+        "(after,) = memory.collect([target]).gpus\n"
+        "assert after.process <= g.process - 2**30 + 20 * 2**20, (after.process, g.process)\n"
+        "print('OK')\n")
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]

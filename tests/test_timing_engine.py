@@ -129,6 +129,43 @@ def test_first_run_is_timed_apart_and_excluded():
     assert "first run 1.00 s (excluded)" in result.to_text()
 
 
+def test_a_first_run_longer_than_max_time_leaves_the_samples_their_budget():
+    # torch.compile, autotuning or cudnn.benchmark: the first run alone outlasts --max-time
+    clock = FakeClock(lambda call, loops: 5.0 if call == 0 else 1e-3)
+    run = fake_run(clock, max_time=1.0)
+    assert len(run.samples) >= 7 and run.stop == "converged"
+    assert run.elapsed >= 5.0  # the whole measurement still counts the first run
+
+
+def test_host_syncs_seen_in_the_first_run_reach_the_result():
+    class SyncingClock(FakeClock):
+        def first_run(self, cell, mode):
+            return self.measure(cell, 1, mode), 2
+
+    clock = SyncingClock(lambda call, loops: 1e-3, kind="device", host_ratio=1.0)
+    run = fake_run(clock, warmup=0, samples=5, loops=1)
+    assert run.syncs == 2
+    result = timing.result_from(run, clock, "cuda:0", (0, 0, 0), None, Options(samples=5), 1, "t", "GPU")
+    assert result.host_syncs == 2
+    assert any(w.startswith("the cell waits for the GPU (2 synchronizing calls") for w in result.warnings)
+    assert not any(w.startswith("launch-bound") for w in result.warnings)
+
+
+def test_time_cell_keeps_a_cpu_cell_on_the_host_and_runs_its_first_run_once(monkeypatch):
+    import torch
+
+    from torchgpu_magic.timing import clocks
+
+    monkeypatch.setattr(clocks, "cuda_initialised", lambda: False)
+    monkeypatch.setattr(engine, "cuda_initialised", lambda: False)
+    runs = []
+    cell = timing.compile_cell("runs.append(1)", {"runs": runs})
+    result = engine.time_cell(cell, torch.device("cpu"), Options(loops=1, warmup=0, samples=3),
+                              follow_cuda=True)
+    assert result.kind == "host" and result.device == "cpu"
+    assert len(runs) == 1 + 3  # one first run (on the host clock), no second one, three samples
+
+
 # ---- the empty-cell floor -------------------------------------------------------------------------------
 def test_empty_cell_floor_is_measured_once_per_device_and_mode():
     clock = FakeClock(lambda call, loops: 25e-9)

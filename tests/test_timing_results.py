@@ -2,10 +2,11 @@
 headline, text, HTML and plain data, the comparison's speed-ups, and the kernel table."""
 from __future__ import annotations
 
+import pytest
 from fake_clock import FakeClock, fake_run
 
 from torchgpu_magic import timing
-from torchgpu_magic.timing import Options, Stats
+from torchgpu_magic.timing import Options, Stats, engine
 
 
 # ---- warnings -------------------------------------------------------------------------------------------
@@ -43,6 +44,30 @@ def test_launch_bound_and_other_streams():
     assert not timing.assess(tiny, "device", host=1e-7, device=2e-6, wall=4e-6, loops=1)
     # host clocks have no device time to compare with
     assert not timing.assess(stats, "host", host=1e-3)
+
+
+def test_a_cell_that_waits_for_the_gpu_is_not_called_launch_bound():
+    stats = Stats.of([1e-3] * 5)
+    waits = timing.assess(stats, "device", host=0.99e-3, device=1e-3, wall=1.01e-3, syncs=1)
+    assert len(waits) == 1 and waits[0].startswith("the cell waits for the GPU (1 synchronizing call per")
+
+
+def test_the_floor_warning_says_which_mode_the_floor_ran_in():
+    stats = Stats.of([1e-6] * 5)
+    assert "measured hot)" in timing.assess(stats, "host", host=1e-6, floor=1e-6)[0]
+    cold = timing.assess(stats, "host", host=1e-6, floor=1e-6, cold=True, flush=True)[0]
+    assert "measured with --cold, without --flush-l2)" in cold
+
+
+def test_work_on_other_streams_makes_wall_time_the_headline():
+    clock = FakeClock(lambda call, loops: 2e-3, kind="device", host_ratio=0.01, wall_ratio=5.0)
+    run = fake_run(clock, warmup=0, samples=5, loops=1)
+    result = timing.result_from(run, clock, "cuda:0", (0, 0, 0), None, Options(samples=5), 1, "t", "GPU")
+    assert result.kind == "wall" and result.median == pytest.approx(10e-3)
+    assert result.device_time == pytest.approx(2e-3)
+    assert result.headline().startswith("10.0 ms synchronized wall time per loop")
+    assert any("other streams" in w and "headline is the synchronized wall time" in w
+               for w in result.warnings)
 
 
 # ---- results --------------------------------------------------------------------------------------------
@@ -101,3 +126,14 @@ def test_kernel_table_lists_rows():
     text = timing.kernel_table(rows, device=False).to_text()
     assert "aten::mm" in text and "90.0 %" in text
     assert "no torch op ran" in timing.kernel_table([], device=True).to_text()
+    hot = timing.kernel_table(rows, device=True, hot_only=True).to_text()
+    assert "run hot: without --cold / --flush-l2" in hot
+
+
+def test_no_kernels_recorded_is_told_apart_from_no_op_ran():
+    assert engine.empty_kernels_reason(True, 0) == "no torch op ran"
+    assert engine.empty_kernels_reason(False, 0) == "no torch op ran"
+    reason = engine.empty_kernels_reason(True, 3)
+    assert "3 torch ops but no GPU kernel" in reason and "CUPTI" in reason
+    text = timing.kernel_table([], device=True, empty=reason).to_text()
+    assert "CUPTI" in text and "no torch op ran" not in text

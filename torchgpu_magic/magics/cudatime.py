@@ -30,9 +30,9 @@ class CUDATimeMagics(MagicsPart):
     @argument("-o", dest="output", action="store_true", help="return the result object")
     @argument("-q", dest="quiet", action="store_true", help="show nothing (use with -o)")
     @argument("--cold", action="store_true",
-              help="synchronize after every loop, so each run starts on an idle GPU")
+              help="synchronize after every loop, so each run starts on an idle GPU (an event pair per loop)")
     @argument("--flush-l2", dest="flush_l2", action="store_true",
-              help="overwrite the L2 cache (the last-level cache on cpu) before every loop, untimed")
+              help="overwrite twice the L2 cache (the last-level cache on cpu) before every loop, untimed")
     @argument("--devices", metavar="LIST",
               help="comma-separated devices to run the cell on, one row each (e.g. cpu,cuda:0)")
     @argument("--threads", metavar="LIST",
@@ -51,8 +51,9 @@ class CUDATimeMagics(MagicsPart):
 
         ``%%cudatime [options] [setup]`` times the cell (the setup statement runs once first, in the same
         scope, as with ``%%timeit``); ``%cudatime [options] STATEMENT`` times one statement. Without
-        ``--devices`` it times on torch's default device, or on the current CUDA GPU when the default is
-        cpu and torch sees a GPU; on cpu the figure is host time, and the report says so.
+        ``--devices`` it times on torch's default device; when that is cpu, on the current CUDA GPU only
+        if CUDA was initialised before the cell or becomes so during its setup and first run (the cell
+        uses the GPU); on cpu the figure is host time, and the report says so.
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
         from .. import devices, timing
@@ -179,7 +180,8 @@ class CUDATimeMagics(MagicsPart):
             with devices.use_device(device) if switch else contextlib.nullcontext():
                 if threads is not None:
                     torch.set_num_threads(threads)
-                return timing.time_cell(compiled, device, opts, self._silence, show_output)
+                return timing.time_cell(compiled, device, opts, self._silence, show_output,
+                                        follow_cuda=not switch)
         finally:
             if threads is not None:
                 torch.set_num_threads(saved_threads)

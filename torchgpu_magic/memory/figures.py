@@ -40,6 +40,7 @@ class GPUTarget:
     torch_index: Optional[int]
     nvml_index: Optional[int]
     name: str = ""
+    mig_uuid: Optional[str] = None  # the MIG instance torch uses: NVML is asked about it, not the GPU
 
     @property
     def label(self) -> str:
@@ -50,8 +51,9 @@ class GPUTarget:
 
 
 def targets_from(mappings: Sequence[Any]) -> list[GPUTarget]:
-    """GPU targets from ``gpumap.gpu_map()`` rows (``torch_index, nvml_index, name``)."""
-    return [GPUTarget(m.torch_index, m.nvml_index, "" if is_na(m.name) else str(m.name)) for m in mappings]
+    """GPU targets from ``gpumap.gpu_map()`` rows (``torch_index, nvml_index, name``, ``mig``)."""
+    return [GPUTarget(m.torch_index, m.nvml_index, "" if is_na(m.name) else str(m.name),
+                      None if is_na(getattr(m, "mig", None)) else getattr(m, "mig", None)) for m in mappings]
 
 
 @dataclass(frozen=True)
@@ -266,19 +268,22 @@ def torch_figures(torch_index: int) -> tuple:
         return None, None, None
 
 
-def _nvml_figures(nvml_index: int, pid: int) -> tuple:
-    """(used, total, this process, other processes, problems) from NVML; NA/None where it cannot say."""
+def _nvml_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -> tuple:
+    """(used, total, this process, other processes, problems) from NVML, for the GPU or the MIG instance
+    ``mig_uuid``; NA/None where it cannot say. When NVML lists processes, not this one, and PIDs that do
+    not exist here (a container: NVML gives the host's PIDs), this process's share and the others' are
+    unknown (None), not 0 and everything."""
     from .. import nvml
 
     problems = []
     try:
-        figures = nvml.memory(nvml_index)
+        figures = nvml.memory(nvml_index, mig_uuid)
         used, total = figures if isinstance(figures, tuple) else (figures, figures)
     except Exception as exc:  # noqa: BLE001 - nvml.py should not raise; if it does, show it
         used = total = None
         problems.append(f"NVML memory query failed: {exc}")
     try:
-        procs, problem = nvml.processes(nvml_index)
+        procs, problem = nvml.processes(nvml_index, mig_uuid)
     except Exception as exc:  # noqa: BLE001
         procs, problem = [], None
         problems.append(f"NVML process query failed: {exc}")
@@ -295,10 +300,22 @@ def _nvml_figures(nvml_index: int, pid: int) -> tuple:
             continue
         by_pid[proc.pid] = max(by_pid.get(proc.pid, 0), int(amount))
     mine = by_pid.pop(pid, None)
-    if mine is None and procs:
+    if mine is None and procs and not all(_pid_exists(proc.pid) for proc in procs):
         problems.append("this process is not in NVML's process list (another PID namespace, e.g. a "
-                        "container?): its share is counted with the others")
+                        "container, where NVML lists the host's PIDs): its share is N/A")
+        return used, total, None, None, tuple(problems)
     return used, total, mine if mine is not None else 0, sum(by_pid.values()), tuple(problems)
+
+
+def _pid_exists(pid: int) -> bool:
+    """Whether ``pid`` names a process in this PID namespace (NVML lists the host's PIDs in a container)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 def _problem_text(problem: Any) -> str:
@@ -330,7 +347,7 @@ def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySn
         used = total = process = others = None
         problems: tuple = ()
         if nvml_ok and target.nvml_index is not None:
-            used, total, process, others, problems = _nvml_figures(target.nvml_index, pid)
+            used, total, process, others, problems = _nvml_figures(target.nvml_index, pid, target.mig_uuid)
         allocated = reserved = peak = None
         if target.torch_index is not None:
             allocated, reserved, peak = torch_figures(target.torch_index)

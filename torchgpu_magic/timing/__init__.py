@@ -5,7 +5,8 @@ it took to *queue* kernels. This package follows ``docs/timing-method.md``, one 
 
 - :mod:`.cells`: compile the cell once into a loop (no ``exec`` per loop); silence its output.
 - :mod:`.clocks`: CUDA events, or ``perf_counter`` with or without a device synchronize; which device
-  to time on; allocator figures around a measurement.
+  to time on (a pure function of the default device and whether CUDA is in use); allocator figures
+  around a measurement.
 - :mod:`.stats`: median, quartiles and the median's confidence interval; the 1-2-5 loop counts; the
   stopping rule and the :class:`Options` that set its limits.
 - :mod:`.engine`: first run apart, auto-range, warm-up, samples; the empty-cell floor, ``--kernels``,
@@ -24,6 +25,7 @@ from .clocks import (
     MemoryProbe,
     Sample,
     check_device,
+    choose_device,
     cpu_cache_bytes,
     sleep_cycles_per_ms,
     timing_device,
@@ -34,7 +36,7 @@ from .stats import FLOOR_SAMPLES, Options, Stats, loops_for, next_loops, stop_re
 
 __all__ = [
     "FLOOR_SAMPLES", "WARMUP_MIN_RUNS", "Clock", "KernelRow", "MemoryProbe", "Options", "Sample", "Stats",
-    "TimingComparison", "TimingResult", "assess", "check_device", "compile_cell", "cpu_cache_bytes",
-    "empty_cell_floor", "kernel_table", "loops_for", "measure", "next_loops", "result_from", "silenced",
-    "sleep_cycles_per_ms", "stop_reason", "time_cell", "timing_device",
+    "TimingComparison", "TimingResult", "assess", "check_device", "choose_device", "compile_cell",
+    "cpu_cache_bytes", "empty_cell_floor", "kernel_table", "loops_for", "measure", "next_loops",
+    "result_from", "silenced", "sleep_cycles_per_ms", "stop_reason", "time_cell", "timing_device",
 ]

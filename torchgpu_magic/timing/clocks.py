@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import MagicInputError
 from .cells import CompiledCell
+
+FLUSH_FACTOR = 2  # --flush-l2 writes at least twice the cache: one cache's worth can leave lines resident
+FLUSH_MIN_BYTES = 256 * 2**20  # ... and on CUDA at least 256 MiB, as triton's do_bench
+SPIN_S = 50e-6  # --cold: the device-side spin each loop's start event waits behind
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode warning
 
 
 @dataclass(frozen=True)
@@ -58,22 +65,29 @@ class Clock:
         """Run ``loops`` loops of ``cell`` and return their totals."""
         raise NotImplementedError
 
+    def first_run(self, cell: CompiledCell, mode: Mode) -> tuple:
+        """Run the cell once (the excluded first run): ``(sample, host syncs seen)``. Only the CUDA clock
+        can see the cell wait for the device; the others report 0."""
+        return self.measure(cell, 1, mode), 0
+
     def make_flush(self) -> Callable[[], Any]:
         """A callable that evicts this device's cache (``--flush-l2``)."""
         raise MagicInputError("--flush-l2 is not available for this device")
 
     @staticmethod
     def primary(sample: Sample, kind: str) -> float:
-        """The headline total of ``sample`` for a clock of ``kind``."""
-        value = {"device": sample.device, "wall": sample.wall}.get(kind, sample.host)
-        return sample.host if value is None else value
+        """The headline total of ``sample`` for a clock of ``kind``; a figure the sample lacks falls back
+        to the next one it has (device, then synchronized wall, then host)."""
+        order = {"device": (sample.device, sample.wall), "wall": (sample.wall,)}.get(kind, ())
+        return next((value for value in order if value is not None), sample.host)
 
 
 class HostClock(Clock):
     """cpu: ``perf_counter`` only; the work is done when the call returns, so host time is the time.
 
-    ``--cold`` changes nothing here (there is no queue to drain). ``--flush-l2`` writes a buffer the size
-    of the CPU's last-level cache before every loop and times each loop on its own, leaving the writes out.
+    ``--cold`` changes nothing here (there is no queue to drain). ``--flush-l2`` writes a buffer twice the
+    size of the CPU's last-level cache before every loop (one cache's worth can leave lines resident) and
+    times each loop on its own, leaving the writes out.
     """
 
     kind = "host"
@@ -101,7 +115,7 @@ class HostClock(Clock):
     def make_flush(self) -> Callable[[], Any]:
         import torch
 
-        buffer = torch.empty(cpu_cache_bytes(), dtype=torch.uint8)
+        buffer = torch.empty(FLUSH_FACTOR * cpu_cache_bytes(), dtype=torch.uint8)
         self.flush_bytes = buffer.numel()
         return buffer.zero_
 
@@ -135,7 +149,14 @@ class SyncClock(Clock):
 
 class CudaClock(Clock):
     """CUDA: pre-created events around each sample (device time), ``perf_counter`` for host enqueue and
-    for the wall time after synchronizing the whole device (method step 5)."""
+    for the wall time after synchronizing the whole device (method step 5).
+
+    ``--cold`` and ``--flush-l2`` record an event pair per loop instead, so the host's synchronize and
+    relaunch gaps between loops stay out of the device time. Under ``--cold`` the GPU is idle when a loop
+    starts, so its start event is queued behind a short device-side spin (``torch.cuda._sleep``, as
+    nvbench queues its start behind a blocking kernel): the event fires when the spin ends, by which time
+    the cell's first kernels are queued, and launch latency stays out of the figure too.
+    """
 
     kind = "device"
     label = "CUDA events"
@@ -145,39 +166,37 @@ class CudaClock(Clock):
 
         self._torch = torch
         self.device = device
+        self._sync = torch.cuda.synchronize  # kept: the first run may wrap the public one to count calls
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
         self._pairs: list = []
+        self._spin = 0
 
     def measure(self, cell: CompiledCell, loops: int, mode: Mode) -> Sample:
-        torch, device = self._torch, self.device
+        torch, device, sync = self._torch, self.device, self._sync
         stream = torch.cuda.current_stream(device)
-        sync = torch.cuda.synchronize
         before = after = None
         used: list = []
-        if mode.flush is not None:
-            # Per-loop events so the cache writes stay outside the timed span (as triton's do_bench).
+        if mode.flush is not None or mode.cold:
             while len(self._pairs) < loops:
                 new = torch.cuda.Event
                 self._pairs.append((new(enable_timing=True), new(enable_timing=True)))
             pairs = iter(self._pairs[:loops])
-            flush = mode.flush
+            flush, spin = mode.flush, self._spin_cycles() if mode.cold else 0
 
             def before() -> None:
                 pair = next(pairs)
                 used.append(pair)
-                flush()
+                if flush is not None:
+                    flush()
+                if spin:
+                    torch.cuda._sleep(spin)
                 pair[0].record(stream)
 
             def after() -> None:
                 used[-1][1].record(stream)
                 if mode.cold:
                     sync(device)
-        elif mode.cold:
-            before = _nothing
-
-            def after() -> None:
-                sync(device)
         start, end = self._start, self._end
         sync(device)
         t0 = time.perf_counter()
@@ -193,9 +212,47 @@ class CudaClock(Clock):
             device_ms = start.elapsed_time(end)
         return Sample(loops, host=t1 - t0, wall=t2 - t0, device=device_ms / 1e3)
 
+    def first_run(self, cell: CompiledCell, mode: Mode) -> tuple:
+        """The first run, counting the times the cell waits for the GPU: the synchronizing operations
+        torch's sync debug mode flags (``.item()``, ``.cpu()``, ``print(t)``, ``nonzero``...) and calls to
+        ``torch.cuda.synchronize``. Warnings the cell raises itself are passed on as they were."""
+        torch = self._torch
+        syncs = [0]
+        public = torch.cuda.synchronize
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            syncs[0] += 1
+            return public(*args, **kwargs)
+
+        saved_mode = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.filterwarnings("always", message=SYNC_WARNING)
+            torch.cuda.set_sync_debug_mode("warn")
+            torch.cuda.synchronize = counted
+            try:
+                sample = self.measure(cell, 1, mode)
+            finally:
+                torch.cuda.synchronize = public
+                torch.cuda.set_sync_debug_mode(saved_mode)
+        for seen in caught:
+            if str(seen.message).startswith(SYNC_WARNING):
+                syncs[0] += 1
+            else:
+                warnings.warn_explicit(seen.message, seen.category, seen.filename, seen.lineno,
+                                       source=seen.source)
+        return sample, syncs[0]
+
+    def _spin_cycles(self) -> int:
+        """``torch.cuda._sleep`` cycles lasting :data:`SPIN_S` on this GPU (calibrated once per clock)."""
+        if not self._spin:
+            with self._torch.cuda.device(self.device):
+                self._spin = max(1, int(sleep_cycles_per_ms() * SPIN_S * 1e3))
+        return self._spin
+
     def make_flush(self) -> Callable[[], Any]:
         torch = self._torch
-        size = int(torch.cuda.get_device_properties(self.device).L2_cache_size) or 50 * 2**20
+        l2 = int(torch.cuda.get_device_properties(self.device).L2_cache_size) or 50 * 2**20
+        size = max(FLUSH_FACTOR * l2, FLUSH_MIN_BYTES)
         buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
         self.flush_bytes = size
         return buffer.zero_
@@ -245,20 +302,43 @@ def clock_for(device: Any) -> Clock:
     return SyncClock(device)
 
 
-def timing_device() -> Any:
-    """The device ``%%cudatime`` times on without ``--devices``: torch's default device when it is not
-    cpu (e.g. inside ``%%ontorch cuda``), else the current CUDA GPU when torch sees one (cells usually
-    put tensors there explicitly, and events cost a CPU-only cell nothing), else cpu."""
+def cuda_initialised() -> bool:
+    """Whether torch has initialised CUDA in this process (False when torch is not even imported); asks
+    nothing that could initialise it."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a half-imported or broken torch has not initialised CUDA
+        return False
+
+
+def choose_device(default: Any, cuda_before: bool, cuda_after: bool, current_cuda: int) -> Any:
+    """The device ``%%cudatime`` times on without ``--devices``, as a pure function of its inputs:
+    torch's ``default`` device when it is not cpu (e.g. inside ``%%ontorch cuda``; plain ``cuda`` is the
+    current GPU, ``current_cuda``); for a cpu default, the current CUDA GPU only when CUDA was initialised
+    before the cell (``cuda_before``) or became so during its setup and first run (``cuda_after``): the
+    cell then uses the GPU, though it names it explicitly. Otherwise cpu, so a CPU-only cell neither
+    pays for a CUDA context nor gets two events on an idle stream reported as device time."""
+    import torch
+
+    if default.type == "cuda" and default.index is None:
+        return torch.device("cuda", current_cuda)
+    if default.type != "cpu" or not (cuda_before or cuda_after):
+        return default
+    return torch.device("cuda", current_cuda)
+
+
+def timing_device(cuda_before: Optional[bool] = None, cuda_after: bool = False) -> Any:
+    """:func:`choose_device` for this process now: torch's default device, whether CUDA is initialised
+    (``cuda_before`` when the caller read it earlier), and the current CUDA GPU where that matters."""
     import torch
 
     from .. import devices
 
-    device = devices.default_device()
-    if device.type == "cpu" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
+    default = devices.default_device()
+    before = cuda_initialised() if cuda_before is None else cuda_before
+    wants_index = default.type == "cuda" or (default.type == "cpu" and (before or cuda_after))
+    return choose_device(default, before, cuda_after, torch.cuda.current_device() if wants_index else 0)
 
 
 # ---- memory ---------------------------------------------------------------------------------------------
@@ -297,14 +377,19 @@ class MemoryProbe:
 
 
 # ---- checking the CUDA clock ----------------------------------------------------------------------------
-def sleep_cycles_per_ms() -> float:
+def sleep_cycles_per_ms(warm_s: float = 0.0) -> float:
     """How many cycles of ``torch.cuda._sleep`` last one millisecond on the current GPU: ten 1e6-cycle
     runs timed with CUDA events, trimmed mean, as PyTorch's own tests calibrate it. Kernels of known
-    length are how the CUDA clock is checked (tests and ``benchmarks/bench_timing.py --gpu``)."""
+    length are how the CUDA clock is checked (tests and ``benchmarks/bench_timing.py --gpu``).
+    ``warm_s`` spins the GPU that long first, so it calibrates at the boost clock the checks then run at."""
     import torch
 
     torch.cuda._sleep(1_000_000)  # load the kernel
     torch.cuda.synchronize()
+    start_warm = time.perf_counter()
+    while time.perf_counter() - start_warm < warm_s:
+        torch.cuda._sleep(1_000_000)
+        torch.cuda.synchronize()
     spans = []
     for _ in range(10):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..render import Table, fmt_bytes, fmt_percent, fmt_seconds, html_lines, is_na
-from .clocks import Clock, Sample
+from .clocks import Clock, CudaClock, Sample
 from .stats import Options, Stats, median, ratio
 
 # ---- the flags' thresholds (docs/timing-method.md, step 8) ----------------------------------------------
@@ -37,6 +37,7 @@ class Run:
     elapsed: float
     warmup_runs: int
     kind: str
+    syncs: int = 0  # times the first run waited for the GPU (CUDA clock only)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class KernelRow:
     share: float
 
 
+CUDA_LABEL = CudaClock.label
 _KIND_WORDS = {"device": "device time", "host": "host time", "wall": "synchronized wall time"}
 
 
@@ -90,9 +92,11 @@ class TimingResult:
     threads: int
     cold: bool = False
     flush_l2: bool = False
+    host_syncs: int = 0
     warnings: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     kernels: Optional[list] = None
+    kernels_empty: Optional[str] = None
 
     @property
     def iqr(self) -> float:
@@ -132,7 +136,7 @@ class TimingResult:
         title = f"%%cudatime on {self.device} ({self.device_name}), {self.clock}"
         lines = [title, "  " + self.headline()] + ["  " + line for line in self.detail_lines()]
         if self.kernels is not None:
-            lines.append(kernel_table(self.kernels, self.kind == "device").to_text(indent="  "))
+            lines.append(self.kernel_table().to_text(indent="  "))
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -157,8 +161,13 @@ class TimingResult:
         table.add("reserved growth", fmt_bytes(self.memory_reserved_growth, signed=True))
         out = table.to_html() + html_lines(["! " + w for w in self.warnings] + self.notes)
         if self.kernels is not None:
-            out += kernel_table(self.kernels, self.kind == "device").to_html()
+            out += self.kernel_table().to_html()
         return out
+
+    def kernel_table(self) -> Table:
+        """The ``--kernels`` table of this result (call only when ``kernels`` is set)."""
+        return kernel_table(self.kernels or [], self.clock == CUDA_LABEL, self.kernels_empty,
+                            self.cold or self.flush_l2)
 
     def to_dict(self) -> dict:
         """Plain data (seconds, bytes; None for N/A): every field, plus ``iqr``."""
@@ -168,12 +177,15 @@ class TimingResult:
         return out
 
 
-def kernel_table(rows: Sequence[KernelRow], device: bool) -> Table:
-    """The ``--kernels`` rows as a table."""
-    title = ("top kernels by device time (separate torch.profiler pass)" if device
-             else "top ops by self CPU time (separate torch.profiler pass)")
+def kernel_table(rows: Sequence[KernelRow], device: bool, empty: Optional[str] = None,
+                 hot_only: bool = False) -> Table:
+    """The ``--kernels`` rows as a table; ``empty`` says why there are none, ``hot_only`` that the pass
+    ran hot although the samples ran with ``--cold`` / ``--flush-l2``."""
+    title = ("top kernels by device time (separate torch.profiler pass" if device
+             else "top ops by self CPU time (separate torch.profiler pass")
+    title += ", run hot: without --cold / --flush-l2)" if hot_only else ")"
     if not rows:
-        title += ": no torch op ran"
+        title += ": " + (empty or "no torch op ran")
     table = Table(["name", "calls/loop", "time/loop", "share"], align="lrrr", title=title)
     for row in rows:
         name = row.name if len(row.name) <= 70 else row.name[:67] + "..."
@@ -227,7 +239,7 @@ class TimingComparison:
         out = []
         for label, result in self.rows:
             if result.kernels is not None:
-                table = kernel_table(result.kernels, result.kind == "device")
+                table = result.kernel_table()
                 table.title = f"{label}: {table.title}"
                 out.append(table)
         return out
@@ -269,10 +281,19 @@ def device_name(device: Any) -> str:
     return str(device)
 
 
+def other_streams(device: Optional[float], wall: Optional[float], loops: int, flush: bool) -> bool:
+    """Whether synchronized wall time is far above the current stream's device time (> 1.5 x, and by more
+    than sync latency per sample): the cell queues work the events do not see. Not judged under
+    ``--flush-l2``, whose untimed cache writes are in the wall time."""
+    return bool(device and wall is not None and not flush and wall > OTHER_STREAMS * device
+                and (wall - device) * loops > OTHER_STREAMS_MIN_S)
+
+
 def assess(stats: Stats, kind: str, host: Optional[float] = None, device: Optional[float] = None,
            wall: Optional[float] = None, loops: int = 1, floor: Optional[float] = None,
-           cold: bool = False, flush: bool = False) -> list:
-    """The method's flags (step 8) for per-loop ``stats`` and median host / device / wall times."""
+           cold: bool = False, flush: bool = False, syncs: int = 0) -> list:
+    """The method's flags (step 8) for per-loop ``stats`` and median host / device / wall times;
+    ``syncs`` is how often the first run waited for the GPU."""
     out = []
     rel = stats.rel_iqr
     if rel > UNRELIABLE:
@@ -284,32 +305,41 @@ def assess(stats: Stats, kind: str, host: Optional[float] = None, device: Option
         out.append(f"the slowest sample took {stats.max / stats.min:.1f} x the fastest: something is cached "
                    "between runs, or the machine was busy")
     if floor is not None and floor > 0 and stats.median < FLOOR_FACTOR * floor:
-        out.append(f"the result is under 10 x the time of an empty cell ({fmt_seconds(floor)} per loop): "
-                   "mostly loop and clock overhead")
+        how = ("with --cold" if cold else "hot") + (", without --flush-l2" if flush else "")
+        out.append(f"the result is under 10 x the time of an empty cell ({fmt_seconds(floor)} per loop, "
+                   f"measured {how}): mostly loop and clock overhead")
     if kind == "device" and device and host is not None and not cold and host >= LAUNCH_BOUND * device:
-        out.append(f"launch-bound: host enqueue ({fmt_seconds(host)}) is {host / device:.2f} x device time; "
-                   "the CPU cannot feed the GPU (many small kernels, or CPU work in the cell)")
-    if (kind == "device" and device and wall is not None and not flush and wall > OTHER_STREAMS * device
-            and (wall - device) * loops > OTHER_STREAMS_MIN_S):
-        out.append(f"synchronized wall time ({fmt_seconds(wall)}) is {wall / device:.1f} x device time: the "
-                   "cell queues work on other streams (or devices) that the events on the current stream "
-                   "do not see")
+        if syncs:
+            out.append(f"the cell waits for the GPU ({syncs} synchronizing call{'s' * (syncs != 1)} per run: "
+                       ".item(), .cpu(), print(t), nonzero, synchronize...): host enqueue time includes the "
+                       "wait, so it says nothing about launch overhead")
+        else:
+            out.append(f"launch-bound: host enqueue ({fmt_seconds(host)}) is {host / device:.2f} x device "
+                       "time; the CPU cannot feed the GPU (many small kernels, or CPU work in the cell)")
+    if kind in ("device", "wall") and other_streams(device, wall, loops, flush):
+        out.append(f"synchronized wall time ({fmt_seconds(wall)}) is {wall / device:.1f} x device time on "
+                   "the current stream: the cell queues work on other streams (or devices) that its events "
+                   "do not see, so the headline is the synchronized wall time")
     return out
 
 
 def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optional[float],
                 opts: Options, threads: int, torch_version: str, name: str) -> TimingResult:
-    """Turn a :class:`Run` into a :class:`TimingResult` with its statistics, warnings and notes."""
-    per = [Clock.primary(s, run.kind) / s.loops for s in run.samples]
-    stats = Stats.of(per)
+    """Turn a :class:`Run` into a :class:`TimingResult` with its statistics, warnings and notes. When the
+    cell's work is mostly on streams the events do not see, the headline is the synchronized wall time."""
     host = [s.host / s.loops for s in run.samples]
     wall = [s.wall / s.loops for s in run.samples] if run.samples[0].wall is not None else None
     dev = [s.device / s.loops for s in run.samples] if run.samples[0].device is not None else None
     host_m = median(host)
     wall_m = median(wall) if wall else None
     dev_m = median(dev) if dev else None
+    kind = "wall" if run.kind == "device" and other_streams(dev_m, wall_m, run.loops, opts.flush_l2) \
+        else run.kind
+    per = [Clock.primary(s, kind) / s.loops for s in run.samples]
+    stats = Stats.of(per)
     settled = stats.settled()
-    warnings = assess(stats, run.kind, host_m, dev_m, wall_m, run.loops, floor, opts.cold, opts.flush_l2)
+    warnings = assess(stats, kind, host_m, dev_m, wall_m, run.loops, floor, opts.cold, opts.flush_l2,
+                      run.syncs)
     if run.stop == "max-time":
         warnings.append(f"not converged within --max-time {opts.max_time:g} s: the median's 95 % CI is "
                         f"+-{fmt_percent(stats.rel_ci)} (want < 1 %), IQR/median "
@@ -322,21 +352,23 @@ def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optio
         notes.append("host time (perf_counter): cpu work is finished when the call returns")
     if opts.cold:
         notes.append("--cold: synchronized after every loop" + (
-            "; device time includes each run's launch latency" if run.kind == "device"
+            "; device time from an event pair per loop, each start queued behind a short device-side spin, "
+            "so neither the gaps between loops nor launch latency count" if run.kind == "device"
             else " (nothing to synchronize on cpu: same as the default)" if run.kind == "host" else ""))
     if opts.flush_l2:
-        what = "L2 cache" if run.kind == "device" else "last-level cache"
-        notes.append(f"--flush-l2: {fmt_bytes(clock.flush_bytes)} (the {what}) is overwritten before every "
+        what = "twice the L2 cache, at least 256 MiB" if run.kind == "device" else \
+            "twice the last-level cache"
+        notes.append(f"--flush-l2: {fmt_bytes(clock.flush_bytes)} ({what}) is overwritten before every "
                      "loop, outside the timed span")
-    first = Clock.primary(run.first, run.kind)
+    first = Clock.primary(run.first, kind)
     return TimingResult(
-        device=str(device), device_name=name, torch_version=torch_version, clock=clock.label, kind=run.kind,
+        device=str(device), device_name=name, torch_version=torch_version, clock=clock.label, kind=kind,
         samples=per, loops=run.loops, median=stats.median, q1=stats.q1, q3=stats.q3, min=stats.min,
         max=stats.max, mean=stats.mean, std=stats.std, ci95=(stats.ci_low, stats.ci_high), first_run=first,
         host=host_m, device_time=dev_m, wall=wall_m, host_samples=host, device_samples=dev, wall_samples=wall,
         memory_before=memory[0], memory_peak=memory[1], memory_reserved_growth=memory[2], floor=floor,
         converged=settled and run.stop != "max-time", stop_reason=run.stop, elapsed=run.elapsed,
         warmup_loops=run.warmup_runs, threads=threads, cold=opts.cold, flush_l2=opts.flush_l2,
-        warnings=warnings, notes=notes,
+        host_syncs=run.syncs, warnings=warnings, notes=notes,
     )
 

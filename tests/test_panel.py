@@ -139,7 +139,7 @@ def test_buttons_pause_reset_and_empty_cache():
         assert "paused" in p.title.value
         p.pause_button.click()
         assert not p.sampler.paused and p.pause_button.description == "Pause"
-        p.sampler.note_cell(memory.CellRecord(1, "x", 0.0, 0, 10**12))
+        p.sampler.note_cell(memory.CellRecord(1, "x", 0.0, 0.0, 0, 10**12))
         p.reset_button.click()
         assert p.sampler.latest.host.peak_rss < 10**12
         p.empty_button.click()  # no CUDA here: nothing to give back, and no error
@@ -173,15 +173,15 @@ def test_sparkline_is_inline_svg_and_bounded():
 # ---- %gpumem through the shell ---------------------------------------------------------------------
 def test_gpumem_shows_one_live_model_and_stop_ends_it(ip):
     with capture_output() as first:
-        run(ip, "%gpumem --interval 0.1")
+        run(ip, "%gpumem --widget --interval 0.1")
     (model_id,) = _shown_model_ids(first)
     assert len(_threads()) == 1
     with capture_output() as again:
-        run(ip, "%gpumem")
+        run(ip, "%gpumem --widget")
     assert _shown_model_ids(again) == [model_id]  # the same live model, not a second sampler
     assert len(_threads()) == 1
     assert _panel(ip).sampler.interval == 0.1
-    run(ip, "%gpumem --interval 0.5")
+    run(ip, "%gpumem --widget --interval 0.5")
     assert _panel(ip).sampler.interval == 0.5 and len(_threads()) == 1
     with capture_output() as stopped:
         run(ip, "%gpumem stop")
@@ -203,18 +203,19 @@ def test_gpumem_bad_input_is_one_line_usage_error_and_changes_nothing(ip, line):
 
 
 def test_interval_error_names_the_valid_range(ip):
-    error = run_error(ip, "%gpumem --interval 0")
+    error = run_error(ip, "%gpumem --widget --interval 0")
     assert "between 0.05 and 60 seconds" in str(error)
 
 
 def test_per_cell_accounting_through_the_shell(ip):
     with capture_output():
-        run(ip, "%gpumem --interval 0.2")
+        run(ip, "%gpumem --widget --interval 0.2")
     first = ip.execution_count  # cells that store history are numbered, as in a notebook
     ip.run_cell("block = bytearray(64 * 1024 * 1024); block[::4096] = b'1' * len(block[::4096])",
                 store_history=True).raise_error()
     ip.run_cell("del block", store_history=True).raise_error()
     p = _panel(ip)
+    assert _wait_for(lambda: "del block" in p.cells.value)  # drawn by the sampler's next tick
     cells = p.cells.value
     assert "block = bytearray(64 * 1024 * 1024)" in cells and "del block" in cells
     records = list(_magics(ip)._cells.records)
@@ -226,23 +227,23 @@ def test_per_cell_accounting_through_the_shell(ip):
     assert records[1].rss_delta < -48 * MiB
     assert records[0].rss_peak is None or records[0].rss_peak > 64 * MiB
     with capture_output():
-        run(ip, "%gpumem --cells off")
-    assert _magics(ip)._cells is None and "off" in p.cells.value
+        run(ip, "%gpumem --widget --cells off")
+    assert _magics(ip)._cells is None and _wait_for(lambda: "off" in p.cells.value)
     assert _magics(ip)._pre_cell not in ip.events.callbacks["pre_run_cell"]
     run(ip, "x = 1")
     with capture_output():
-        run(ip, "%gpumem")  # showing the panel again keeps the user's choice
+        run(ip, "%gpumem --widget")  # showing the panel again keeps the user's choice
     assert _magics(ip)._cells is None
     with capture_output():
-        run(ip, "%gpumem --cells on")
+        run(ip, "%gpumem --widget --cells on")
     run(ip, "y = 2")
-    assert "y = 2" in p.cells.value
+    assert _wait_for(lambda: "y = 2" in p.cells.value)
     run(ip, "%gpumem stop")
 
 
 def test_closing_the_widget_unhooks_the_cell_events(ip):
     with capture_output():
-        run(ip, "%gpumem --interval 0.1")
+        run(ip, "%gpumem --widget --interval 0.1")
     magics = _magics(ip)
     assert magics._post_cell in ip.events.callbacks["post_run_cell"]
     _panel(ip).widget.close()
@@ -252,7 +253,7 @@ def test_closing_the_widget_unhooks_the_cell_events(ip):
 
 def test_unload_stops_the_sampler_within_one_interval(ip):
     with capture_output():
-        run(ip, "%gpumem --interval 5")
+        run(ip, "%gpumem --widget --interval 5")
     time.sleep(0.1)
     t0 = time.monotonic()
     torchgpu_magic.unload_ipython_extension(ip)
@@ -270,7 +271,7 @@ def test_hundred_cycles_leave_no_thread_no_widget_no_hook(ip):
     events_before = _hooks(ip)
     for i in range(100):
         with capture_output():
-            run(ip, "%gpumem --interval 0.05")
+            run(ip, "%gpumem --widget --interval 0.05")
         if i % 2:
             run(ip, "%gpumem stop")
         else:
@@ -293,7 +294,7 @@ def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypat
 def test_gpumem_on_scripted_nvml_shows_the_gpu(ip, fake_nvml):
     fake_nvml("h100_busy")
     with capture_output():
-        run(ip, "%gpumem --interval 0.05")
+        run(ip, "%gpumem --widget --interval 0.05")
     p = _panel(ip)
     assert [t.nvml_index for t in p.sampler.targets] == [0]
     assert _wait_for(lambda: "NVIDIA H100 80GB HBM3" in p.gpus.value and "30.0 GiB" in p.gpus.value)

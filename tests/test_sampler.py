@@ -182,7 +182,7 @@ def test_peaks_fold_samples_and_cells():
     sampler = memory.Sampler([], interval=0.05)
     first = sampler.sample_now()
     assert first.host.peak_rss >= first.host.rss
-    record = memory.CellRecord(1, "x", 0.1, 0, first.host.rss + 512 * MiB,
+    record = memory.CellRecord(1, "x", 0.0, 0.1, 0, first.host.rss + 512 * MiB,
                                (memory.CellGPU(0, 0, 3 * MiB),))
     sampler.note_cell(record)
     assert sampler.sample_now().host.peak_rss == first.host.rss + 512 * MiB

@@ -299,3 +299,153 @@ def test_gpumem_on_scripted_nvml_shows_the_gpu(ip, fake_nvml):
     assert [t.nvml_index for t in p.sampler.targets] == [0]
     assert _wait_for(lambda: "NVIDIA H100 80GB HBM3" in p.gpus.value and "30.0 GiB" in p.gpus.value)
     run(ip, "%gpumem stop")
+
+
+# ---- records, modes, snapshots ---------------------------------------------------------------------
+def test_records_are_returned_kept_after_stop_and_exported(ip, tmp_path):
+    with capture_output():
+        run(ip, "%gpumem --widget --interval 0.5")
+    ip.run_cell("a = 1", store_history=True).raise_error()
+    ip.run_cell("b = 2", store_history=True).raise_error()
+    records = run(ip, "%gpumem --records -o")
+    assert [r.first_line for r in records][-2:] == ["a = 1", "b = 2"]
+    with capture_output():
+        run(ip, "%gpumem stop")
+    kept = run(ip, "%gpumem --records")
+    assert [r.first_line for r in kept][-3:] == ["a = 1", "b = 2", "%gpumem --records -o"]
+    kept.to_csv(tmp_path / "cells.csv")
+    assert "a = 1" in (tmp_path / "cells.csv").read_text()
+    assert run_error(ip, "%gpumem --records --interval 1").args[0].startswith("%gpumem: --records")
+
+
+def test_a_shell_without_a_kernel_gets_text_mode_lines_and_no_thread(ip):
+    with capture_output() as started:
+        run(ip, "%gpumem")
+    shown = "".join(o.data.get("text/plain", "") for o in started.outputs)
+    assert "Memory (this process)" in shown and "one line after each cell" in started.stdout
+    assert _threads() == [] and _panel(ip) is None
+    with capture_output() as cell:
+        ip.run_cell("block = bytearray(32 * 1024 * 1024); block[::4096] = b'1' * len(block[::4096])",
+                    store_history=True).raise_error()
+    (line,) = [x for x in cell.stdout.splitlines() if x.startswith("[gpumem]")]
+    assert " · host +3" in line and "MiB" in line  # +32.x MiB, or +3x MiB with the interpreter's own
+    assert _threads() == []
+    with capture_output() as stopped:
+        run(ip, "%gpumem stop")
+    assert "per-cell lines stopped" in stopped.stdout
+    with capture_output() as after:
+        run(ip, "x = 1")
+    assert "[gpumem]" not in after.stdout
+    assert run_error(ip, "%gpumem --text --widget").args[0].startswith("%gpumem: --text and --widget")
+
+
+def test_kernel_frontend_gets_the_panel_whatever_is_importable(ip, monkeypatch):
+    from torchgpu_magic.magics import gpumem
+
+    monkeypatch.setattr(gpumem, "shows_widgets", lambda shell: True)
+    with capture_output() as out:
+        run(ip, "%gpumem --interval 0.2")
+    assert len(_shown_model_ids(out)) == 1 and len(_threads()) == 1
+    with capture_output() as text:
+        run(ip, "%gpumem --text")  # the explicit choice wins, and the panel closes
+    assert _threads() == [] and _panel(ip) is None and "one line after each cell" in text.stdout
+    run(ip, "%gpumem stop")
+
+
+def test_colab_refreshes_the_panel_after_each_cell_from_the_main_thread(ip, monkeypatch):
+    import types
+
+    from torchgpu_magic.magics import gpumem
+
+    monkeypatch.setattr(gpumem, "shows_widgets", lambda shell: True)
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    drawn_on = []
+    real_update = panel.MemoryPanel.update
+
+    def update(self, snapshot):
+        drawn_on.append(threading.current_thread() is threading.main_thread())
+        real_update(self, snapshot)
+
+    monkeypatch.setattr(panel.MemoryPanel, "update", update)
+    with capture_output():
+        run(ip, "%gpumem --interval 0.05")
+    assert _threads() == [], "no thread in Colab: its updates would not show"
+    p = _panel(ip)
+    stamp = p.title.value
+    time.sleep(1.1)
+    ip.run_cell("made_in_colab = bytearray(1024)", store_history=True).raise_error()
+    assert "made_in_colab = bytearray(1024)" in p.cells.value  # drawn at once, not on a later tick
+    assert p.title.value != stamp
+    assert drawn_on and all(drawn_on)
+    with capture_output():
+        run(ip, "%gpumem --refresh thread")  # the option overrides the detection
+    assert len(_threads()) == 1
+    with capture_output():
+        run(ip, "%gpumem --refresh cell")
+    assert _wait_for(lambda: _threads() == [])
+    run(ip, "%gpumem stop")
+
+
+def test_gpus_are_remapped_on_the_main_thread_never_in_the_sampler_thread(ip, monkeypatch):
+    """gpu_map asks torch under warnings.catch_warnings, which is process-wide: done in the sampler
+    thread it could swallow the warnings of the user's running cell."""
+    import warnings
+
+    from torchgpu_magic.memory import figures
+
+    state = ["not imported"]
+    for module in (memory, figures):
+        monkeypatch.setattr(module, "cuda_state", lambda: state[0])
+    from torchgpu_magic.memory import sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "cuda_state", lambda: state[0], raising=False)
+    asked_on = []
+    real_targets = GPUMemMagics._targets
+
+    def targets(self):
+        asked_on.append(threading.current_thread().name)
+        return real_targets(self)
+
+    monkeypatch.setattr(GPUMemMagics, "_targets", targets)
+    entered_on = []
+    real_catch = warnings.catch_warnings
+
+    class Recording(real_catch):
+        def __enter__(self):
+            entered_on.append(threading.current_thread().name)
+            return super().__enter__()
+
+    monkeypatch.setattr(warnings, "catch_warnings", Recording)
+    with capture_output():
+        run(ip, "%gpumem --widget --interval 0.05")
+    time.sleep(0.2)
+    state[0] = "not initialised"  # as after the user's first `import torch`
+    ip.run_cell("import warnings as w\nwith w.catch_warnings(record=True) as got:\n"
+                "    w.simplefilter('always')\n    for i in range(50):\n        w.warn(f'user {i}')\n"
+                "n_warnings = len(got)", store_history=True).raise_error()
+    time.sleep(0.3)
+    assert ip.user_ns["n_warnings"] == 50
+    assert len(asked_on) >= 2, "the state change was not followed"
+    main = threading.main_thread().name
+    assert set(asked_on) == {main}
+    assert memory.THREAD_NAME not in entered_on
+    run(ip, "%gpumem stop")
+
+
+def test_the_panels_bundle_carries_text_and_html_snapshots(ip, monkeypatch):
+    with capture_output() as out:
+        run(ip, "%gpumem --widget --interval 0.2")
+    (bundle,) = [o.data for o in out.outputs if WIDGET_MIME in o.data]
+    assert 'class="tgm-snapshot"' in bundle["text/html"] and "tgm-host-rss" in bundle["text/html"]
+    assert "<script" not in bundle["text/html"] and "http" not in bundle["text/html"]
+    assert bundle["text/plain"].startswith("%gpumem a snapshot") and "RSS" in bundle["text/plain"]
+    ip.run_cell("snap_cell = 1", store_history=True).raise_error()
+    fresh = _panel(ip).static_bundle()
+    assert "snap_cell = 1" in fresh["text/html"] and "[gpumem]" in fresh["text/plain"]
+    with capture_output() as stopped:
+        run(ip, "%gpumem stop")
+    # the panel's output is rewritten with its last state (the plain shell prints it)
+    (final,) = [o.data for o in stopped.outputs]
+    assert WIDGET_MIME not in final  # the view is gone: the snapshot alone
+    assert "panel closed: the figures as they were last" in final["text/plain"]
+    assert "snap_cell = 1" in final["text/html"]

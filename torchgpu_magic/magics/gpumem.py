@@ -172,6 +172,7 @@ class GPUMemMagics(MagicsPart):
             self._panel = live
             self._cells_wanted = True
             self._cell_refresh = in_colab() if refresh is None else refresh == "cell"
+            live.refresh()  # figures from the start: the output's snapshot is taken when shown
             if not self._cell_refresh:
                 sampler.start()
         else:
@@ -190,7 +191,7 @@ class GPUMemMagics(MagicsPart):
         elif self._cells is None:
             self._hook_cells()
         live.show_cells(self._cells.records if self._cells else (), on=self._cells is not None)
-        if self._cell_refresh or not live.sampler.running:
+        if self._cell_refresh:
             live.refresh()
         return live
 

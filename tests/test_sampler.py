@@ -9,8 +9,8 @@ import fake_pynvml
 import pytest
 
 from torchgpu_magic import memory, nvml
-from torchgpu_magic.memory import sampler as sampler_module
 from torchgpu_magic.errors import MagicInputError
+from torchgpu_magic.memory import sampler as sampler_module
 
 MiB = 1024 * 1024
 H100 = memory.GPUTarget(None, 0, "NVIDIA H100 80GB HBM3")

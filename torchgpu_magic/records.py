@@ -15,8 +15,7 @@ import collections
 import csv
 import html
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
 from .render import Table, fmt_bytes, fmt_seconds, html_lines
 
@@ -25,12 +24,11 @@ _GPU_FIELDS = ("delta", "peak", "nvml_delta")
 _CELL_FIELDS = ("number", "first_line", "start", "seconds", "rss_delta", "rss_peak")
 
 
-@dataclass(frozen=True)
-class CellGPU:
+class CellGPU(NamedTuple):
     """One GPU's figures for one cell: torch's allocated memory after minus before (``delta``), the
     highest allocated during (``peak``), and this process's NVML usage after minus before
     (``nvml_delta``: the CUDA context, cuBLAS workspaces and torch's cache growth count here; None where
-    NVML cannot say)."""
+    NVML cannot say). A named tuple, like :class:`CellRecord`: immutable and cheap to make."""
 
     torch_index: int
     delta: int
@@ -43,10 +41,12 @@ class CellGPU:
         return f"cuda:{self.torch_index}"
 
 
-@dataclass(frozen=True)
-class CellRecord:
+class CellRecord(NamedTuple):
     """What one cell did. ``start`` is the wall-clock time it began (``time.time()``); ``rss_peak`` is
-    None where the OS cannot reset its high-water mark, ``rss_delta`` None where it cannot be read."""
+    None where the OS cannot reset its high-water mark, ``rss_delta`` None where it cannot be read.
+
+    A named tuple rather than a frozen dataclass: one is made after every cell, and a frozen
+    dataclass's ``__init__`` (one ``object.__setattr__`` per field) costs several times more."""
 
     number: Optional[int]
     first_line: str
@@ -63,8 +63,8 @@ class CellRecord:
 
     def to_dict(self) -> dict:
         """Plain values for code and JSON."""
-        out = asdict(self)
-        out["gpus"] = [asdict(g) for g in self.gpus]
+        out = self._asdict()
+        out["gpus"] = [g._asdict() for g in self.gpus]
         return out
 
     @classmethod

@@ -318,15 +318,28 @@ def reset_peak_rss() -> bool:
     return True
 
 
+_CPU_ONLY: Any = None  # a torch seen to be built without CUDA or ROCm: its answer never changes
+
+
 def cuda_state() -> str:
-    """How much torch can tell without side effects: see :class:`MemorySnapshot`."""
+    """How much torch can tell without side effects: see :class:`MemorySnapshot`. Asked around every
+    cell, so cheap: ``is_initialized`` first, and a CPU-only build's answer remembered
+    (``is_available`` there costs tens of microseconds, a failed attribute lookup in ``torch._C``)."""
+    global _CPU_ONLY
     torch = sys.modules.get("torch")
     if torch is None:
         return "not imported"
+    if torch is _CPU_ONLY:
+        return "no CUDA"
     try:
-        if not torch.cuda.is_available():
-            return "no CUDA"
-        return "initialised" if torch.cuda.is_initialized() else "not initialised"
+        if torch.cuda.is_initialized():
+            return "initialised"
+        if torch.cuda.is_available():
+            return "not initialised"
+        version = torch.version
+        if getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None:
+            _CPU_ONLY = torch
+        return "no CUDA"
     except Exception:  # noqa: BLE001 - a half-imported or broken torch: say so, never raise
         return "no CUDA"
 

@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import MagicInputError
@@ -52,14 +52,18 @@ def validate_interval(seconds: Any) -> float:
 
 
 # ---- per-cell accounting ---------------------------------------------------------------------------
-@dataclass
 class _CellStart:
-    t0: float
-    wall: float
-    rss: Optional[int]
-    peak_reset: bool
-    allocated: dict = field(default_factory=dict)
-    nvml: dict = field(default_factory=dict)
+    """The figures a cell started from (a plain slotted class: made before every cell)."""
+
+    __slots__ = ("t0", "wall", "rss", "peak_reset", "allocated", "nvml")
+
+    def __init__(self, wall: float, rss: Optional[int], peak_reset: bool) -> None:
+        self.t0 = 0.0
+        self.wall = wall
+        self.rss = rss
+        self.peak_reset = peak_reset
+        self.allocated: dict = {}
+        self.nvml: dict = {}
 
 
 def _first_line(source: str) -> str:
@@ -102,7 +106,7 @@ class CellLog:
 
     def start(self) -> None:
         """Record the figures before a cell and reset the peak counters."""
-        begin = _CellStart(0.0, time.time(), self._host.rss(), self._host.reset_peak())
+        begin = _CellStart(time.time(), self._host.rss(), self._host.reset_peak())
         cuda = initialised_cuda()
         if cuda is not None:
             try:

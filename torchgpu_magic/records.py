@@ -243,8 +243,8 @@ class CellRecords:
         since = ""
         if self._records:
             since = " since " + time.strftime("%H:%M:%S", time.localtime(self._records[0].start))
-        lines = [f"{t['cells']} cells{since} ({t['dropped']} older dropped)" if t["dropped"]
-                 else f"{t['cells']} cells{since}",
+        cells = f"{t['cells']} cell{'' if t['cells'] == 1 else 's'}{since}"
+        lines = [f"{cells} ({t['dropped']} older dropped)" if t["dropped"] else cells,
                  f"total time {fmt_seconds(t['seconds'])} · host RSS {fmt_bytes(t['rss_delta'], signed=True)}"
                  + ("" if t["rss_peak"] is None else f" (highest peak {fmt_bytes(t['rss_peak'])})")]
         for label, g in t["gpus"].items():

@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 
 pytestmark = pytest.mark.notebook
+pytest.importorskip("nbclient", reason="needs nbclient and nbformat (the IPython 7 leg has neither)")
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 ALLOC_CELL = ("block = bytearray(256 * 2**20)  # kept: the snapshot must show this cell\n"

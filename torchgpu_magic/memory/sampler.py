@@ -115,8 +115,8 @@ class CellLog:
                     begin.allocated[index] = int(cuda.memory_allocated(index))
             except Exception:  # noqa: BLE001 - a lost GPU: this cell gets no GPU figures
                 begin.allocated.clear()
-        if self.targets:
-            begin.nvml = self._nvml_usage()
+            if self.targets:  # before CUDA is initialised this process holds nothing: 0, not asked
+                begin.nvml = self._nvml_usage()
         begin.t0 = time.perf_counter()  # the cell's time leaves out this hook's own
         self._start = begin
 

@@ -309,3 +309,19 @@ def test_host_counters_agree_with_psutil_and_reset_the_peak():
             assert peak >= now + 48 * MiB
     finally:
         counters.close()
+
+
+def test_cell_nvml_delta_is_this_process_usage_after_minus_before(fake_nvml, monkeypatch):
+    module = fake_nvml("h100_busy")
+    cuda = _ScriptedCuda()
+    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    log = memory.CellLog(targets=[memory.GPUTarget(0, 0, "NVIDIA H100 80GB HBM3")])
+    log.start()
+    cuda.alloc(2 * MiB)
+    module.machine.gpus[0].compute[0].usedGpuMemory = 40960 * MiB  # the context and cache grew
+    (g,) = log.finish(1, "x = torch.ones(...)").gpus
+    assert (g.torch_index, g.delta, g.peak, g.nvml_delta) == (0, 2 * MiB, 2 * MiB, 10240 * MiB)
+    log.start()
+    module.machine.gpus[0].errors.update(fake_pynvml._lost_errors())
+    (g,) = log.finish(2, "y").gpus
+    assert g.nvml_delta is None and g.delta == 0  # NVML lost: no NVML figure, torch's still there

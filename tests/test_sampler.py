@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 
@@ -325,3 +326,20 @@ def test_cell_nvml_delta_is_this_process_usage_after_minus_before(fake_nvml, mon
     module.machine.gpus[0].errors.update(fake_pynvml._lost_errors())
     (g,) = log.finish(2, "y").gpus
     assert g.nvml_delta is None and g.delta == 0  # NVML lost: no NVML figure, torch's still there
+
+
+def test_cell_nvml_delta_on_a_mig_slice_asks_the_slice(fake_nvml, monkeypatch):
+    """A non-root user on a MIG slice: the whole GPU refuses its process lists, the slice answers, so the
+    per-cell NVML delta must come from the slice (asking the parent gives no figure at all)."""
+    module = fake_nvml("mig_user")
+    gpu = module.machine.gpus[0]
+    mine = fake_pynvml.FakeProcess(os.getpid(), 1024 * MiB, gpuInstanceId=2, computeInstanceId=0)
+    gpu.compute.append(mine)
+    cuda = _ScriptedCuda()
+    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    slice_uuid = gpu.migs[1].uuid
+    log = memory.CellLog(targets=[memory.GPUTarget(0, 0, "MIG 3g.20gb", slice_uuid)])
+    log.start()
+    mine.usedGpuMemory = 1536 * MiB
+    (g,) = log.finish(1, "x = torch.ones(...)").gpus
+    assert g.nvml_delta == 512 * MiB

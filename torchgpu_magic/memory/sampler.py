@@ -97,7 +97,7 @@ class CellLog:
             if target.torch_index is None or target.nvml_index is None:
                 continue
             try:
-                process = _nvml_figures(target.nvml_index, os.getpid())[2]
+                process = _nvml_figures(target.nvml_index, os.getpid(), target.mig_uuid)[2]
             except Exception:  # noqa: BLE001 - NVML failing costs this cell its NVML figures only
                 process = None
             if not is_na(process):

@@ -90,7 +90,7 @@ class ClusterTiming(TimingComparison):
         return self.table().to_html() + html_lines(self.notes())
 
     def to_dict(self) -> dict:
-        return {"rows": [dict(label=label, host=self.hosts.get(label, ""), **result.to_dict())
+        return {"rows": [dict(label=label, engine_host=self.hosts.get(label, ""), **result.to_dict())
                          for label, result in self.rows],
                 "failed": [{"label": label, "problem": problem} for label, problem in self.failed],
                 "median": self.median if self.rows else None, "spread": self.spread if self.rows else None,

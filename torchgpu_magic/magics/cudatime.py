@@ -154,8 +154,11 @@ class CUDATimeMagics(MagicsPart):
             action = actions.get(name) or (actions.get(token[:2]) if not token.startswith("--") else None)
             attached = "=" in token or (not token.startswith("--") and len(token) > 2)
             index += 1
-            if action is not None and action.nargs != 0 and not attached:
+            if action is not None and action.nargs not in (0, "?") and not attached:
                 index += 1  # the option's value
+            elif action is not None and action.nargs == "?" and not attached and index < len(tokens) \
+                    and tokens[index].group().isidentifier():
+                index += 1  # --cluster NAME: an optional value, a name when there is one
         return line, ""
 
     @staticmethod

@@ -304,6 +304,47 @@ def test_ontorch_local_cluster_order_without_launcher_variables(sh, rc):
         rc[:].apply_sync(_set_env, devices.ORDER_VAR, None)
 
 
+# ---- %gpumem --cluster ---------------------------------------------------------------------------
+
+def test_gpumem_cluster_text_table(sh, rc):
+    snap = run(sh, "%gpumem --cluster rc --text -o")
+    assert [r["engine"] for r in snap.rows] == ["engine 0", "engine 1", "engine 2"]
+    assert all(r["rss"] and r["rss"] > 0 for r in snap.rows)
+    text = sh.display_formatter.formatters["text/plain"](snap)
+    assert text.startswith("%gpumem --cluster") and "process RSS" in text
+
+
+def test_gpumem_cluster_panel_peaks_per_cell_and_stop(sh, rc):
+    import threading as th
+
+    from torchgpu_magic.cluster.memory import THREAD_NAME
+
+    run(sh, "%gpumem --cluster rc --widget --interval 0.2")
+    try:
+        assert any(t.name == THREAD_NAME for t in th.enumerate())
+        live = sh.magics_manager.registry["GPUMemMagics"]._cluster_live
+
+        def cell_and_wait(count):
+            run(sh, "1 + 1")  # a notebook cell: its peaks per engine come on the next tick
+            deadline = time.monotonic() + 15
+            while len(live[0].latest.cells) < count and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return live[0].latest
+
+        cell_and_wait(1)  # the engines' peaks are reset from here
+        rc[:].execute("import numpy; big = numpy.ones(32 * 2**20 // 8); del big", block=True)
+        latest = cell_and_wait(2)
+        label, peaks = latest.cells[-1]
+        assert set(peaks) == {"engine 0", "engine 1", "engine 2"}
+        rss = {r["engine"]: r["rss"] for r in latest.rows}
+        for engine, peak in peaks.items():  # 32 MiB allocated and freed inside the cell, on every engine
+            assert peak["peak_rss"] >= rss[engine] + 24 * 2**20, (engine, peak, rss[engine])
+        assert "peak per cell and engine" in live[1].widget.value
+    finally:
+        run(sh, "%gpumem stop")
+    assert not any(t.name == THREAD_NAME for t in th.enumerate())
+
+
 # ---- engines that cannot answer ------------------------------------------------------------------
 
 def _block_package(on: bool) -> None:
@@ -359,3 +400,4 @@ def test_engine_killed_mid_call(sh, rc):
     assert "engine 2" in result.to_text()
     after = run(sh, "%gpuinfo --cluster rc --timeout 10 -o")  # the next call still answers
     assert sum(e["ok"] for e in after.engines) == 2
+

@@ -101,7 +101,7 @@ def main() -> None:
         a, t, e = statistics.median(alone), statistics.median(pair), statistics.median(everywhere)
         print(f"%%cudatime --cluster: one engine {a * 1e3:.0f} ms; 2 engines {t * 1e3:.0f} ms "
               f"({(t / a - 1) * 100:+.1f} %); {args.engines} engines {e * 1e3:.0f} ms "
-              f"({(e / a - 1) * 100:+.1f} %) (target <= +5 %; engines beyond this machine's cores share them)")
+              f"({(e / a - 1) * 100:+.1f} %) (target <= +5 %; engines beyond the cores share them)")
     finally:
         ipc.stop_cluster_sync()
 

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ..errors import MagicInputError
 
@@ -287,7 +287,3 @@ def connect(ns: dict, name: Optional[str]) -> Bridge:
     (only, kind), = found.items()
     return _BRIDGES[kind](only, ns[only])
 
-
-def by_engine(replies: Sequence[Reply], fn: Callable[[Reply], Any]) -> list:
-    """``fn(reply)`` for the replies that are ok, in order; a helper for the reports."""
-    return [fn(reply) for reply in replies if reply.ok]

@@ -178,10 +178,32 @@ def test_gpuinfo_cluster_flags_engines_sharing_a_gpu(sh, rc):
     assert (pids[0], "engine 0") in procs and (pids[2], "engine 2") in procs
 
 
-def _set_driver(version: str) -> None:
+def _second_host(on: bool, driver: str = "") -> None:
+    """On an engine: stand in for a node of its own (its host name) whose driver is ``driver``."""
+    import socket
     import sys
 
-    sys.modules["pynvml"].machine.driver = version
+    if on:
+        socket._torchgpu_saved = socket.gethostname
+        socket.gethostname = lambda: "node2"
+        sys.modules["pynvml"].machine.driver = driver
+    else:
+        socket.gethostname = socket._torchgpu_saved
+
+
+def test_gpuinfo_cluster_flags_hosts_with_different_drivers(sh, rc):
+    pids = rc[:].apply_sync(os.getpid)
+    rc[:].apply_sync(_install_fake_nvml, TESTS, pids[:1], pids[1])
+    rc[2].apply_sync(_second_host, True, "550.54.15")
+    try:
+        report = run(sh, "%gpuinfo --cluster rc -o")
+    finally:
+        rc[2].apply_sync(_second_host, False)
+        rc[:].apply_sync(_remove_fake_nvml)
+    assert "node2" in report.hosts and len(report.hosts) == 2
+    assert len(report.gpus) == 16  # the same scripted UUIDs, but on two hosts: two GPUs each
+    flag = next(f for f in report.flags if f.cause == "drivers_differ")
+    assert "550.54.15 on node2" in flag.message and "570.172.08 on" in flag.message
 
 
 def test_gpuinfo_cluster_flags_differing_torch_builds(sh, rc):

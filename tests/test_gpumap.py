@@ -182,3 +182,27 @@ def test_torch_view_captures_driver_warning(monkeypatch):
     view = gpumap.torch_view()
     assert not view.is_available and "too old" in view.warnings[0]
 
+
+
+def test_torch_failing_in_a_forked_child_becomes_notes_not_a_traceback(monkeypatch, fake_nvml, fresh_env):
+    import torch
+
+    from torchgpu_magic import inventory
+
+    def forked(*args):
+        raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+                           "multiprocessing, you must use the 'spawn' start method")
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name in ("get_device_properties", "memory_allocated", "memory_reserved", "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, forked)
+    view = gpumap.torch_view()
+    assert [d.index for d in view.devices] == [0] and view.devices[0].name is NA
+    assert any("get_device_properties failed: RuntimeError: Cannot re-initialize" in w for w in view.warnings)
+    assert any("allocator figures failed" in w for w in view.warnings)
+    fake_nvml("h100")
+    text = inventory.build_report(view_fn=lambda: view).to_text()  # renders, with the notes
+    assert "Cannot re-initialize CUDA in forked subprocess" in text

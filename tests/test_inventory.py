@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+import fake_pynvml
 import pytest
 from conftest import bare, cuda_view
 
@@ -175,6 +176,18 @@ def test_html_and_text_agree(fake_nvml, fresh_env):
     for g in module.machine.gpus:
         assert g.uuid in html and g.uuid in text
     assert "cuda:0" in text and "gen4 x16" in text
+
+
+def test_a_mig_slice_shows_its_own_memory_and_processes(fake_nvml, fresh_env):
+    module = fake_nvml("mig_user")  # a non-root user: the whole GPU's process lists are refused
+    second = module.machine.gpus[0].migs[1]
+    report = inv.build_report(view_fn=lambda: cuda_view([bare(second.uuid)]))
+    (entry,) = report.gpus
+    assert entry.mapping.mig == second.uuid
+    assert entry.snapshot.memory_total == 19968 * MiB  # the 20 GB slice torch uses, not the 40 GB GPU
+    assert entry.snapshot.memory_used == second.memory_used
+    assert entry.process_problem is None
+    assert [p.pid for p in entry.processes] == [fake_pynvml.OTHER_PIDS[0]]
 
 
 def test_strict_gpu_renders_na(fake_nvml, fresh_env):

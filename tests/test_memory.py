@@ -57,8 +57,17 @@ def test_torch_side_derives_cache_and_other():
 def test_process_in_other_pid_namespace_is_said(fake_nvml):
     fake_nvml("container")
     (g,) = memory.collect([H100]).gpus
-    assert g.process == 0 and g.others == (20480 + 8192) * MiB
-    assert any("PID namespace" in p for p in g.problems)
+    # NVML lists the host's PIDs: our share is unknown (not 0), and so is the others' (it includes ours)
+    assert g.process is None and g.others is None and g.used == (4 + 20480 + 8192) * MiB
+    assert any("PID namespace" in p and "N/A" in p for p in g.problems)
+
+
+def test_a_mig_target_is_measured_on_its_slice(fake_nvml):
+    fake_nvml("mig_user")
+    slice_uuid = nvml.gpu_snapshot(0).mig_devices[1].uuid
+    (g,) = memory.collect([memory.GPUTarget(0, 0, "MIG 3g.20gb", slice_uuid)]).gpus
+    assert g.total == 19968 * MiB and g.used == (13 + 2048) * MiB
+    assert g.others == 0 or g.others is None  # the slice's one process reports no memory without root
 
 
 def test_process_list_refused_gives_na_and_hint(fake_nvml):
@@ -108,3 +117,24 @@ def test_figures_agree_with_torch_and_nvml_on_a_real_gpu():
     used, total = nvml.memory(mapping.nvml_index)
     assert g.total == total and abs(g.used - used) <= 256 * MiB
     del x
+
+
+@pytest.mark.gpu
+def test_gpu_one_gib_tensor_figures_and_the_context_on_top():
+    # a fresh process: allocated must be exactly the tensor, and the context must be ours alone
+    from fresh_process import run_fresh
+
+    done = run_fresh(
+        "from torchgpu_magic import gpumap, memory\n"
+        "x = torch.empty(2**30, dtype=torch.uint8, device='cuda')\ntorch.cuda.synchronize()\n"
+        "m = gpumap.gpu_map()[0]\n"
+        "target = memory.GPUTarget(m.torch_index, m.nvml_index, '', m.mig)\n"
+        "(g,) = memory.collect([target]).gpus\n"
+        "assert g.allocated == 2**30, g.allocated\n"
+        "assert 0 <= g.reserved - 2**30 <= 20 * 2**20, g.reserved\n"
+        "assert 250 * 2**20 <= g.process - g.reserved <= 2**30, (g.process, g.reserved)\n"
+        "del x\nassert memory.empty_cache()\n"
+        "(after,) = memory.collect([target]).gpus\n"
+        "assert after.process <= g.process - 2**30 + 20 * 2**20, (after.process, g.process)\n"
+        "print('OK')\n")
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]

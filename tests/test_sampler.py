@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 
@@ -10,6 +11,7 @@ import pytest
 
 from torchgpu_magic import memory, nvml
 from torchgpu_magic.errors import MagicInputError
+from torchgpu_magic.memory import sampler as sampler_module
 
 MiB = 1024 * 1024
 H100 = memory.GPUTarget(None, 0, "NVIDIA H100 80GB HBM3")
@@ -182,7 +184,7 @@ def test_peaks_fold_samples_and_cells():
     sampler = memory.Sampler([], interval=0.05)
     first = sampler.sample_now()
     assert first.host.peak_rss >= first.host.rss
-    record = memory.CellRecord(1, "x", 0.1, 0, first.host.rss + 512 * MiB,
+    record = memory.CellRecord(1, "x", 0.0, 0.1, 0, first.host.rss + 512 * MiB,
                                (memory.CellGPU(0, 0, 3 * MiB),))
     sampler.note_cell(record)
     assert sampler.sample_now().host.peak_rss == first.host.rss + 512 * MiB
@@ -201,3 +203,143 @@ def test_hundred_start_stop_cycles_leave_no_thread():
         other.start()
         other.stop()
     assert _sampler_threads() == []
+
+
+class _ScriptedCuda:
+    """torch.cuda's allocator counters on scripted figures: allocations of known size, exact."""
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.peak = 0
+
+    def device_count(self) -> int:
+        return 1
+
+    def memory_allocated(self, index: int) -> int:
+        return self.allocated
+
+    def max_memory_allocated(self, index: int) -> int:
+        return self.peak
+
+    def reset_peak_memory_stats(self, index: int) -> None:
+        self.peak = self.allocated
+
+    def alloc(self, n: int) -> None:
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+
+
+def test_records_across_1000_cells_are_bounded_in_order_and_exact(monkeypatch):
+    import tracemalloc
+
+    cuda = _ScriptedCuda()
+    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    log = memory.CellLog(keep=100)
+
+    def cells(first: int, count: int) -> None:
+        for n in range(first, first + count):
+            log.start()
+            cuda.alloc(4096 * n)  # a temporary buffer: counts in the peak only
+            cuda.alloc(-4096 * n)
+            cuda.alloc(512 * (n % 7) - 512 * 3)  # what the cell keeps (or frees)
+            log.finish(n, f"\n  cell_{n}()  \nsecond line")
+
+    cells(0, 1000)
+    records = log.records
+    assert len(records) == 100 and records.dropped == 900
+    assert [r.number for r in records] == list(range(900, 1000))
+    for r in records:
+        n = r.number
+        (g,) = r.gpus
+        assert r.first_line == f"cell_{n}()"
+        assert g.delta == 512 * (n % 7) - 512 * 3
+    # peaks exactly: the allocation before the cell plus the temporary buffer
+    allocated = 0
+    for n in range(1000):
+        if n >= 900:
+            g = records[n - 900].gpus[0]
+            assert g.peak == allocated + 4096 * n, n
+        allocated += 512 * (n % 7) - 512 * 3
+    assert records[0].start <= records[-1].start and all(r.seconds >= 0 for r in records)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        cells(1000, 1000)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(log.records) == 100 and log.records.dropped == 1900
+    assert grown < 64 * 1024, f"1000 more cells grew memory by {grown} B"
+
+
+@pytest.mark.gpu
+def test_cell_deltas_are_exact_for_real_cuda_allocations():
+    import torch
+
+    torch.zeros(1, device="cuda")  # CUDA initialised before the cells, as after a first .cuda()
+    log = memory.CellLog()
+    log.start()
+    kept = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+    temporary = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+    del temporary
+    before_del = torch.cuda.memory_allocated(0)
+    record = log.finish(1, "kept = ...")
+    g = next(g for g in record.gpus if g.torch_index == 0)
+    assert g.delta == MiB
+    assert g.peak == before_del + 4 * MiB
+    del kept
+    log.start()
+    record = log.finish(2, "del kept")
+    assert next(g for g in record.gpus if g.torch_index == 0).delta == 0
+
+
+def test_host_counters_agree_with_psutil_and_reset_the_peak():
+    import psutil
+
+    counters = memory.HostCounters()
+    try:
+        rss = counters.rss()
+        assert abs(rss - psutil.Process().memory_info().rss) < 16 * MiB
+        both = counters.rss_and_peak()
+        assert abs(both[0] - rss) < 16 * MiB
+        if counters.reset_peak():
+            big = bytearray(64 * MiB)
+            big[::4096] = b"\x01" * len(big[::4096])
+            del big
+            now, peak = counters.rss_and_peak()
+            assert peak >= now + 48 * MiB
+    finally:
+        counters.close()
+
+
+def test_cell_nvml_delta_is_this_process_usage_after_minus_before(fake_nvml, monkeypatch):
+    module = fake_nvml("h100_busy")
+    cuda = _ScriptedCuda()
+    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    log = memory.CellLog(targets=[memory.GPUTarget(0, 0, "NVIDIA H100 80GB HBM3")])
+    log.start()
+    cuda.alloc(2 * MiB)
+    module.machine.gpus[0].compute[0].usedGpuMemory = 40960 * MiB  # the context and cache grew
+    (g,) = log.finish(1, "x = torch.ones(...)").gpus
+    assert (g.torch_index, g.delta, g.peak, g.nvml_delta) == (0, 2 * MiB, 2 * MiB, 10240 * MiB)
+    log.start()
+    module.machine.gpus[0].errors.update(fake_pynvml._lost_errors())
+    (g,) = log.finish(2, "y").gpus
+    assert g.nvml_delta is None and g.delta == 0  # NVML lost: no NVML figure, torch's still there
+
+
+def test_cell_nvml_delta_on_a_mig_slice_asks_the_slice(fake_nvml, monkeypatch):
+    """A non-root user on a MIG slice: the whole GPU refuses its process lists, the slice answers, so the
+    per-cell NVML delta must come from the slice (asking the parent gives no figure at all)."""
+    module = fake_nvml("mig_user")
+    gpu = module.machine.gpus[0]
+    mine = fake_pynvml.FakeProcess(os.getpid(), 1024 * MiB, gpuInstanceId=2, computeInstanceId=0)
+    gpu.compute.append(mine)
+    cuda = _ScriptedCuda()
+    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    slice_uuid = gpu.migs[1].uuid
+    log = memory.CellLog(targets=[memory.GPUTarget(0, 0, "MIG 3g.20gb", slice_uuid)])
+    log.start()
+    mine.usedGpuMemory = 1536 * MiB
+    (g,) = log.finish(1, "x = torch.ones(...)").gpus
+    assert g.nvml_delta == 512 * MiB

@@ -82,7 +82,8 @@ def _pci_text(props: Any) -> Any:
 
 
 def torch_view() -> TorchView:
-    """Ask torch what it can use. Never initialises CUDA unless torch is a CUDA build and a GPU is usable."""
+    """Ask torch what it can use. Never initialises CUDA unless torch is a CUDA build and a GPU is usable;
+    never raises for what torch cannot answer (those are ``warnings``, shown as notes)."""
     import torch
 
     view = TorchView(version=str(torch.__version__), cuda=torch.version.cuda,
@@ -98,22 +99,43 @@ def torch_view() -> TorchView:
             view.is_available = bool(torch.cuda.is_available())
         view.warnings = [" ".join(str(w.message).split()) for w in caught]
     if view.is_available:
-        view.device_count = torch.cuda.device_count()
+        try:
+            view.device_count = torch.cuda.device_count()
+        except Exception as exc:  # noqa: BLE001 - every problem is a note in the report, never a traceback
+            view.warnings.append(f"torch.cuda.device_count() failed: {_one_line(exc)}")
         for i in range(view.device_count):
-            props = torch.cuda.get_device_properties(i)
-            view.devices.append(TorchDevice(
-                index=i, name=props.name, capability=f"{props.major}.{props.minor}",
-                uuid=_uuid_text(getattr(props, "uuid", None)), pci_bus_id=_pci_text(props),
-                total_memory=int(props.total_memory), allocated=torch.cuda.memory_allocated(i),
-                reserved=torch.cuda.memory_reserved(i), peak=torch.cuda.max_memory_allocated(i),
-            ))
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        view.other_accelerators.append("mps")
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        view.other_accelerators.append("xpu")
+            view.devices.append(_torch_device(torch, i, view.warnings))
+    for name, module in (("mps", getattr(torch.backends, "mps", None)), ("xpu", getattr(torch, "xpu", None))):
+        try:
+            if module is not None and module.is_available():
+                view.other_accelerators.append(name)
+        except Exception as exc:  # noqa: BLE001
+            view.warnings.append(f"torch's {name}.is_available() failed: {_one_line(exc)}")
     return view
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _torch_device(torch: Any, index: int, notes: list) -> TorchDevice:
+    """``cuda:index`` as torch sees it; what torch cannot say (e.g. in a child forked after CUDA was
+    initialised, or with the GPU gone) is NA, with a note in ``notes``."""
+    dev = TorchDevice(index=index)
+    try:
+        props = torch.cuda.get_device_properties(index)
+        dev.name, dev.capability = props.name, f"{props.major}.{props.minor}"
+        dev.uuid, dev.pci_bus_id = _uuid_text(getattr(props, "uuid", None)), _pci_text(props)
+        dev.total_memory = int(props.total_memory)
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"cuda:{index}: torch.cuda.get_device_properties failed: {_one_line(exc)}")
+    try:
+        dev.allocated = torch.cuda.memory_allocated(index)
+        dev.reserved = torch.cuda.memory_reserved(index)
+        dev.peak = torch.cuda.max_memory_allocated(index)
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"cuda:{index}: torch's allocator figures failed: {_one_line(exc)}")
+    return dev
 
 
 # ---- matching torch's GPUs to NVML's ------------------------------------------------------------

@@ -397,8 +397,11 @@ def build_report(index: Optional[int] = None, show_processes: bool = True,
     for entry in entries:
         if entry.nvml_index is not None:
             entry.snapshot = nvml.gpu_snapshot(entry.nvml_index)
+            mig = entry.mapping.mig if entry.mapping is not None and entry.mapping.mig else None
+            if mig:
+                _slice_memory(entry.snapshot, mig)
             if show_processes:
-                procs, entry.process_problem = nvml.processes(entry.nvml_index)
+                procs, entry.process_problem = nvml.processes(entry.nvml_index, mig)
                 entry.processes = [ProcessRow(p.pid, p.name, p.used_memory, p.kind, p.pid == pid)
                                    for p in procs]
     if show_processes:
@@ -442,6 +445,14 @@ def _select(entries: list, index: Optional[int], by_torch: bool) -> None:
             raise MagicInputError(f"no {kind} {index}: there is no GPU here")
         raise MagicInputError(f"no {kind} {index}; valid: {', '.join(map(str, valid))}")
     entries[:] = keep
+
+
+def _slice_memory(snap: Any, mig_uuid: str) -> None:
+    """Show the memory of the MIG instance torch uses, not of the whole GPU (a 10 GB slice is not 80)."""
+    for mig in snap.mig_devices:
+        if mig.uuid == mig_uuid and not is_na(mig.memory_total) and not is_na(mig.memory_used):
+            snap.memory_total, snap.memory_used = mig.memory_total, mig.memory_used
+            snap.memory_free = mig.memory_total - mig.memory_used
 
 
 def _mark_host_pids(entries: list, pid: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from .figures import (
     GPUMemory,
     GPUTarget,
+    HostCounters,
     HostMemory,
     MemorySnapshot,
     collect,
@@ -26,13 +27,15 @@ from .sampler import (
     CellGPU,
     CellLog,
     CellRecord,
+    CellRecords,
     Sampler,
     validate_interval,
 )
 
 __all__ = [
-    "GPUTarget", "HostMemory", "GPUMemory", "MemorySnapshot", "targets_from", "host_memory", "peak_rss",
+    "GPUTarget", "HostCounters", "HostMemory", "GPUMemory", "MemorySnapshot", "targets_from", "host_memory",
+    "peak_rss",
     "reset_peak_rss", "cuda_state", "torch_figures", "collect", "empty_cache",
     "MIN_INTERVAL", "MAX_INTERVAL", "DEFAULT_INTERVAL", "HISTORY_SECONDS", "THREAD_NAME", "validate_interval",
-    "CellGPU", "CellRecord", "CellLog", "Sampler",
+    "CellGPU", "CellRecord", "CellRecords", "CellLog", "Sampler",
 ]

@@ -40,6 +40,7 @@ class GPUTarget:
     torch_index: Optional[int]
     nvml_index: Optional[int]
     name: str = ""
+    mig_uuid: Optional[str] = None  # the MIG instance torch uses: NVML is asked about it, not the GPU
 
     @property
     def label(self) -> str:
@@ -50,8 +51,9 @@ class GPUTarget:
 
 
 def targets_from(mappings: Sequence[Any]) -> list[GPUTarget]:
-    """GPU targets from ``gpumap.gpu_map()`` rows (``torch_index, nvml_index, name``)."""
-    return [GPUTarget(m.torch_index, m.nvml_index, "" if is_na(m.name) else str(m.name)) for m in mappings]
+    """GPU targets from ``gpumap.gpu_map()`` rows (``torch_index, nvml_index, name``, ``mig``)."""
+    return [GPUTarget(m.torch_index, m.nvml_index, "" if is_na(m.name) else str(m.name),
+                      None if is_na(getattr(m, "mig", None)) else getattr(m, "mig", None)) for m in mappings]
 
 
 @dataclass(frozen=True)
@@ -166,13 +168,17 @@ class MemorySnapshot:
             lines.extend(f"{g.target.label}: {p}" for p in g.problems)
         return lines
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+    def to_text(self) -> str:
+        """The snapshot as terminal text (what IPython prints for it)."""
         parts = ["Memory (this process)", "  " + self.host_line()]
         table = self.table()
         if table is not None:
             parts.append(table.to_text(indent="  "))
         parts.extend("  " + line for line in self.notes())
-        p.text("\n".join(parts))
+        return "\n".join(parts)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.to_text())
 
     def _repr_html_(self) -> str:
         table = self.table()
@@ -221,6 +227,88 @@ def peak_rss() -> Optional[int]:
     return None
 
 
+class HostCounters:
+    """This process's RSS and its high-water mark, cheap enough to read around every cell: /proc's files
+    are opened once and re-read with ``pread`` (opening them costs more than reading them), RSS from
+    ``statm``, RSS and peak together from one read of ``status`` (VmRSS, VmHWM), and the peak reset by
+    writing '5' to ``clear_refs``. Off Linux, RSS comes from psutil and the peak is None. Reopens after
+    a fork (the files name the process that opened them); :meth:`close` gives the files back."""
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._fds: dict = {}
+        self._process: Any = None  # psutil.Process, made once, where /proc cannot be read
+
+    def _fd(self, name: str, flags: int) -> Optional[int]:
+        if self._pid != os.getpid():
+            self.close()
+            self._pid = os.getpid()
+        if name not in self._fds:
+            try:
+                self._fds[name] = os.open(f"/proc/self/{name}", flags)
+            except OSError:
+                self._fds[name] = None
+        return self._fds[name]
+
+    def _psutil_rss(self) -> Optional[int]:
+        try:
+            import psutil
+
+            if self._process is None:
+                self._process = psutil.Process()
+            return int(self._process.memory_info().rss)
+        except Exception:  # noqa: BLE001 - an unreadable process must not break a cell
+            return None
+
+    def rss(self) -> Optional[int]:
+        """Resident bytes now."""
+        fd = self._fd("statm", os.O_RDONLY)
+        if fd is not None:
+            try:
+                return int(os.pread(fd, 256, 0).split()[1]) * _PAGE
+            except (OSError, ValueError, IndexError):
+                pass
+        return self._psutil_rss()
+
+    def rss_and_peak(self) -> tuple:
+        """(resident bytes, peak resident bytes since the last reset); the peak None off Linux."""
+        fd = self._fd("status", os.O_RDONLY)
+        if fd is not None:
+            try:
+                text = os.pread(fd, 8192, 0)
+                rss_at, hwm_at = text.find(b"VmRSS:"), text.find(b"VmHWM:")
+                if rss_at >= 0 and hwm_at >= 0:
+                    return (int(text[rss_at + 6:text.index(b"k", rss_at)]) * 1024,
+                            int(text[hwm_at + 6:text.index(b"k", hwm_at)]) * 1024)
+            except (OSError, ValueError):
+                pass
+        return self._psutil_rss(), None
+
+    def reset_peak(self) -> bool:
+        """Reset the peak to the current RSS; False where the OS does not allow it."""
+        fd = self._fd("clear_refs", os.O_WRONLY)
+        if fd is None:
+            return False
+        try:
+            os.write(fd, b"5")
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close the /proc files (they reopen on next use)."""
+        for fd in self._fds.values():
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._fds = {}
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def reset_peak_rss() -> bool:
     """Reset VmHWM to the current RSS (Linux >= 4.0: write '5' to /proc/self/clear_refs); False where
     that is not possible, and a per-cell peak RSS then reads N/A rather than a lifetime maximum."""
@@ -232,15 +320,28 @@ def reset_peak_rss() -> bool:
     return True
 
 
+_CPU_ONLY: Any = None  # a torch seen to be built without CUDA or ROCm: its answer never changes
+
+
 def cuda_state() -> str:
-    """How much torch can tell without side effects: see :class:`MemorySnapshot`."""
+    """How much torch can tell without side effects: see :class:`MemorySnapshot`. Asked around every
+    cell, so cheap: ``is_initialized`` first, and a CPU-only build's answer remembered
+    (``is_available`` there costs tens of microseconds, a failed attribute lookup in ``torch._C``)."""
+    global _CPU_ONLY
     torch = sys.modules.get("torch")
     if torch is None:
         return "not imported"
+    if torch is _CPU_ONLY:
+        return "no CUDA"
     try:
-        if not torch.cuda.is_available():
-            return "no CUDA"
-        return "initialised" if torch.cuda.is_initialized() else "not initialised"
+        if torch.cuda.is_initialized():
+            return "initialised"
+        if torch.cuda.is_available():
+            return "not initialised"
+        version = torch.version
+        if getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None:
+            _CPU_ONLY = torch
+        return "no CUDA"
     except Exception:  # noqa: BLE001 - a half-imported or broken torch: say so, never raise
         return "no CUDA"
 
@@ -266,19 +367,22 @@ def torch_figures(torch_index: int) -> tuple:
         return None, None, None
 
 
-def _nvml_figures(nvml_index: int, pid: int) -> tuple:
-    """(used, total, this process, other processes, problems) from NVML; NA/None where it cannot say."""
+def _nvml_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -> tuple:
+    """(used, total, this process, other processes, problems) from NVML, for the GPU or the MIG instance
+    ``mig_uuid``; NA/None where it cannot say. When NVML lists processes, not this one, and PIDs that do
+    not exist here (a container: NVML gives the host's PIDs), this process's share and the others' are
+    unknown (None), not 0 and everything."""
     from .. import nvml
 
     problems = []
     try:
-        figures = nvml.memory(nvml_index)
+        figures = nvml.memory(nvml_index, mig_uuid)
         used, total = figures if isinstance(figures, tuple) else (figures, figures)
     except Exception as exc:  # noqa: BLE001 - nvml.py should not raise; if it does, show it
         used = total = None
         problems.append(f"NVML memory query failed: {exc}")
     try:
-        procs, problem = nvml.processes(nvml_index)
+        procs, problem = nvml.processes(nvml_index, mig_uuid)
     except Exception as exc:  # noqa: BLE001
         procs, problem = [], None
         problems.append(f"NVML process query failed: {exc}")
@@ -295,10 +399,22 @@ def _nvml_figures(nvml_index: int, pid: int) -> tuple:
             continue
         by_pid[proc.pid] = max(by_pid.get(proc.pid, 0), int(amount))
     mine = by_pid.pop(pid, None)
-    if mine is None and procs:
+    if mine is None and procs and not all(_pid_exists(proc.pid) for proc in procs):
         problems.append("this process is not in NVML's process list (another PID namespace, e.g. a "
-                        "container?): its share is counted with the others")
+                        "container, where NVML lists the host's PIDs): its share is N/A")
+        return used, total, None, None, tuple(problems)
     return used, total, mine if mine is not None else 0, sum(by_pid.values()), tuple(problems)
+
+
+def _pid_exists(pid: int) -> bool:
+    """Whether ``pid`` names a process in this PID namespace (NVML lists the host's PIDs in a container)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 def _problem_text(problem: Any) -> str:
@@ -330,7 +446,7 @@ def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySn
         used = total = process = others = None
         problems: tuple = ()
         if nvml_ok and target.nvml_index is not None:
-            used, total, process, others, problems = _nvml_figures(target.nvml_index, pid)
+            used, total, process, others, problems = _nvml_figures(target.nvml_index, pid, target.mig_uuid)
         allocated = reserved = peak = None
         if target.torch_index is not None:
             allocated, reserved, peak = torch_figures(target.torch_index)

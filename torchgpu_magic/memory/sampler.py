@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence, Union
+from dataclasses import replace
+from typing import Any, Callable, Optional, Sequence
 
 from ..errors import MagicInputError
+from ..records import DEFAULT_KEEP, CellGPU, CellRecord, CellRecords
 from ..render import is_na
 from .figures import (
     GPUTarget,
+    HostCounters,
     MemorySnapshot,
+    _nvml_figures,
     collect,
-    cuda_state,
-    host_memory,
     initialised_cuda,
-    peak_rss,
     reset_peak_rss,
 )
 
@@ -51,57 +52,61 @@ def validate_interval(seconds: Any) -> float:
 
 
 # ---- per-cell accounting ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CellGPU:
-    """One GPU's figures for one cell: allocated after minus before, and the highest allocated during."""
-
-    torch_index: int
-    delta: int
-    peak: int
-
-
-@dataclass(frozen=True)
-class CellRecord:
-    """What one cell did to memory. ``rss_peak`` is None where the OS cannot reset its high-water mark."""
-
-    number: Optional[int]
-    first_line: str
-    seconds: float
-    rss_delta: Optional[int]
-    rss_peak: Optional[int]
-    gpus: tuple = ()
-
-    def to_dict(self) -> dict:
-        """Plain values for code and JSON."""
-        out = asdict(self)
-        out["gpus"] = [asdict(g) for g in self.gpus]
-        return out
-
-
-@dataclass
 class _CellStart:
-    t0: float
-    rss: Optional[int]
-    peak_reset: bool
-    allocated: dict = field(default_factory=dict)
+    """The figures a cell started from (a plain slotted class: made before every cell)."""
+
+    __slots__ = ("t0", "wall", "rss", "peak_reset", "allocated", "nvml")
+
+    def __init__(self, wall: float, rss: Optional[int], peak_reset: bool) -> None:
+        self.t0 = 0.0
+        self.wall = wall
+        self.rss = rss
+        self.peak_reset = peak_reset
+        self.allocated: dict = {}
+        self.nvml: dict = {}
+
+
+def _first_line(source: str) -> str:
+    for line in source.splitlines():
+        if line.strip():
+            return line.strip()[:80]
+    return ""
 
 
 class CellLog:
-    """Per-cell memory accounting: :meth:`start` before a cell, :meth:`finish` after it; keeps the last
-    ``keep`` records.
+    """Per-cell memory accounting: :meth:`start` before a cell, :meth:`finish` after it; the
+    :class:`~torchgpu_magic.records.CellRecords` of the last ``keep`` cells are :attr:`records`.
 
     Before a cell it resets torch's peak counter (``reset_peak_memory_stats``, CUDA already initialised
-    only) and the kernel's peak-RSS mark, so the peaks afterwards are this cell's own.
+    only) and the kernel's peak-RSS mark, so the peaks afterwards are this cell's own. Cheap on purpose
+    (it runs around every cell): host figures come from /proc files kept open (:class:`HostCounters`),
+    nothing is formatted, and NVML is asked only for :attr:`targets` that NVML can see. ``targets`` are
+    set by the owner, on the main thread.
     """
 
-    def __init__(self, keep: int = 10) -> None:
-        self.records: collections.deque = collections.deque(maxlen=keep)
+    def __init__(self, keep: int = DEFAULT_KEEP, targets: Sequence[GPUTarget] = ()) -> None:
+        self.records = CellRecords(keep=keep)
+        self.targets: tuple = tuple(targets)
+        self._host = HostCounters()
         self._start: Optional[_CellStart] = None
+
+    def _nvml_usage(self) -> dict:
+        """This process's NVML usage per torch index, for the targets NVML and torch both see."""
+        usage: dict = {}
+        for target in self.targets:
+            if target.torch_index is None or target.nvml_index is None:
+                continue
+            try:
+                process = _nvml_figures(target.nvml_index, os.getpid(), target.mig_uuid)[2]
+            except Exception:  # noqa: BLE001 - NVML failing costs this cell its NVML figures only
+                process = None
+            if not is_na(process):
+                usage[target.torch_index] = int(process)
+        return usage
 
     def start(self) -> None:
         """Record the figures before a cell and reset the peak counters."""
-        host = host_memory()
-        begin = _CellStart(time.perf_counter(), host.rss if host else None, reset_peak_rss())
+        begin = _CellStart(time.time(), self._host.rss(), self._host.reset_peak())
         cuda = initialised_cuda()
         if cuda is not None:
             try:
@@ -110,32 +115,37 @@ class CellLog:
                     begin.allocated[index] = int(cuda.memory_allocated(index))
             except Exception:  # noqa: BLE001 - a lost GPU: this cell gets no GPU figures
                 begin.allocated.clear()
+            if self.targets:  # before CUDA is initialised this process holds nothing: 0, not asked
+                begin.nvml = self._nvml_usage()
+        begin.t0 = time.perf_counter()  # the cell's time leaves out this hook's own
         self._start = begin
 
     def finish(self, number: Optional[int], source: str) -> Optional[CellRecord]:
         """Close the cell opened by :meth:`start`; None when no cell was open."""
+        seconds = time.perf_counter()
         begin, self._start = self._start, None
         if begin is None:
             return None
-        seconds = time.perf_counter() - begin.t0
-        host = host_memory()
-        rss_delta = host.rss - begin.rss if host and begin.rss is not None else None
-        rss_peak = peak_rss() if begin.peak_reset else None
+        seconds -= begin.t0
+        rss, peak = self._host.rss_and_peak()
+        rss_delta = rss - begin.rss if rss is not None and begin.rss is not None else None
+        rss_peak = peak if begin.peak_reset else None
         gpus = []
         cuda = initialised_cuda()
         if cuda is not None:  # a cell that initialised CUDA itself started from 0 on every GPU
+            nvml = self._nvml_usage() if self.targets else {}
             try:
                 for index in range(cuda.device_count()):
                     before = begin.allocated.get(index, 0)
                     now = int(cuda.memory_allocated(index))
-                    peak = int(cuda.max_memory_allocated(index))
-                    if now or before or peak:
-                        gpus.append(CellGPU(index, now - before, max(peak, now)))
+                    peak_now = int(cuda.max_memory_allocated(index))
+                    nvml_delta = nvml[index] - begin.nvml.get(index, 0) if index in nvml else None
+                    if now or before or peak_now or nvml_delta:
+                        gpus.append(CellGPU(index, now - before, max(peak_now, now), nvml_delta))
             except Exception:  # noqa: BLE001
                 gpus = []
-        lines = [line for line in source.strip().splitlines() if line.strip()]
-        first = lines[0].strip() if lines else ""
-        record = CellRecord(number, first[:80], seconds, rss_delta, rss_peak, tuple(gpus))
+        record = CellRecord(number, _first_line(source), begin.wall, seconds, rss_delta, rss_peak,
+                            tuple(gpus))
         self.records.append(record)
         return record
 
@@ -143,6 +153,12 @@ class CellLog:
         """Forget every record (and an open cell)."""
         self.records.clear()
         self._start = None
+
+    def close(self) -> None:
+        """Give back the /proc files; the records stay."""
+        self._start = None
+        self._host.close()
+
 
 # ---- the sampler thread ----------------------------------------------------------------------------
 class Sampler:
@@ -156,22 +172,22 @@ class Sampler:
     last ``history_seconds`` of snapshots for sparklines. ``peak`` figures are the highest allocated /
     RSS seen since :meth:`reset_peaks`, fed by every sample and by :meth:`note_cell`.
 
-    ``targets`` are the GPUs to watch, or a function returning them: it is called again whenever
-    :func:`cuda_state` changes (say, when the user's first ``.cuda()`` initialises CUDA and torch's
-    indices can be matched to NVML's for real), so the sampler never initialises CUDA itself.
+    ``targets`` are the GPUs to watch; the owner changes them with :meth:`set_targets` from its own
+    thread (say, after the cell whose first ``.cuda()`` initialised CUDA, when torch's indices can be
+    matched to NVML's for real). The sampler thread never works them out itself: that matching asks
+    torch under ``warnings.catch_warnings``, which is process-wide and would swallow the warnings of
+    the user's running cell.
     """
 
     def __init__(
         self,
-        targets: Union[Sequence[GPUTarget], Callable[[], Sequence[GPUTarget]]] = (),
+        targets: Sequence[GPUTarget] = (),
         interval: float = DEFAULT_INTERVAL,
         callback: Optional[Callable[[MemorySnapshot], None]] = None,
         history_seconds: float = HISTORY_SECONDS,
         collector: Callable[[Sequence[GPUTarget]], MemorySnapshot] = collect,
     ) -> None:
-        self._targets_fn = targets if callable(targets) else None
-        self._targets_state: Optional[str] = None
-        self.targets: tuple = () if callable(targets) else tuple(targets)
+        self.targets: tuple = tuple(targets)
         self.callback = callback
         self.history_seconds = float(history_seconds)
         self.last_error: Optional[str] = None
@@ -186,20 +202,11 @@ class Sampler:
         self._thread: Optional[threading.Thread] = None
         self._peaks: dict = {}
         self._peak_rss = 0
-        self._retarget()
 
-    def _retarget(self) -> None:
-        """Ask the targets function again when CUDA's state has changed since it was last asked."""
-        if self._targets_fn is None:
-            return
-        state = cuda_state()
-        if state == self._targets_state:
-            return
-        self._targets_state = state
-        try:
-            self.targets = tuple(self._targets_fn())
-        except Exception as exc:  # noqa: BLE001 - keep sampling the host and the old targets
-            self.last_error = f"finding GPUs failed: {type(exc).__name__}: {exc}"
+    def set_targets(self, targets: Sequence[GPUTarget]) -> None:
+        """Watch ``targets`` from the next sample on."""
+        with self._lock:
+            self.targets = tuple(targets)
 
     # -- settings
     @property
@@ -284,7 +291,6 @@ class Sampler:
     def sample_now(self) -> MemorySnapshot:
         """Take one sample now (any thread), fold it into peaks and history, and call the callback."""
         with self._lock:
-            self._retarget()
             snapshot = self._collector(self.targets)
             snapshot = self._fold_peaks(snapshot)
             self.latest = snapshot

@@ -7,6 +7,7 @@ per-device caches live here once, shared by every module of the package.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterator, Mapping, Optional
 
 _TORCH: Any = None
@@ -199,9 +200,15 @@ def _pinned(tensor: Any, device: str) -> str:
     means nothing. ``device`` is ``device_str(tensor.device)``, which the callers already have."""
     if device != "cpu":
         return "-"
+    # torch's is_pinned asks cudaPointerGetAttributes, which creates a CUDA context on the current GPU
+    # when none has one yet. Pinned memory comes from a CUDA context, so without one the answer is no.
+    torch = sys.modules.get("torch")
     try:
+        if torch is None or not torch.cuda.is_initialized() or not any(
+                torch._C._cuda_hasPrimaryContext(i) for i in range(torch.cuda.device_count())):
+            return "no"
         return "yes" if tensor.is_pinned() else "no"
-    except RuntimeError:
+    except (RuntimeError, AttributeError):
         return "no"
 
 

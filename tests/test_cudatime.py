@@ -56,6 +56,17 @@ def test_default_shows_text_and_html_and_returns_nothing(tip):
     assert "host time (perf_counter)" in shown.data["text/plain"]
 
 
+def test_each_form_names_itself_in_its_header(tip):
+    """The header names the form the user typed: %cudatime for a statement, %%cudatime for a cell."""
+    line = run(tip, f"%cudatime -o -q {FAST} x + 1")
+    cell = run(tip, f"%%cudatime -o -q {FAST}\nx + 1")
+    assert line.to_text().startswith("%cudatime on cpu") and "%cudatime on cpu" in line._repr_html_()
+    assert cell.to_text().startswith("%%cudatime on cpu")
+    rows = run(tip, f"%cudatime -o -q {FAST} --threads 1,2 x + 1")
+    assert rows.to_text().startswith("%cudatime comparison")
+    assert all(result.magic == "%cudatime" for _, result in rows.rows)
+
+
 def test_quiet_shows_nothing(tip):
     with capture_output() as captured:
         run(tip, f"r = %cudatime -o -q {FAST} x + 1")

@@ -101,4 +101,4 @@ def build(replies: Sequence[Any]) -> ClusterTiming:
     """The :class:`ClusterTiming` of the engines' ``remote.cudatime`` replies."""
     rows = [(r.engine, result_of(r.value)) for r in replies if r.ok]
     failed = [(r.engine, r.error_text()) for r in replies if not r.ok]
-    return ClusterTiming(rows, failed, {r.engine: r.host for r in replies})
+    return ClusterTiming(rows, failed=failed, hosts={r.engine: r.host for r in replies})

@@ -84,6 +84,7 @@ class CUDATimeMagics(MagicsPart):
             threads = [self._thread_count(text) for text in self._items(args.threads, "--threads")]
         compiled = self._compile(statement if cell is not None else "",
                                  cell if cell is not None else statement, cell is not None)
+        magic = "%%cudatime" if cell is not None else "%cudatime"
         rows = []
         try:
             for device in targets:
@@ -91,6 +92,7 @@ class CUDATimeMagics(MagicsPart):
                     result = self._row(compiled, device, count, opts, args.devices is not None,
                                                 show_output=not rows)
                     label = str(device) + ("" if count is None else f", {count} thread{'s' * (count != 1)}")
+                    result.magic = magic
                     rows.append((label, result))
         except Exception as exc:  # the cell's own error: show it from the cell's frame, as %time would
             tb = exc.__traceback__
@@ -100,7 +102,7 @@ class CUDATimeMagics(MagicsPart):
                 raise
             raise exc.with_traceback(tb)  # noqa: B904 - the same exception, with our frames left out
         outcome = rows[0][1] if len(rows) == 1 and args.devices is None and args.threads is None \
-            else timing.TimingComparison(rows)
+            else timing.TimingComparison(rows, magic)
         if args.output:
             return outcome
         if not args.quiet:

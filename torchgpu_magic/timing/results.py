@@ -97,6 +97,7 @@ class TimingResult:
     notes: list = field(default_factory=list)
     kernels: Optional[list] = None
     kernels_empty: Optional[str] = None
+    magic: str = "%%cudatime"  # the line form's results say %cudatime
 
     @property
     def iqr(self) -> float:
@@ -133,7 +134,7 @@ class TimingResult:
         return lines
 
     def to_text(self) -> str:
-        title = f"%%cudatime on {self.device} ({self.device_name}), {self.clock}"
+        title = f"{self.magic} on {self.device} ({self.device_name}), {self.clock}"
         lines = [title, "  " + self.headline()] + ["  " + line for line in self.detail_lines()]
         if self.kernels is not None:
             lines.append(self.kernel_table().to_text(indent="  "))
@@ -147,7 +148,7 @@ class TimingResult:
 
     def _repr_html_(self) -> str:
         table = Table(["", "per loop"], align="lr",
-                      title=f"%%cudatime on {self.device} ({self.device_name}), {self.clock}")
+                      title=f"{self.magic} on {self.device} ({self.device_name}), {self.clock}")
         table.add(f"median {_KIND_WORDS[self.kind]}", fmt_seconds(self.median))
         table.add("IQR", fmt_seconds(self.iqr))
         table.add("min / max", f"{fmt_seconds(self.min)} / {fmt_seconds(self.max)}")
@@ -209,6 +210,7 @@ class TimingComparison:
     """Rows of :class:`TimingResult` (``--devices`` / ``--threads``) with speed-up against the first row."""
 
     rows: list  # [(label, TimingResult)]
+    magic: str = "%%cudatime"  # the line form's comparisons say %cudatime
 
     def speedups(self) -> list:
         base = self.rows[0][1].median
@@ -217,7 +219,7 @@ class TimingComparison:
     def table(self) -> Table:
         headers = ["row", "device", "time per loop", "IQR", "min", "samples x loops", "speed-up",
                    "first run", "clock"]
-        title = "%%cudatime comparison (median per loop; speed-up relative to the first row)"
+        title = f"{self.magic} comparison (median per loop; speed-up relative to the first row)"
         table = Table(headers, align="llrrrrrrl", title=title)
         for (label, result), speedup in zip(self.rows, self.speedups()):
             table.add(label, result.device_name, fmt_seconds(result.median), fmt_seconds(result.iqr),

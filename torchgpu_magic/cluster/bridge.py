@@ -5,7 +5,7 @@ A :class:`Bridge` runs one of our engine-side functions (named by its dotted pat
 :class:`Reply` per engine, each under a time limit. An engine that is dead, too slow, lacks torch or lacks
 this package gets a reply that says so (``problem`` and ``message``) while the others still report.
 
-ipyparallel (``Client`` / ``DirectView`` / ``LoadBalancedView``: one ``apply_async`` per engine) and
+ipyparallel (``Client`` / ``DirectView`` / ``LoadBalancedView``: one ``apply_async`` to all engines) and
 distributed (``Client.run`` per worker, each in a daemon thread) are imported only when a user's object of
 theirs is found in the namespace, so this module costs nothing to import.
 """
@@ -114,8 +114,9 @@ class Bridge:
 
 
 class IPyParallelBridge(Bridge):
-    """An ipyparallel ``Client`` or view: one ``apply_async`` per engine, so one slow or dead engine
-    costs the others nothing."""
+    """An ipyparallel ``Client`` or view: one ``apply_async`` to a DirectView of all the engines asked
+    (the function and its arguments serialised once, one result set to watch), then each engine's
+    result read on its own under the deadline, so one slow or dead engine costs the others nothing."""
 
     def __init__(self, name: str, obj: Any) -> None:
         client = getattr(obj, "client", None) or obj
@@ -133,40 +134,81 @@ class IPyParallelBridge(Bridge):
 
     def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
             keys: Optional[Sequence[Any]] = None, **kwargs: Any) -> list:
-        from ipyparallel import error
-
-        from . import remote
-
         keys = self.engines() if keys is None else list(keys)
         alive = set(self.client.ids)
         start = time.monotonic()
-        pending = {}
-        replies = {}
+        replies = {key: Reply(self.label(key), key, False) for key in keys}
+        live = []
         for key in keys:
-            reply = Reply(self.label(key), key, False)
-            replies[key] = reply
-            if key not in alive:
-                reply.problem, reply.message = "dead", "the controller no longer lists this engine"
-                continue
-            try:
-                pending[key] = self.client[key].apply_async(remote.call, target, args, kwargs)
-            except Exception as exc:  # noqa: BLE001 - one engine's failure is its reply, not ours
-                _from_exception(reply, type(exc).__name__, str(exc))
-        deadline = start + timeout
-        for key, result in pending.items():
-            reply = replies[key]
-            try:
-                data = result.get(timeout=max(0.0, deadline - time.monotonic()))
-            except error.TimeoutError:
-                reply.problem, reply.message = "timeout", f"no answer in {timeout:g} s"
-            except error.RemoteError as exc:
-                _from_exception(reply, exc.ename, str(exc.evalue))
-            except Exception as exc:  # noqa: BLE001 - EngineError (died), unreachable controller, ...
-                _from_exception(reply, type(exc).__name__, str(exc))
+            if key in alive:
+                live.append(key)
             else:
-                _envelope(reply, data)
-            reply.seconds = time.monotonic() - start
+                replies[key].problem = "dead"
+                replies[key].message = "the controller no longer lists this engine"
+        if live:
+            for part, result in self._send(live, replies, target, args, kwargs):
+                self._gather(part, result, replies, timeout, start)
         return [replies[key] for key in keys]
+
+    def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict) -> list:
+        """Send the call to every engine in ``live``: ``[(keys, AsyncResult)]``. One DirectView apply;
+        should it fail (an engine gone between the check and the send), one apply per engine, so that
+        only the engine at fault gets the error."""
+        from . import remote
+
+        try:
+            return [(live, self.client[live].apply_async(remote.call, target, args, kwargs))]
+        except Exception:  # noqa: BLE001 - retried per engine below, where each failure is that engine's
+            sent = []
+            for key in live:
+                try:
+                    sent.append(([key], self.client[[key]].apply_async(remote.call, target, args, kwargs)))
+                except Exception as exc:  # noqa: BLE001 - one engine's failure is its reply, not ours
+                    _from_exception(replies[key], type(exc).__name__, str(exc))
+            return sent
+
+    def _gather(self, keys: list, result: Any, replies: dict, timeout: float, start: float) -> None:
+        """Wait for ``result`` (the engines ``keys``) until ``start + timeout``, then fill each engine's
+        reply: all at once when every engine answered (the usual tick), else engine by engine from
+        ``result.split()``, an engine without an answer getting 'timeout'."""
+        result.wait(max(0.0, start + timeout - time.monotonic()))
+        elapsed = time.monotonic() - start
+        if result.ready():
+            answers = result.get(0, return_exceptions=True)
+            for key, answer, seconds in zip(keys, answers, _seconds(result, elapsed)):
+                _fill(replies[key], answer, seconds)
+            return
+        for key, part in zip(keys, result.split()):
+            reply = replies[key]
+            if part.ready():
+                _fill(reply, part.get(0, return_exceptions=True), _seconds(part, elapsed)[0])
+            else:
+                reply.problem, reply.message = "timeout", f"no answer in {timeout:g} s"
+                reply.seconds = elapsed
+
+
+def _seconds(result: Any, elapsed: float) -> list:
+    """Each engine's round trip in ``result`` from ipyparallel's metadata (sent to received);
+    ``elapsed`` where the metadata lacks it."""
+    submitted, received = result["submitted"], result["received"]
+    if not isinstance(submitted, list):  # a single-engine result
+        submitted, received = [submitted], [received]
+    return [(r - s).total_seconds() if r is not None and s is not None else elapsed
+            for s, r in zip(submitted, received)]
+
+
+def _fill(reply: Reply, answer: Any, seconds: float) -> None:
+    """One engine's answer (the envelope from :func:`remote.call`, or the exception ipyparallel stored:
+    RemoteError, EngineError for an engine that died) into its reply."""
+    from ipyparallel import error
+
+    if isinstance(answer, error.RemoteError):
+        _from_exception(reply, answer.ename, str(answer.evalue))
+    elif isinstance(answer, BaseException):
+        _from_exception(reply, type(answer).__name__, str(answer))
+    else:
+        _envelope(reply, answer)
+    reply.seconds = seconds
 
 
 class DaskBridge(Bridge):

@@ -2,8 +2,8 @@
 each notebook cell per engine.
 
 :class:`ClusterSampler` asks every engine for one memory sample per interval (``remote.memory_sample``)
-from a named daemon thread, so the notebook never waits; after a notebook cell it also asks for the
-peaks since the previous cell (``remote.cell_peaks``, which resets them). Each tick produces a
+from a named daemon thread, so the notebook never waits; after a notebook cell the same call also brings
+the peaks since the previous cell (``remote.cell_peaks``, which resets them). Each tick produces a
 :class:`ClusterMemory`: a row per engine's GPU (memory bar, sparkline of the recent history) and the
 per-cell peaks per engine. The thread only calls ``on_update`` (the panel sets one widget value there).
 """
@@ -131,12 +131,11 @@ class ClusterSampler:
 
     def tick(self) -> ClusterMemory:
         """One sample of every engine (and the peaks of cells ended since the last one)."""
-        timeout = max(5.0, 2 * self.interval)
-        replies = self.bridge.run("memory_sample", timeout=timeout)
         with self._lock:
             pending, self._pending = self._pending, []
+        replies = self.bridge.run("memory_sample", bool(pending), timeout=max(5.0, 2 * self.interval))
         if pending:
-            peaks = {r.engine: r.value for r in self.bridge.run("cell_peaks", timeout=timeout) if r.ok}
+            peaks = {r.engine: r.value["cell_peaks"] for r in replies if r.ok}
             self._cells.append((", ".join(pending), peaks))
         rows = []
         for reply in replies:

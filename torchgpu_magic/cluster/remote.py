@@ -114,9 +114,10 @@ def cudatime(setup: str, body: str, options: dict, device: Optional[str] = None)
     return timing.time_cell(compiled, target, opts, show_output=False).to_dict()
 
 
-def memory_sample() -> dict:
+def memory_sample(peaks: bool = False) -> dict:
     """One memory sample of this engine: ``MemorySnapshot.to_dict()`` over the GPUs torch uses here
-    (all NVML sees when CUDA is not initialised)."""
+    (all NVML sees when CUDA is not initialised); with ``peaks``, also :func:`cell_peaks` (which resets
+    them) under ``'cell_peaks'``, so that a tick after a notebook cell is still one call per engine."""
     from .. import inventory, memory, nvml
 
     targets = []
@@ -125,7 +126,10 @@ def memory_sample() -> dict:
     elif nvml.status() is None:
         targets = [memory.GPUTarget(None, i, str(nvml.gpu_snapshot(i, identity_only=True).name))
                    for i in range(nvml.device_count())]
-    return memory.collect(targets).to_dict()
+    sample = memory.collect(targets).to_dict()
+    if peaks:
+        sample["cell_peaks"] = cell_peaks()
+    return sample
 
 
 def cell_peaks(reset: bool = True) -> dict:

@@ -473,3 +473,17 @@ def test_footer_sees_models_and_containers_changed_in_place(tip):
     run(tip, "net = torch.nn.Linear(2, 2, device='meta')\nbatch = [torch.ones(1, device='meta')]")
     _, out = cell(tip, "%%ontorch meta\nnet.to_empty(device='cpu')\nbatch[0] = torch.zeros(1, device='cpu')")
     assert "net (cpu, Linear 6 params)" in out and "batch[0] (cpu, float32 (1,))" in out
+
+
+def test_rebound_names_found_by_position_and_by_name():
+    """The footer's change finder: names added or rebound; a deleted name sends it to the by-name path."""
+    from torchgpu_magic.magics.ontorch import _rebound
+
+    a, b, c = object(), object(), object()
+    ns = {"a": a, "b": b}
+    keys, ids = list(ns), list(map(id, ns.values()))
+    ns["b"], ns["c"] = c, a  # rebound, added
+    assert _rebound(keys, ids, ns) == {"b", "c"}
+    del ns["a"]  # no longer a prefix of the old names
+    assert _rebound(keys, ids, ns) == {"b", "c"}
+    assert _rebound(list(ns), list(map(id, ns.values())), ns) == set()

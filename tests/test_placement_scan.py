@@ -5,6 +5,8 @@ import gc
 import weakref
 
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from torchgpu_magic.placement import namespace, scan
 
@@ -44,6 +46,72 @@ def test_snapshot_holds_no_reference_and_fingerprint_tracks_changes():
     assert scan.changed(after, scan.namespace_snapshot(ns)) == []
     ns["x"] = ns["x"].to(torch.float64)
     assert [p.name for p in scan.changed(after, scan.namespace_snapshot(ns))] == ["x"]
+
+
+def _view(snap: dict) -> list:
+    """A snapshot as comparable data: names in order, with what each entry says."""
+    return [(name, p.kind, p.devices, p.summary, p.nbytes, p.fingerprint) for name, p in snap.items()]
+
+
+_STEPS = st.lists(st.tuples(
+    st.sampled_from(["new", "rebind", "inplace", "move", "delete", "to_int", "append", "pop", "refill",
+                     "model_meta", "new_name"]),
+    st.integers(0, 5)), min_size=1, max_size=25)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_STEPS)
+def test_incremental_snapshot_matches_a_fresh_one_after_any_changes(steps):
+    """The cache only skips work: after any sequence of rebinds, in-place changes, moves, deletions,
+    container edits and new names, the snapshot equals one taken from scratch, in the namespace's order."""
+    ns: dict = {"_hidden": torch.ones(1), "n": 3, "model": torch.nn.Linear(2, 2), "batch": [torch.ones(2)]}
+    ns.update({f"t{i}": torch.ones(i + 1) for i in range(6)})
+    cache = scan.SnapshotCache()
+    before = scan.namespace_snapshot(ns, cache)
+    for step, (action, i) in enumerate(steps):
+        name = f"t{i}"
+        if action == "new":
+            ns[name] = torch.zeros(i + 2)
+        elif action == "rebind" and isinstance(ns.get(name), torch.Tensor):
+            ns[name] = ns[name].to(torch.float64)
+        elif action == "inplace" and isinstance(ns.get(name), torch.Tensor):
+            ns[name].resize_(i + 3)
+        elif action == "move" and isinstance(ns.get(name), torch.Tensor):
+            ns[name] = ns[name].to("meta")
+        elif action == "delete":
+            ns.pop(name, None)
+        elif action == "to_int":
+            ns[name] = i
+        elif action == "append":
+            ns["batch"].append(torch.ones(i + 1))
+        elif action == "pop" and ns["batch"]:
+            ns["batch"].pop()
+        elif action == "refill":
+            ns["batch"] = [torch.ones(i + 1, dtype=torch.int64)]
+        elif action == "model_meta":
+            ns["model"].to_empty(device="meta" if i % 2 else "cpu")
+        elif action == "new_name":
+            ns[f"fresh{step}"] = torch.ones(1)
+            ns[f"_i{step}"] = "cell source"
+        after = scan.namespace_snapshot(ns, cache)
+        fresh = scan.namespace_snapshot(ns, scan.SnapshotCache())
+        assert _view(after) == _view(fresh)
+        reported = {p.name for p in scan.changed(before, after)}
+        assert reported == {n for n, p in after.items()
+                            if n not in before or before[n].fingerprint != p.fingerprint}
+        before = after
+
+
+def test_unchanged_namespace_returns_the_same_dict_and_caches_are_separate():
+    ns = {f"t{i}": torch.ones(2) for i in range(5)}
+    mine = scan.SnapshotCache()
+    first = scan.namespace_snapshot(ns, mine)
+    scan.namespace_snapshot({"other": torch.ones(1)})  # the module-wide cache, not ``mine``
+    assert scan.namespace_snapshot(ns, mine) is first
+    ns["t2"].add_(1)  # in place: the version counter moves
+    after = scan.namespace_snapshot(ns, mine)
+    assert after is not first and [p.name for p in scan.changed(first, after)] == ["t2"]
+    assert list(after) == [f"t{i}" for i in range(5)]
 
 
 # ---- the namespace table -------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ class WhereIsMagics(MagicsPart):
     def __init__(self, shell: Any, owner: TorchGPUMagics) -> None:
         super().__init__(shell, owner)
         self._snapshot: Optional[dict] = None  # the namespace as of the last cell, while --watch is on
+        self._snapshot_cache: Any = None  # --watch's own placement.SnapshotCache, while it is on
         self._saved_printers: Optional[list] = None  # the display printers --repr on replaced, to put back
         self._closer_added = False
 
@@ -133,12 +134,14 @@ class WhereIsMagics(MagicsPart):
 
         registered = self._watch_cell in self.shell.events.callbacks["post_run_cell"]
         if on:
-            self._snapshot = placement.namespace_snapshot(self.shell.user_ns)
+            if self._snapshot_cache is None:
+                self._snapshot_cache = placement.SnapshotCache()
+            self._snapshot = placement.namespace_snapshot(self.shell.user_ns, self._snapshot_cache)
             if not registered:
                 self.shell.events.register("post_run_cell", self._watch_cell)
             self._add_closer_once()
         else:
-            self._snapshot = None
+            self._snapshot = self._snapshot_cache = None
             if registered:
                 self.shell.events.unregister("post_run_cell", self._watch_cell)
 
@@ -147,7 +150,7 @@ class WhereIsMagics(MagicsPart):
         from .. import placement
 
         before = self._snapshot or {}
-        after = placement.namespace_snapshot(self.shell.user_ns)
+        after = placement.namespace_snapshot(self.shell.user_ns, self._snapshot_cache)
         self._snapshot = after
         changes = placement.changed(before, after)
         if changes:

@@ -44,11 +44,12 @@ from .modules import (
 )
 from .names import resolve
 from .namespace import DEFAULT_TOP, NamespaceReport, Row, namespace_report
-from .scan import SNAPSHOT_CONTAINER_LIMIT, Placed, changed, namespace_snapshot, watch_line
+from .scan import SNAPSHOT_CONTAINER_LIMIT, Placed, SnapshotCache, changed, namespace_snapshot, watch_line
 
 __all__ = [
     "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "SNAPSHOT_CONTAINER_LIMIT", "Culprit", "Diagnosis",
-    "Lines",    "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport", "Placed", "Row", "changed",
+    "Lines", "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport", "Placed", "Row",
+    "SnapshotCache", "changed",
     "describe", "device_str", "devices_of", "diagnose", "dtype_str", "fmt_count", "is_floating", "kind_of",
     "mismatch_devices", "module_report", "namespace_report", "namespace_snapshot", "optimizer_report",
     "placement_line", "resolve", "shape_str", "storage_key", "tensor_line", "tensor_nbytes", "watch_line",

@@ -6,11 +6,13 @@ one around pins no GPU memory.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
-from typing import Any, Mapping
+from itertools import compress
+from operator import ne
+from typing import Any, Mapping, Optional
 
 from .common import (
-    _KIND_BY_TYPE,
     IPYTHON_NAMES,
     _container_items,
     _module_tensors,
@@ -29,7 +31,6 @@ from .common import (
 # Containers looked into (one level deep) by the per-cell snapshot only when this small, so a list of a
 # million floats in the namespace never slows every cell down; the full %whereis table looks into all.
 SNAPSHOT_CONTAINER_LIMIT = 64
-_UNSEEN = object()  # a type kind_of has not classified yet
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -89,17 +90,29 @@ def _placed(name: str, obj: Any, kind: str, fingerprint: tuple) -> Placed:
     return Placed(name, kind, devices_of(obj), summary, sum(seen.values()), fingerprint)
 
 
-class _SnapshotCache:
-    """Per-name memo of the last :class:`Placed`, so an unchanged tensor costs a few attribute reads.
+class SnapshotCache:
+    """What one caller's last :func:`namespace_snapshot` saw, so that the next one re-examines only
+    the names that changed: an unchanged tensor costs its ``id()`` and ``_version``, read for the whole
+    namespace at C speed (``map``), and no Python-level work at all.
 
-    Holds ids and strings only. Entries for names no longer seen are dropped at each snapshot.
+    Holds names, ``id()`` values, version counters and :class:`Placed` entries, never the objects.
+    Each caller that snapshots one namespace again and again (``--watch``) keeps its own, so snapshots
+    of other mappings in between (``%%ontorch``'s footer) do not make it start over.
     """
 
     def __init__(self) -> None:
-        self.entries: dict = {}
+        self.entries: dict = {}  # the last snapshot, {entry name: Placed}, as returned
+        self.keys: list = []  # every name of the namespace, in its order
+        self.ids: list = []  # id() of each one's object
+        self.tensors: list = []  # the names bound directly to a readable tensor
+        self.versions: list = []  # each one's _version
+        self.produced: dict = {}  # name: the entry names it gave ('x',) or ('batch[0]', 'batch[1]')
+        self.rescan: set = set()  # names bound to modules, optimizers, containers: changed in place unseen
 
 
-_CACHE = _SnapshotCache()
+_CACHE = SnapshotCache()
+_VERSION = operator.attrgetter("_version")
+_CONTAINER_TYPES = (list, tuple, dict)
 
 
 def _fingerprint(obj: Any, kind: str) -> tuple:
@@ -110,68 +123,135 @@ def _fingerprint(obj: Any, kind: str) -> tuple:
     return (id(obj), hash(_optimizer_sig(obj)))
 
 
-def _snap_one(name: str, obj: Any, kind: str, old: dict, new: dict, out: dict) -> None:
+def _snap_one(name: str, obj: Any, kind: str, old: Mapping[str, Placed]) -> Optional[Placed]:
+    """``old``'s entry for ``name`` while its fingerprint still holds, else a new one; None for an
+    object that cannot be read (half-initialised or exotic)."""
     cached = old.get(name)
     try:
         fingerprint = _fingerprint(obj, kind)
         if cached is None or cached.fingerprint != fingerprint:
             cached = _placed(name, obj, kind, fingerprint)
-    except (RuntimeError, AttributeError, TypeError):  # half-initialised or exotic objects
-        return
-    new[name] = out[name] = cached
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+    return cached
 
 
-def namespace_snapshot(ns: Mapping[str, Any]) -> dict:
+def _examine(name: str, obj: Any, old: Mapping[str, Placed]) -> tuple:
+    """What one name of the namespace gives the snapshot: ``(entries, version, rescan)``, the
+    ``(entry name, Placed)`` pairs, the tensor's version counter when ``name`` is bound to a tensor
+    (None otherwise), and whether the next snapshot must look at it again even when it is still bound
+    to the same object (modules, optimizers and containers change in place without a version
+    counter; an unreadable tensor is retried)."""
+    if name[:1] == "_" or name in IPYTHON_NAMES:
+        return (), None, False
+    kind = kind_of(obj)
+    if kind == "tensor":
+        placed = _snap_one(name, obj, kind, old)
+        if placed is None:
+            return (), None, True
+        return ((name, placed),), placed.fingerprint[1], False
+    if kind is not None:
+        placed = _snap_one(name, obj, kind, old)
+        return (((name, placed),) if placed is not None else ()), None, True
+    if type(obj) not in _CONTAINER_TYPES:
+        return (), None, False
+    found = []
+    if 0 < len(obj) <= SNAPSHOT_CONTAINER_LIMIT:
+        for sub, item in _container_items(name, obj):
+            item_kind = kind_of(item)
+            if item_kind is not None:
+                placed = _snap_one(sub, item, item_kind, old)
+                if placed is not None:
+                    found.append((sub, placed))
+    return tuple(found), None, True
+
+
+def namespace_snapshot(ns: Mapping[str, Any], cache: Optional[SnapshotCache] = None) -> dict:
     """The tensors, nn.Modules and optimizers bound to names in ``ns`` (names starting with ``_``
     skipped), and those one level inside small lists, tuples and dicts (``batch[0]``, ``d['w']``),
-    as ``{name: Placed}`` (shared with the next call's cache: read it, do not change it). Never keeps a
-    reference to the objects.
+    as ``{name: Placed}`` in ``ns``'s order (shared with the next call: read it, do not change it).
+    Never keeps a reference to the objects.
 
-    Fast because an unchanged tensor under an unchanged name reuses the previous snapshot's entry
-    after comparing its id and version counter (in-place ops, ``resize_`` and ``set_`` bump the
-    counter; a new object under the name has a new id). ``x.data = ...`` bumps nothing and is not
-    seen until the name is rebound.
+    Incremental, through ``cache`` (a module-wide one by default): only names bound anew, tensors
+    whose version counter moved (in-place ops, ``resize_`` and ``set_`` bump it) and the modules,
+    optimizers and containers (which change in place without one) are looked at; when nothing changed
+    the previous snapshot's dict itself is returned, which :func:`changed` recognises at once.
+    ``x.data = ...`` bumps nothing and is not seen until the name is rebound.
     """
-    old = _CACHE.entries
-    new: dict = {}
-    fresh = False  # whether any entry differs from the last snapshot's
-    kind_by_type = _KIND_BY_TYPE.get
-    old_get = old.get
-    containers = (list, tuple, dict)
-    skip = IPYTHON_NAMES
-    for name, obj in list(ns.items()):
-        kind = kind_by_type(type(obj), _UNSEEN)
-        if kind is _UNSEEN:
-            kind = kind_of(obj)
-        if kind is None and type(obj) not in containers:
+    cache = _CACHE if cache is None else cache
+    keys, ids = list(ns), list(map(id, ns.values()))
+    kept = cache.tensors
+    gone: Any = ()
+    if keys == cache.keys and ids == cache.ids:  # the same objects under the same names
+        stale: set = set()
+    elif keys[:len(cache.keys)] == cache.keys:  # names only added (a cell's usual change): by position
+        stale = set(compress(keys, map(ne, ids, cache.ids)))
+        stale.update(keys[len(cache.keys):])
+        if not stale.isdisjoint(kept):
+            kept = [name for name in kept if name not in stale]
+    else:
+        now, before = dict(zip(keys, ids)), dict(zip(cache.keys, cache.ids))
+        stale = {name for name, _ in now.items() - before.items()}  # new, or bound to another object
+        gone = before.keys() - now.keys()
+        dropped = stale.union(gone)
+        if not dropped.isdisjoint(kept):
+            kept = [name for name in kept if name not in dropped]
+    try:
+        versions = list(map(_VERSION, map(ns.__getitem__, kept)))
+    except Exception:  # noqa: BLE001 - a tensor subclass whose counter fails: look at each one
+        kept, versions, bumped = [], [], set(kept)
+    else:
+        if kept is cache.tensors:
+            bumped = () if versions == cache.versions else {
+                name for name, v, w in zip(kept, versions, cache.versions) if v != w}
+        else:
+            prior_versions = dict(zip(cache.tensors, cache.versions))
+            bumped = {name for name, v in zip(kept, versions) if prior_versions[name] != v}
+    todo = stale.union(bumped, cache.rescan.difference(gone))
+    if todo:  # the names looked at again are added back to the tensors below
+        pairs = [(name, v) for name, v in zip(kept, versions) if name not in bumped]
+        kept, versions = [name for name, _ in pairs], [v for _, v in pairs]
+
+    old = cache.entries
+    produced = cache.produced
+    entries: Optional[dict] = None  # a copy of ``old``, made at the first difference
+    reorder = False
+    rescan = set()
+    for name in todo:
+        found, version, again = _examine(name, ns[name], old)
+        if version is not None:
+            kept.append(name)
+            versions.append(version)
+        if again:
+            rescan.add(name)
+        names = tuple(sub for sub, _ in found)
+        prior = produced.get(name, ())
+        if names == prior and all(old[sub] is placed for sub, placed in found):
             continue
-        if name[:1] == "_" or name in skip:
-            continue
-        if kind == "tensor":
-            cached = old_get(name)
-            if cached is not None:
-                fp = cached.fingerprint
-                try:
-                    if fp[0] == id(obj) and fp[1] == obj._version:
-                        new[name] = cached
-                        continue
-                except (RuntimeError, AttributeError, TypeError):
-                    continue
-            _snap_one(name, obj, kind, old, new, new)
-            fresh = fresh or new.get(name) is not old.get(name)
-        elif kind is not None:
-            _snap_one(name, obj, kind, old, new, new)
-            fresh = fresh or new.get(name) is not old.get(name)
-        elif kind is None and 0 < len(obj) <= SNAPSHOT_CONTAINER_LIMIT:
-            for sub, item in _container_items(name, obj):
-                item_kind = kind_of(item)
-                if item_kind is not None:
-                    _snap_one(sub, item, item_kind, old, new, new)
-                    fresh = fresh or new.get(sub) is not old.get(sub)
-    if not fresh and len(new) == len(old):
-        return old  # nothing changed: the same dict, which changed() recognises at once
-    _CACHE.entries = new
-    return new
+        if entries is None:
+            entries, produced = dict(old), dict(produced)
+        if names != prior:
+            for sub in prior:
+                del entries[sub]
+            if names:
+                produced[name] = names
+                reorder = True
+            else:
+                del produced[name]
+        entries.update(found)
+    for name in gone:
+        if name in produced:
+            if entries is None:
+                entries, produced = dict(old), dict(produced)
+            for sub in produced.pop(name):
+                del entries[sub]
+    if reorder:  # something appeared: put the entries in the namespace's order again
+        entries = {sub: entries[sub] for name in keys if name in produced for sub in produced[name]}
+    cache.keys, cache.ids, cache.tensors, cache.versions, cache.rescan = keys, ids, kept, versions, rescan
+    if entries is None:
+        return old  # nothing changed: the same dict
+    cache.entries, cache.produced = entries, produced
+    return entries
 
 
 def changed(before: Mapping[str, Placed], after: Mapping[str, Placed]) -> list:

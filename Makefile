@@ -27,14 +27,19 @@ $(VENV)/.torch:
 	fi
 	@touch $@
 
-# The package, editable, with what the tour needs (the `demo` extra) ...
+# The package, editable, with what the tour needs (the `demo` extra). --no-compile: bytecode is written
+# on first import for the modules the tour uses, not at install for all of them (126 MB, sympy's 51).
 $(VENV)/.demo: $(VENV)/.torch pyproject.toml Makefile
-	$(VPY) -m pip install -q -e ".[demo]"
+	$(VPY) -m pip install -q --no-compile -e ".[demo]"
 	@touch $@
 
-# ... or with everything the tests need (the `test` extra, which includes `demo`).
+# Or with everything the tests need (the `test` extra, which includes `demo`), all of it compiled: the
+# tests start many interpreters, and where PYTHONDONTWRITEBYTECODE is set (CI) each would compile what
+# `make demo` left uncompiled from source again. A few files in torch are written for newer Pythons and
+# do not compile here, as under pip: compile_dir's result is not a verdict on the venv.
 $(VENV)/.test: $(VENV)/.torch pyproject.toml Makefile
 	$(VPY) -m pip install -q -e ".[test]"
+	$(VPY) -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)'
 	@touch $@ $(VENV)/.demo
 
 venv: $(VENV)/.test

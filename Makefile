@@ -18,24 +18,26 @@ DIST_VENV := .venv-dist
 
 .PHONY: venv demo lab test test-ipython7 lint browser-deps dist bench clean
 
-# .venv and torch: the torch of $(PYTHON) when it has one (a CUDA build you installed keeps working)
+# .venv and torch: the torch of $(PYTHON) when it has one (a CUDA build you installed keeps working).
+# Installs for the demo use pip's --no-compile: bytecode is then written on first import for the modules
+# the tour uses instead of at install for all of them (about 190 MB: sympy's 51, torch's 60, ...).
 $(VENV)/.torch:
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
 	  echo "reusing the torch of $(PYTHON)"; $(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
-	  $(PYTHON) -m venv $(VENV) && $(VPY) -m pip install -q --upgrade pip && $(VPY) -m pip install -q "$(TORCH)"; \
+	  $(PYTHON) -m venv $(VENV) && $(VPY) -m pip install -q --upgrade pip && \
+	  $(VPY) -m pip install -q --no-compile "$(TORCH)"; \
 	fi
 	@touch $@
 
-# The package, editable, with what the tour needs (the `demo` extra). --no-compile: bytecode is written
-# on first import for the modules the tour uses, not at install for all of them (126 MB, sympy's 51).
+# The package, editable, with what the tour needs (the `demo` extra) ...
 $(VENV)/.demo: $(VENV)/.torch pyproject.toml Makefile
 	$(VPY) -m pip install -q --no-compile -e ".[demo]"
 	@touch $@
 
-# Or with everything the tests need (the `test` extra, which includes `demo`), all of it compiled: the
-# tests start many interpreters, and where PYTHONDONTWRITEBYTECODE is set (CI) each would compile what
-# `make demo` left uncompiled from source again. A few files in torch are written for newer Pythons and
+# ... or with everything the tests need (the `test` extra, which includes `demo`), all of it compiled:
+# the tests start many interpreters, and where PYTHONDONTWRITEBYTECODE is set (CI) each would compile
+# torch and the rest from source again. A few files in torch are written for newer Pythons and
 # do not compile here, as under pip: compile_dir's result is not a verdict on the venv.
 $(VENV)/.test: $(VENV)/.torch pyproject.toml Makefile
 	$(VPY) -m pip install -q -e ".[test]"

@@ -54,6 +54,7 @@ def main(argv: list | None = None) -> int:
     import torchgpu_magic
     from torchgpu_magic import placement
     from torchgpu_magic.magics import instance
+    from torchgpu_magic.magics.whereis import WhereIsMagics
 
     torch.set_num_threads(1)
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5000)])  # 10,000 parameter tensors
@@ -80,8 +81,8 @@ def main(argv: list | None = None) -> int:
     try:
         shell.user_ns.update({f"t{i}": torch.ones(4) for i in range(1_000)})
         shell.run_line_magic("whereis", "--watch on")
-        magics = instance(shell)
-        _pair("--watch hook per cell, 1,000 tensors", magics._whereis_watch_cell,
+        magics = instance(shell).part(WhereIsMagics)
+        _pair("--watch hook per cell, 1,000 tensors", magics._watch_cell,
               lambda: shell.run_cell("pass", silent=True), "an empty cell (no hooks)",
               max(args.repeat, 200), 1)
     finally:

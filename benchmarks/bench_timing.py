@@ -10,6 +10,8 @@ GPU (`--gpu`, needs CUDA):
   * an 8192x8192 fp16 matmul vs triton.testing.do_bench(return_mode="median") and
     Timer.blocked_autorange().median                                                  target within 2 %
   * the asynchrony check (%time on a queued 100 ms sleep) and the empty-cell floor
+  * --cold on a 10 us _sleep vs torch.profiler, and --cold vs --cold --flush-l2     target +- 2 us
+CPU also checks that a 1 s first run with --max-time 0.5 still leaves >= 7 samples.
 
 Every comparison runs in alternating rounds (ours, theirs, ours, theirs, ...) and compares medians of the
 rounds, so drift of a noisy machine hits both sides alike.
@@ -103,6 +105,12 @@ def cpu(ip: Any) -> bool:
         ok &= report("~1 ms workload vs Timer.blocked_autorange", abs(ours / torch_timer - 1) <= 0.02,
                      f"{detail}, Timer {torch_timer * 1e3:.4f} ms, ratio {ours / torch_timer:.4f} "
                      "(target 1 +- 0.02)")
+        ip.user_ns.update(time=time, slow_start=[])
+        result = ip.run_cell_magic("cudatime", "-o -q --max-time 0.5",
+                                   "if not slow_start:\n    slow_start.append(time.sleep(1.0))\na @ a")
+        ok &= report("a 1 s first run with --max-time 0.5 (torch.compile-like) still samples",
+                     result.n >= 7, f"{result.n} samples, converged {result.converged}, first run "
+                     f"{result.first_run:.2f} s (target >= 7 samples)")
     finally:
         torch.set_num_threads(saved)
     return ok
@@ -179,6 +187,15 @@ def gpu(ip: Any) -> bool:
         ok &= report(f"8192x8192 fp16 matmul vs {name}", abs(medians[0] / theirs - 1) <= 0.02,
                      f"{medians[0] * 1e3:.4f} ms vs {theirs * 1e3:.4f} ms, ratio {medians[0] / theirs:.4f} "
                      "(target 1 +- 0.02)")
+    ip.user_ns["cycles"] = max(1, int(per_second * 10e-6))
+    reference = _profiled_kernel_seconds(ip.user_ns["cycles"], 200)
+    cold, flushed = rounds(lambda: cudatime_median(ip, "torch.cuda._sleep(cycles)", "--cold --max-time 5"),
+                           lambda: cudatime_median(ip, "torch.cuda._sleep(cycles)",
+                                                   "--cold --flush-l2 --max-time 5"))
+    ok &= report("--cold on a 10 us _sleep vs torch.profiler", abs(cold - reference) <= 2e-6,
+                 f"{cold * 1e6:.2f} us vs {reference * 1e6:.2f} us (target +- 2 us)")
+    ok &= report("--cold vs --cold --flush-l2 on a 10 us _sleep", abs(cold - flushed) <= 2e-6,
+                 f"{cold * 1e6:.2f} us vs {flushed * 1e6:.2f} us (target +- 2 us)")
     floor = timing.empty_cell_floor(device)
     print(f"INFO  empty-cell floor on {device}: {floor * 1e9:.1f} ns per loop (host clock floor: "
           f"{timing.empty_cell_floor(torch.device('cpu')) * 1e9:.1f} ns)")

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real IPython shell with the extension loaded, and the `gpu` marker's skip."""
+"""Shared fixtures: a real IPython shell with the extension loaded, the `gpu` marker's skip, and a
+CUDA build's TorchView as torch would describe a GPU machine."""
 from __future__ import annotations
 
 import os
@@ -106,3 +107,19 @@ def fake_nvml(monkeypatch: Any) -> Any:
 
     yield install
     nvml.reset()
+
+
+def cuda_view(uuids: Any = (), cuda: str = "12.8", **kw: Any) -> Any:
+    """What torch_view() returns on a CUDA build seeing these GPUs (torch prints UUIDs without 'GPU-')."""
+    from torchgpu_magic.gpumap import TorchDevice, TorchView
+
+    mib = 1024 * 1024
+    devices = [TorchDevice(i, name="gpu", uuid=u, total_memory=80 * 1024 * mib, allocated=0,
+                           reserved=0, peak=0) for i, u in enumerate(uuids)]
+    return TorchView(version=f"2.8.0+cu{cuda.replace('.', '')}", cuda=cuda, cudnn=91002,
+                     is_available=bool(devices), device_count=len(devices), devices=devices, **kw)
+
+
+def bare(uuid: str) -> str:
+    """An NVML UUID as torch prints it: without the 'GPU-' / 'MIG-' prefix."""
+    return uuid.split("-", 1)[1]

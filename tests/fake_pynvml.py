@@ -73,6 +73,9 @@ class FakeGPU:
     graphics: list = field(default_factory=list)
     errors: dict = field(default_factory=dict)
     only: Optional[frozenset] = None
+    memory_reserved: int = 0  # what the driver reserves: v1 'used' counts it, v2 keeps it apart
+    v2_memory: bool = True  # drivers >= 510 have nvmlDeviceGetMemoryInfo_v2
+    parent_errors: dict = field(default_factory=dict)  # errors of the whole GPU's handle, not its MIGs'
 
 
 @dataclass
@@ -90,8 +93,9 @@ class _Handle:
 
 
 class _Memory:
-    def __init__(self, total: int, used: int) -> None:
-        self.total, self.used, self.free = total, used, total - used
+    def __init__(self, total: int, used: int, reserved: int = 0) -> None:
+        self.total, self.used, self.reserved = total, used, reserved
+        self.free = total - used - reserved
 
 
 class _Utilization:
@@ -111,7 +115,7 @@ class FakePynvml(types.ModuleType):
     def __init__(self, machine: Machine) -> None:
         super().__init__("pynvml")
         for name in dir(_real):
-            if name.startswith(("NVML_", "NVMLError")):
+            if name.startswith(("NVML_", "NVMLError", "nvmlMemory_v")):
                 setattr(self, name, getattr(_real, name))
         self.machine = machine
         self.initialized = 0
@@ -166,6 +170,18 @@ class FakePynvml(types.ModuleType):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         return _Handle(self.machine.gpus[index])
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> _Handle:  # noqa: N802
+        """A GPU's or a MIG instance's handle (drivers >= 470 take MIG UUIDs here)."""
+        self._check_init()
+        self.calls.append("nvmlDeviceGetHandleByUUID")
+        for gpu in self.machine.gpus:
+            if gpu.uuid == uuid:
+                return _Handle(gpu)
+            for mig in gpu.migs:
+                if mig.uuid == uuid:
+                    return _Handle(gpu, mig)
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+
     # ---- per GPU ---------------------------------------------------------------------------------
     def _gpu(self, fn: str, handle: _Handle) -> FakeGPU:
         self._check_init()
@@ -193,10 +209,17 @@ class FakePynvml(types.ModuleType):
         return tuple(self._gpu("nvmlDeviceGetCudaComputeCapability", handle).capability)
 
     def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: Any = None) -> _Memory:  # noqa: N802
+        """v1 (no ``version``) counts reserved memory as used; v2 keeps it apart, as nvidia-smi shows."""
         gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
+        if version and not gpu.v2_memory:
+            raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if version:
+            self.calls.append("nvmlDeviceGetMemoryInfo_v2")
         if handle.mig:
             return _Memory(handle.mig.memory_total, handle.mig.memory_used)
-        return _Memory(gpu.memory_total, gpu.memory_used)
+        if version:
+            return _Memory(gpu.memory_total, gpu.memory_used, gpu.memory_reserved)
+        return _Memory(gpu.memory_total, gpu.memory_used + gpu.memory_reserved)
 
     def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> _Utilization:  # noqa: N802
         gpu = self._gpu("nvmlDeviceGetUtilizationRates", handle)
@@ -257,11 +280,29 @@ class FakePynvml(types.ModuleType):
         self._gpu("nvmlDeviceGetComputeInstanceId", handle)
         return handle.mig.compute_instance_id if handle.mig else 0xFFFFFFFF
 
+    def _processes(self, fn: str, handle: _Handle, kind: str) -> list:
+        """A process list: on a MIG handle, the processes of that instance; on a whole GPU in MIG mode,
+        ``parent_errors`` apply (a non-root user gets NO_PERMISSION there)."""
+        gpu = self._gpu(fn, handle)
+        listed = list(getattr(gpu, kind))
+        if handle.mig is not None:
+            return [p for p in listed if p.gpuInstanceId == handle.mig.gpu_instance_id]
+        if fn in gpu.parent_errors:
+            raise _real.NVMLError(gpu.parent_errors[fn])
+        return listed
+
+    # pynvml's unversioned names call the _v3 symbols; a driver without them still has _v2
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list:  # noqa: N802
-        return list(self._gpu("nvmlDeviceGetComputeRunningProcesses", handle).compute)
+        return self._processes("nvmlDeviceGetComputeRunningProcesses", handle, "compute")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: _Handle) -> list:  # noqa: N802
+        return self._processes("nvmlDeviceGetComputeRunningProcesses_v2", handle, "compute")
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list:  # noqa: N802
-        return list(self._gpu("nvmlDeviceGetGraphicsRunningProcesses", handle).graphics)
+        return self._processes("nvmlDeviceGetGraphicsRunningProcesses", handle, "graphics")
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: _Handle) -> list:  # noqa: N802
+        return self._processes("nvmlDeviceGetGraphicsRunningProcesses_v2", handle, "graphics")
 
 
 # ---- scenarios ----------------------------------------------------------------------------------
@@ -325,7 +366,7 @@ def scenario(name: str) -> Machine:
             name="Tesla T4", uuid=fake_uuid("t4"), bus_id="00000000:00:04.0", memory_total=15360 * MiB,
             memory_used=0, capability=(7, 5), power_mw=9000, power_limit_mw=70000,
             clocks={"sm": 300, "mem": 405}, max_clocks={"sm": 1590, "mem": 5001}, pcie=(3, 16, 3, 16),
-            persistence=0)], driver="470.256.02", cuda=11040),
+            persistence=0, v2_memory=False)], driver="470.256.02", cuda=11040),
         "strict": lambda: Machine([FakeGPU(
             name="NVIDIA GeForce RTX 3060 Laptop GPU", uuid=fake_uuid("rtx3060"), bus_id="00000000:01:00.0",
             memory_total=6144 * MiB, memory_used=512 * MiB,
@@ -335,6 +376,23 @@ def scenario(name: str) -> Machine:
         "mismatch": lambda: Machine([], init_error=_real.NVML_ERROR_LIB_RM_VERSION_MISMATCH),
         "unknown_error": lambda: Machine([], init_error=_real.NVML_ERROR_UNKNOWN),
         "no_gpus": lambda: Machine([]),
+        # an idle H100 on driver >= 510: v1 says 536 MiB used (reserved counted), nvidia-smi and v2 say 4
+        "v2_memory": lambda: Machine([h100(0, memory_used=4 * MiB, memory_reserved=532 * MiB)]),
+        # a driver older than the _v3 process calls (R470): the unversioned pynvml names fail, _v2 answers
+        "no_v3": lambda: Machine([h100(
+            0, memory_used=(4 + 2048) * MiB, v2_memory=False,
+            compute=[FakeProcess(OTHER_PIDS[0], 2048 * MiB)],
+            errors={n: _real.NVML_ERROR_FUNCTION_NOT_FOUND for n in (
+                "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")},
+        )], driver="470.256.02", cuda=11040),
+        # one PID in both lists (a process drawing with OpenGL while it computes)
+        "both_lists": lambda: Machine([h100(
+            0, memory_used=(4 + 1024) * MiB, compute=[FakeProcess(OTHER_PIDS[0], 1024 * MiB)],
+            graphics=[FakeProcess(OTHER_PIDS[0], 1024 * MiB)])]),
+        # MIG as a non-root user sees it: the whole GPU's process lists are refused, each instance answers
+        "mig_user": lambda: Machine([_mig_a100(parent_errors={n: _real.NVML_ERROR_NO_PERMISSION for n in (
+            "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")})],
+            driver="550.163.01", cuda=12040),
     }
     if name not in builders:
         raise KeyError(f"no fake NVML scenario {name!r}; known: {', '.join(sorted(builders))}")
@@ -342,7 +400,8 @@ def scenario(name: str) -> Machine:
 
 
 SCENARIOS = ("h100", "h100_busy", "container", "no_permission", "eight_gpus", "mig", "gpu_lost",
-             "old_driver", "strict", "no_library", "no_driver", "mismatch", "unknown_error", "no_gpus")
+             "old_driver", "strict", "no_library", "no_driver", "mismatch", "unknown_error", "no_gpus",
+             "v2_memory", "no_v3", "both_lists", "mig_user")
 
 
 def _lost_errors() -> dict:
@@ -352,8 +411,9 @@ def _lost_errors() -> dict:
     return {n: _real.NVML_ERROR_GPU_IS_LOST for n in names}
 
 
-def _mig_a100() -> FakeGPU:
-    """An A100-SXM4-40GB in MIG mode with two 3g.20gb instances; utilisation is not supported."""
+def _mig_a100(**kw: Any) -> FakeGPU:
+    """An A100-SXM4-40GB in MIG mode with two 3g.20gb instances; utilisation is not supported. A process
+    runs on instance 2 (NVML gives no per-process memory in MIG mode without privileges)."""
     parent = fake_uuid("a100mig")
     migs = [
         FakeMig(fake_uuid(f"mig{i}", "MIG-"), "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 19968 * MiB,
@@ -365,7 +425,7 @@ def _mig_a100() -> FakeGPU:
         memory_used=2074 * MiB, capability=(8, 0), power_limit_mw=400000, pcie=(4, 16, 4, 16),
         clocks={"sm": 1410, "mem": 1215}, max_clocks={"sm": 1410, "mem": 1215},
         mig_mode=(1, 1), migs=migs,
-        compute=[FakeProcess(OTHER_PIDS[0], None, gpuInstanceId=2, computeInstanceId=0)],
+        compute=[FakeProcess(OTHER_PIDS[0], None, gpuInstanceId=2, computeInstanceId=0)], **kw,
     )
 
 

@@ -3,7 +3,8 @@
 Starts JupyterLab on 127.0.0.1 (free port, a token, a temporary root, no browser of its own, no news or
 update checks) with a ``python3`` kernelspec that is this Python, opens a notebook, runs
 ``%load_ext torchgpu_magic`` and ``%gpumem --interval 0.2``, checks the panel renders, that the RSS
-figure grows while a cell holds a big allocation, and that ``%gpumem stop`` stops it. Screenshots go to
+figure grows while a cell holds a big allocation, and that ``%gpumem stop`` stops it and leaves the
+panel's last state in its output as a static snapshot. Screenshots go to
 ``test-artifacts/``; with TORCHGPU_MAGIC_UPDATE_PICTURE=1 the panel's picture also replaces
 ``docs/images/gpumem-panel.png`` (the README's), so a normal run never dirties the tree.
 
@@ -240,4 +241,7 @@ def _drive(page, url: str) -> None:
     page.wait_for_selector("text=sampler stopped, panel closed", timeout=30_000)
     # the widget's model is closed, so JupyterLab removes its view from the page
     page.wait_for_function("() => !document.querySelector('.torchgpu-magic-gpumem')", timeout=10_000)
+    # ... and the output keeps the panel's last state as a static snapshot (what a saved notebook shows)
+    snapshot = page.wait_for_selector(".tgm-snapshot", timeout=10_000)
+    assert "panel closed" in snapshot.inner_text() and "block = bytearray" in snapshot.inner_text()
     page.screenshot(path=str(ARTIFACTS / "gpumem-stopped.png"), full_page=True)

@@ -4,20 +4,28 @@ real GPU (calibrated _sleep kernels, first-run exclusion, launch-bound, other st
 from __future__ import annotations
 
 import linecache
+import os
 
 import pytest
 from conftest import run, run_error
+from fresh_process import run_fresh
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from torchgpu_magic import timing
 
 FAST = "-n 2 -r 3 --warmup 0"
+_REAL_CUDA_INITIALISED = timing.clocks.cuda_initialised
 
 
 @pytest.fixture
-def tip(ip):
-    """The shell with torch, a small tensor and a log list in the namespace."""
+def tip(ip, monkeypatch):
+    """The shell with torch, a small tensor and a log list in the namespace. CUDA counts as unused, so a
+    cpu cell is timed on the host here and on a GPU machine alike (the `gpu` tests undo this)."""
+    from torchgpu_magic.timing import clocks, engine
+
+    monkeypatch.setattr(clocks, "cuda_initialised", lambda: False)
+    monkeypatch.setattr(engine, "cuda_initialised", lambda: False)
     run(ip, "import torch\nx = torch.ones(64, 64)\nlog = []")
     return ip
 
@@ -165,7 +173,8 @@ def test_error_in_the_cell_is_raised_with_the_cells_own_traceback(tip):
         tb = tb.tb_next
     filename, lineno = frames[-1]
     assert lineno == 3 and linecache.getline(filename, lineno).strip() == "1 / 0"
-    assert not any(name.endswith("timing.py") for name, _ in frames)
+    package = os.path.dirname(timing.__file__)  # the engine's frames are left out
+    assert not any(name.startswith(package) for name, _ in frames)
 
 
 def test_error_in_setup_points_at_the_setup(tip):
@@ -243,9 +252,14 @@ def test_ontorch_inside_cudatime_runs_each_loop_there(tip):
 
 # ---- on a real GPU -----------------------------------------------------------------------------------
 @pytest.fixture
-def gip(tip):
+def gip(tip, monkeypatch):
+    from torchgpu_magic.timing import clocks, engine
+
+    monkeypatch.setattr(clocks, "cuda_initialised", _REAL_CUDA_INITIALISED)
+    monkeypatch.setattr(engine, "cuda_initialised", _REAL_CUDA_INITIALISED)
     run(tip, "x = torch.ones(1, device='cuda')")
-    tip.user_ns["cycles_50ms"] = int(timing.sleep_cycles_per_ms() * 50)
+    # spin ~200 ms first, so the GPU calibrates at the boost clock the 1 % checks then run at
+    tip.user_ns["cycles_50ms"] = int(timing.sleep_cycles_per_ms(warm_s=0.2) * 50)
     return tip
 
 
@@ -296,6 +310,7 @@ def test_gpu_side_stream_work_triggers_the_other_streams_note(gip):
             "with torch.cuda.stream(side):\n    torch.cuda._sleep(cycles_50ms // 5)")
     result = run(gip, code)
     assert any("other streams" in w for w in result.warnings)
+    assert result.kind == "wall" and result.median == pytest.approx(result.wall)
 
 
 @pytest.mark.gpu
@@ -304,3 +319,50 @@ def test_gpu_devices_table_cpu_and_cuda(gip):
                      "a @ a")
     assert [label for label, _ in table.rows] == ["cpu", "cuda:0"]
     assert [r.kind for _, r in table.rows] == ["host", "device"]
+
+
+@pytest.mark.gpu
+def test_gpu_cold_matches_the_profilers_kernel_time_and_both_cold_modes_agree(gip):
+    # a 10 us kernel: the per-loop event pairs behind a spin leave out the host's gaps and launch latency
+    gip.user_ns["cycles_10us"] = max(1, gip.user_ns["cycles_50ms"] // 5000)
+    cold = run(gip, "%%cudatime -o -q --cold --max-time 5 --kernels\ntorch.cuda._sleep(cycles_10us)")
+    flushed = run(gip, "%%cudatime -o -q --cold --flush-l2 --max-time 5\ntorch.cuda._sleep(cycles_10us)")
+    assert cold.kernels and cold.median == pytest.approx(cold.kernels[0].time, abs=2e-6)
+    assert abs(cold.median - flushed.median) < 2e-6
+
+
+@pytest.mark.gpu
+def test_gpu_l2_flush_slows_a_32_mib_reduction(gip):
+    run(gip, "r = torch.ones(8 * 2**20, device='cuda')")  # 32 MiB of float32: fits an H100's 50 MiB L2
+    hot = run(gip, "%%cudatime -o -q --max-time 5\nr.sum()")
+    flushed = run(gip, "%%cudatime -o -q --max-time 5 --flush-l2\nr.sum()")
+    assert flushed.median > 1.1 * hot.median
+    assert flushed.notes and "twice the L2 cache" in " ".join(flushed.notes)
+
+
+@pytest.mark.gpu
+def test_gpu_a_cell_waiting_for_the_gpu_is_not_launch_bound(gip):
+    run(gip, "a = torch.randn(8192, 8192, device='cuda', dtype=torch.float16)\nb = a.clone()")
+    result = run(gip, "%%cudatime -o -q --max-time 5\ny = a @ b\ny[0, 0].item()")
+    assert result.host_syncs >= 1
+    assert not any(w.startswith("launch-bound") for w in result.warnings)
+
+
+@pytest.mark.gpu
+def test_gpu_a_compiled_setup_still_converges_with_seven_samples(gip):
+    code = ("%%cudatime -o -q --max-time 2 f = torch.compile(lambda t: (t * 2).sin().sum())\n"
+            "f(x)")
+    result = run(gip, code)
+    assert result.n >= 7 and result.first_run > 0.5
+
+
+@pytest.mark.gpu
+def test_gpu_a_cpu_cell_is_timed_on_the_host_and_one_that_initialises_cuda_on_the_gpu():
+    done = run_fresh(
+        "cpu = cell('%%cudatime -o -q -r 3 --max-time 1\\ntorch.ones(8) * 2')\n"
+        "assert cpu.kind == 'host' and cpu.device == 'cpu', cpu.device\n"
+        "assert not torch.cuda.is_initialized() and contexts() == []\n"
+        "gpu = cell('%%cudatime -o -q -r 3 --max-time 1\\ntorch.ones(8, device=\"cuda\") * 2')\n"
+        "assert gpu.kind == 'device' and gpu.device == 'cuda:0', gpu.device\n"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

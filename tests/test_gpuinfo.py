@@ -127,3 +127,23 @@ def test_missing_nvml_hint_is_said_once(ip, fake_nvml):
         run(ip, "%gpuinfo")
     text = cap.outputs[0].data["text/plain"]
     assert text.count(hint) == 1, text
+
+
+@pytest.mark.gpu
+def test_gpu_used_memory_matches_nvidia_smi_within_one_mib():
+    import shutil
+
+    from torchgpu_magic import inventory, nvml
+
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("nvidia-smi is not on PATH")
+    nvml.reset()
+    report = inventory.build_report(show_processes=False)
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    used = {int(i): int(mib) for i, mib in (line.split(",") for line in smi.strip().splitlines())}
+    print(smi)
+    for entry in report.gpus:
+        if entry.nvml_index is None or (entry.mapping is not None and entry.mapping.mig):
+            continue
+        assert abs(entry.snapshot.memory_used / 2**20 - used[entry.nvml_index]) <= 1, (entry, smi)

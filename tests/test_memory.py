@@ -1,40 +1,13 @@
-"""memory.py: figures from host, NVML (scripted stand-in) and torch; per-cell accounting; the Sampler."""
+"""memory/figures.py: figures from host, NVML (scripted stand-in) and torch, through the package's names."""
 from __future__ import annotations
 
-import math
-import threading
-import time
-
-import fake_pynvml
 import pytest
 from IPython.lib.pretty import pretty
 
 from torchgpu_magic import memory, nvml
-from torchgpu_magic.errors import MagicInputError
 
 MiB = 1024 * 1024
 H100 = memory.GPUTarget(None, 0, "NVIDIA H100 80GB HBM3")
-
-
-def _sampler_threads() -> list:
-    return [t for t in threading.enumerate() if t.name == memory.THREAD_NAME]
-
-
-@pytest.fixture(autouse=True)
-def _no_thread_left():
-    yield
-    assert _sampler_threads() == [], "a test left a sampler thread running"
-
-
-@pytest.mark.parametrize("good", [0.05, 0.2, "0.5", 1, 60])
-def test_interval_accepts_sane_values(good):
-    assert memory.validate_interval(good) == float(good)
-
-
-@pytest.mark.parametrize("bad", [0, -1, 0.01, 61, 1e9, "abc", None, math.nan, math.inf])
-def test_interval_rejects_the_rest_with_the_valid_range(bad):
-    with pytest.raises(MagicInputError, match="0.05 and 60|number of seconds"):
-        memory.validate_interval(bad)
 
 
 # ---- figures ---------------------------------------------------------------------------------------
@@ -84,8 +57,17 @@ def test_torch_side_derives_cache_and_other():
 def test_process_in_other_pid_namespace_is_said(fake_nvml):
     fake_nvml("container")
     (g,) = memory.collect([H100]).gpus
-    assert g.process == 0 and g.others == (20480 + 8192) * MiB
-    assert any("PID namespace" in p for p in g.problems)
+    # NVML lists the host's PIDs: our share is unknown (not 0), and so is the others' (it includes ours)
+    assert g.process is None and g.others is None and g.used == (4 + 20480 + 8192) * MiB
+    assert any("PID namespace" in p and "N/A" in p for p in g.problems)
+
+
+def test_a_mig_target_is_measured_on_its_slice(fake_nvml):
+    fake_nvml("mig_user")
+    slice_uuid = nvml.gpu_snapshot(0).mig_devices[1].uuid
+    (g,) = memory.collect([memory.GPUTarget(0, 0, "MIG 3g.20gb", slice_uuid)]).gpus
+    assert g.total == 19968 * MiB and g.used == (13 + 2048) * MiB
+    assert g.others == 0 or g.others is None  # the slice's one process reports no memory without root
 
 
 def test_process_list_refused_gives_na_and_hint(fake_nvml):
@@ -109,173 +91,6 @@ def test_cuda_never_initialised_by_sampling():
     before = torch.cuda.is_initialized()
     memory.collect([memory.GPUTarget(0, None, "x")])
     assert torch.cuda.is_initialized() == before
-
-
-# ---- per-cell accounting ---------------------------------------------------------------------------
-def test_cell_log_measures_rss_delta_and_peak():
-    log = memory.CellLog(keep=3)
-    log.start()
-    block = bytearray(96 * MiB)
-    block[:: 4096] = b"\x01" * len(block[:: 4096])  # touch every page so it is resident
-    record = log.finish(7, "\n\nblock = bytearray(...)\nmore()")
-    assert record.number == 7 and record.first_line == "block = bytearray(...)"
-    assert record.rss_delta > 80 * MiB
-    if record.rss_peak is not None:  # Linux: the kernel's high-water mark, reset before the cell
-        assert record.rss_peak >= memory.host_memory().rss - 8 * MiB
-    del block
-    for n in range(5):
-        log.start()
-        log.finish(n, "x")
-    assert [r.number for r in log.records] == [2, 3, 4]
-    assert log.finish(9, "no start") is None
-
-
-def test_cell_peak_rss_is_this_cells_own():
-    if not memory.reset_peak_rss():
-        pytest.skip("this OS cannot reset the peak RSS mark")
-    big = bytearray(128 * MiB)
-    big[:: 4096] = b"\x01" * len(big[:: 4096])
-    del big
-    log = memory.CellLog()
-    log.start()
-    record = log.finish(1, "pass")
-    assert record.rss_peak < memory.host_memory().rss + 32 * MiB  # the earlier 128 MiB is not counted
-
-
-# ---- the sampler -----------------------------------------------------------------------------------
-def test_sampler_thread_is_named_daemon_and_ticks_without_drift():
-    got = []
-    sampler = memory.Sampler([], interval=0.05, callback=got.append)
-    sampler.start()
-    try:
-        (thread,) = _sampler_threads()
-        assert thread.daemon
-        time.sleep(0.6)
-    finally:
-        assert sampler.stop()
-    times = [s.time for s in got]
-    assert len(times) >= 8
-    # drift-free: the n-th tick is near start + n * interval, not start + n * (interval + work)
-    for n, t in enumerate(times):
-        assert abs(t - times[0] - n * 0.05) < 0.04, (n, t - times[0])
-
-
-def test_stop_ends_the_thread_within_one_interval():
-    sampler = memory.Sampler([], interval=5.0)
-    sampler.start()
-    time.sleep(0.1)
-    t0 = time.monotonic()
-    assert sampler.stop()
-    assert time.monotonic() - t0 < 1.0  # far less than the 5 s interval: it waits on an Event
-    assert not sampler.running
-
-
-def test_interval_change_takes_effect_at_once():
-    got = []
-    sampler = memory.Sampler([], interval=30.0, callback=got.append)
-    sampler.start()
-    try:
-        time.sleep(0.1)
-        sampler.interval = 0.05
-        time.sleep(0.5)
-    finally:
-        sampler.stop()
-    assert len(got) >= 5
-    with pytest.raises(MagicInputError):
-        sampler.interval = 0
-
-
-def test_history_is_bounded():
-    sampler = memory.Sampler([], interval=0.05, history_seconds=0.2)
-    for _ in range(20):
-        sampler.sample_now()
-    assert len(sampler.history) == 5
-    sampler.interval = 0.1  # fewer samples cover the same time: the oldest go
-    assert len(sampler.history) == 3
-
-
-def test_callback_errors_are_kept_not_raised():
-    def broken(_):
-        raise RuntimeError("view is gone")
-
-    sampler = memory.Sampler([], interval=0.05, callback=broken)
-    sampler.start()
-    try:
-        time.sleep(0.2)
-        assert sampler.running
-    finally:
-        sampler.stop()
-    assert sampler.last_error == "RuntimeError: view is gone"
-
-
-def test_pause_and_resume():
-    got = []
-    sampler = memory.Sampler([], interval=0.05, callback=got.append)
-    sampler.start()
-    try:
-        time.sleep(0.15)
-        sampler.pause()
-        time.sleep(0.06)
-        paused_at = len(got)
-        time.sleep(0.3)
-        assert len(got) == paused_at
-        sampler.resume()
-        time.sleep(0.2)
-        assert len(got) > paused_at
-    finally:
-        sampler.stop()
-
-
-def test_gpu_lost_mid_run_becomes_a_problem_not_a_traceback(fake_nvml):
-    module = fake_nvml("h100_busy")
-    got = []
-    sampler = memory.Sampler([H100], interval=0.05, callback=got.append)
-    sampler.start()
-    try:
-        time.sleep(0.15)
-        assert got[-1].gpus[0].process == 30720 * MiB
-        module.machine.gpus[0].errors.update(fake_pynvml._lost_errors())
-        time.sleep(0.2)
-        assert sampler.running
-    finally:
-        sampler.stop()
-    lost = got[-1].gpus[0]
-    assert lost.used is nvml.NA and lost.process is None
-    assert any("fallen off the bus" in p for p in lost.problems)
-    assert sampler.last_error is None
-
-
-def test_sampler_follows_nvml_figures(fake_nvml):
-    module = fake_nvml("h100_busy")
-    sampler = memory.Sampler([H100], interval=0.05)
-    assert sampler.sample_now().gpus[0].process == 30720 * MiB
-    module.machine.gpus[0].compute[0].usedGpuMemory = 40960 * MiB
-    assert sampler.sample_now().gpus[0].process == 40960 * MiB
-
-
-def test_peaks_fold_samples_and_cells():
-    sampler = memory.Sampler([], interval=0.05)
-    first = sampler.sample_now()
-    assert first.host.peak_rss >= first.host.rss
-    record = memory.CellRecord(1, "x", 0.1, 0, first.host.rss + 512 * MiB,
-                               (memory.CellGPU(0, 0, 3 * MiB),))
-    sampler.note_cell(record)
-    assert sampler.sample_now().host.peak_rss == first.host.rss + 512 * MiB
-    assert sampler._peaks[0] == 3 * MiB
-    sampler.reset_peaks()
-    assert sampler.latest.host.peak_rss < first.host.rss + 512 * MiB
-
-
-def test_hundred_start_stop_cycles_leave_no_thread():
-    sampler = memory.Sampler([], interval=0.05)
-    for _ in range(100):
-        sampler.start()
-        assert sampler.stop()
-    for _ in range(20):
-        other = memory.Sampler([], interval=0.05)
-        other.start()
-        other.stop()
-    assert _sampler_threads() == []
 
 
 @pytest.mark.gpu
@@ -302,3 +117,24 @@ def test_figures_agree_with_torch_and_nvml_on_a_real_gpu():
     used, total = nvml.memory(mapping.nvml_index)
     assert g.total == total and abs(g.used - used) <= 256 * MiB
     del x
+
+
+@pytest.mark.gpu
+def test_gpu_one_gib_tensor_figures_and_the_context_on_top():
+    # a fresh process: allocated must be exactly the tensor, and the context must be ours alone
+    from fresh_process import run_fresh
+
+    done = run_fresh(
+        "from torchgpu_magic import gpumap, memory\n"
+        "x = torch.empty(2**30, dtype=torch.uint8, device='cuda')\ntorch.cuda.synchronize()\n"
+        "m = gpumap.gpu_map()[0]\n"
+        "target = memory.GPUTarget(m.torch_index, m.nvml_index, '', m.mig)\n"
+        "(g,) = memory.collect([target]).gpus\n"
+        "assert g.allocated == 2**30, g.allocated\n"
+        "assert 0 <= g.reserved - 2**30 <= 20 * 2**20, g.reserved\n"
+        "assert 250 * 2**20 <= g.process - g.reserved <= 2**30, (g.process, g.reserved)\n"
+        "del x\nassert memory.empty_cache()\n"
+        "(after,) = memory.collect([target]).gpus\n"
+        "assert after.process <= g.process - 2**30 + 20 * 2**20, (after.process, g.process)\n"
+        "print('OK')\n")
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]

@@ -86,8 +86,73 @@ def test_compute_and_graphics_merged_once(fake_nvml):
 
     fake_nvml("h100_busy", edit)
     procs, _ = nvml.processes(0)
-    assert [p.kind for p in procs] == ["compute", "compute", "graphics"]
+    assert [p.kind for p in procs] == ["compute+graphics", "compute", "graphics"]  # in both: both
     assert len({p.pid for p in procs}) == 3
+
+
+def test_a_pid_in_both_lists_is_both(fake_nvml):
+    fake_nvml("both_lists")
+    procs, problem = nvml.processes(0)
+    assert problem is None and [(p.pid, p.kind) for p in procs] == [(fake_pynvml.OTHER_PIDS[0],
+                                                                     "compute+graphics")]
+
+
+# ---- memory v2, process-call fallbacks, MIG handles (issue 11, items 5 and 6) -----------------------------
+def test_memory_uses_v2_so_reserved_memory_is_not_used(fake_nvml):
+    module = fake_nvml("v2_memory")
+    assert nvml.memory(0) == (4 * MiB, 81559 * MiB)  # what nvidia-smi says; v1 would say 536 MiB
+    snap = nvml.gpu_snapshot(0)
+    assert snap.memory_used == 4 * MiB and snap.memory_free == (81559 - 4 - 532) * MiB
+    assert "nvmlDeviceGetMemoryInfo_v2" in module.calls
+
+
+def test_memory_falls_back_to_v1_on_a_driver_without_v2(fake_nvml):
+    module = fake_nvml("no_v3")
+    assert nvml.memory(0) == ((4 + 2048) * MiB, 81559 * MiB)
+    assert nvml.gpu_snapshot(0).memory_used == (4 + 2048) * MiB
+    assert "nvmlDeviceGetMemoryInfo_v2" not in module.calls
+    assert "memory" not in nvml.gpu_snapshot(0).not_supported
+
+
+def test_memory_v2_failing_for_a_real_reason_is_not_hidden_by_v1(fake_nvml):
+    fake_nvml("v2_memory", lambda m: m.gpus[0].errors.update(
+        nvmlDeviceGetMemoryInfo=fake_pynvml._real.NVML_ERROR_GPU_IS_LOST))
+    assert nvml.memory(0) == (NA, NA)
+    assert nvml.gpu_snapshot(0).problems[0].code == "gpu_lost"
+
+
+def test_process_lists_fall_back_to_v2_on_a_driver_without_v3(fake_nvml):
+    module = fake_nvml("no_v3")
+    procs, problem = nvml.processes(0)
+    assert problem is None
+    assert [(p.pid, p.used_memory, p.kind) for p in procs] == [(fake_pynvml.OTHER_PIDS[0], 2048 * MiB,
+                                                                 "compute")]
+    assert "nvmlDeviceGetComputeRunningProcesses_v2" in module.calls
+
+
+def test_mig_memory_and_processes_come_from_the_slice_torch_uses(fake_nvml):
+    fake_nvml("mig_user")
+    snap = nvml.gpu_snapshot(0)
+    second = snap.mig_devices[1].uuid
+    assert nvml.memory(0, second) == ((13 + 2048) * MiB, 19968 * MiB)  # the 20 GB slice, not the 40 GB GPU
+    procs, problem = nvml.processes(0, second)
+    assert problem is None and [p.pid for p in procs] == [fake_pynvml.OTHER_PIDS[0]]
+    procs, problem = nvml.processes(0, snap.mig_devices[0].uuid)
+    assert problem is None and procs == []
+
+
+def test_no_permission_on_a_mig_gpu_does_not_blame_the_container(fake_nvml):
+    fake_nvml("mig_user")
+    procs, problem = nvml.processes(0)
+    assert procs == [] and problem.code == "no_permission"
+    assert "MIG mode" in problem.hint and "container" not in problem.hint
+
+
+def test_an_unknown_mig_uuid_is_a_problem_not_an_exception(fake_nvml):
+    fake_nvml("mig_user")
+    procs, problem = nvml.processes(0, "MIG-00000000-0000-0000-0000-000000000000")
+    assert procs == [] and problem is not None
+    assert nvml.memory(0, "MIG-00000000-0000-0000-0000-000000000000") == (NA, NA)
 
 
 def test_no_permission_for_process_lists(fake_nvml):

@@ -14,6 +14,7 @@ from IPython.utils.capture import capture_output
 import torchgpu_magic
 from torchgpu_magic import memory, panel
 from torchgpu_magic.magics import instance
+from torchgpu_magic.magics.gpumem import GPUMemMagics
 
 MiB = 1024 * 1024
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -47,8 +48,13 @@ def _wait_for(predicate, timeout=3.0):
     return predicate()
 
 
+def _magics(ip):
+    """The shell's %gpumem magics object, which holds the panel and the cell log."""
+    return instance(ip).part(GPUMemMagics)
+
+
 def _panel(ip):
-    return instance(ip)._gpumem_panel
+    return _magics(ip)._panel
 
 
 def _shown_model_ids(captured) -> list:
@@ -133,7 +139,7 @@ def test_buttons_pause_reset_and_empty_cache():
         assert "paused" in p.title.value
         p.pause_button.click()
         assert not p.sampler.paused and p.pause_button.description == "Pause"
-        p.sampler.note_cell(memory.CellRecord(1, "x", 0.0, 0, 10**12))
+        p.sampler.note_cell(memory.CellRecord(1, "x", 0.0, 0.0, 0, 10**12))
         p.reset_button.click()
         assert p.sampler.latest.host.peak_rss < 10**12
         p.empty_button.click()  # no CUDA here: nothing to give back, and no error
@@ -167,15 +173,15 @@ def test_sparkline_is_inline_svg_and_bounded():
 # ---- %gpumem through the shell ---------------------------------------------------------------------
 def test_gpumem_shows_one_live_model_and_stop_ends_it(ip):
     with capture_output() as first:
-        run(ip, "%gpumem --interval 0.1")
+        run(ip, "%gpumem --widget --interval 0.1")
     (model_id,) = _shown_model_ids(first)
     assert len(_threads()) == 1
     with capture_output() as again:
-        run(ip, "%gpumem")
+        run(ip, "%gpumem --widget")
     assert _shown_model_ids(again) == [model_id]  # the same live model, not a second sampler
     assert len(_threads()) == 1
     assert _panel(ip).sampler.interval == 0.1
-    run(ip, "%gpumem --interval 0.5")
+    run(ip, "%gpumem --widget --interval 0.5")
     assert _panel(ip).sampler.interval == 0.5 and len(_threads()) == 1
     with capture_output() as stopped:
         run(ip, "%gpumem stop")
@@ -197,21 +203,22 @@ def test_gpumem_bad_input_is_one_line_usage_error_and_changes_nothing(ip, line):
 
 
 def test_interval_error_names_the_valid_range(ip):
-    error = run_error(ip, "%gpumem --interval 0")
+    error = run_error(ip, "%gpumem --widget --interval 0")
     assert "between 0.05 and 60 seconds" in str(error)
 
 
 def test_per_cell_accounting_through_the_shell(ip):
     with capture_output():
-        run(ip, "%gpumem --interval 0.2")
+        run(ip, "%gpumem --widget --interval 0.2")
     first = ip.execution_count  # cells that store history are numbered, as in a notebook
     ip.run_cell("block = bytearray(64 * 1024 * 1024); block[::4096] = b'1' * len(block[::4096])",
                 store_history=True).raise_error()
     ip.run_cell("del block", store_history=True).raise_error()
     p = _panel(ip)
+    assert _wait_for(lambda: "del block" in p.cells.value)  # drawn by the sampler's next tick
     cells = p.cells.value
     assert "block = bytearray(64 * 1024 * 1024)" in cells and "del block" in cells
-    records = list(instance(ip)._gpumem_cells.records)
+    records = list(_magics(ip)._cells.records)
     assert [r.first_line for r in records] == ["block = bytearray(64 * 1024 * 1024); block[::4096] = "
                                                "b'1' * len(block[::4096])", "del block"]
     assert [r.number for r in records] == [first, first + 1]
@@ -220,33 +227,33 @@ def test_per_cell_accounting_through_the_shell(ip):
     assert records[1].rss_delta < -48 * MiB
     assert records[0].rss_peak is None or records[0].rss_peak > 64 * MiB
     with capture_output():
-        run(ip, "%gpumem --cells off")
-    assert instance(ip)._gpumem_cells is None and "off" in p.cells.value
-    assert instance(ip)._gpumem_pre_cell not in ip.events.callbacks["pre_run_cell"]
+        run(ip, "%gpumem --widget --cells off")
+    assert _magics(ip)._cells is None and _wait_for(lambda: "off" in p.cells.value)
+    assert _magics(ip)._pre_cell not in ip.events.callbacks["pre_run_cell"]
     run(ip, "x = 1")
     with capture_output():
-        run(ip, "%gpumem")  # showing the panel again keeps the user's choice
-    assert instance(ip)._gpumem_cells is None
+        run(ip, "%gpumem --widget")  # showing the panel again keeps the user's choice
+    assert _magics(ip)._cells is None
     with capture_output():
-        run(ip, "%gpumem --cells on")
+        run(ip, "%gpumem --widget --cells on")
     run(ip, "y = 2")
-    assert "y = 2" in p.cells.value
+    assert _wait_for(lambda: "y = 2" in p.cells.value)
     run(ip, "%gpumem stop")
 
 
 def test_closing_the_widget_unhooks_the_cell_events(ip):
     with capture_output():
-        run(ip, "%gpumem --interval 0.1")
-    magics = instance(ip)
-    assert magics._gpumem_post_cell in ip.events.callbacks["post_run_cell"]
+        run(ip, "%gpumem --widget --interval 0.1")
+    magics = _magics(ip)
+    assert magics._post_cell in ip.events.callbacks["post_run_cell"]
     _panel(ip).widget.close()
-    assert _threads() == [] and magics._gpumem_panel is None
-    assert magics._gpumem_post_cell not in ip.events.callbacks["post_run_cell"]
+    assert _threads() == [] and magics._panel is None
+    assert magics._post_cell not in ip.events.callbacks["post_run_cell"]
 
 
 def test_unload_stops_the_sampler_within_one_interval(ip):
     with capture_output():
-        run(ip, "%gpumem --interval 5")
+        run(ip, "%gpumem --widget --interval 5")
     time.sleep(0.1)
     t0 = time.monotonic()
     torchgpu_magic.unload_ipython_extension(ip)
@@ -256,7 +263,7 @@ def test_unload_stops_the_sampler_within_one_interval(ip):
 
 
 def _hooks(ip) -> dict:
-    """The event callbacks by function (a reload makes a new TorchGPUMagics, so not by bound method)."""
+    """The event callbacks by function (a reload makes a new GPUMemMagics, so not by bound method)."""
     return {k: [getattr(cb, "__func__", cb) for cb in v] for k, v in ip.events.callbacks.items()}
 
 
@@ -264,7 +271,7 @@ def test_hundred_cycles_leave_no_thread_no_widget_no_hook(ip):
     events_before = _hooks(ip)
     for i in range(100):
         with capture_output():
-            run(ip, "%gpumem --interval 0.05")
+            run(ip, "%gpumem --widget --interval 0.05")
         if i % 2:
             run(ip, "%gpumem stop")
         else:
@@ -287,8 +294,158 @@ def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypat
 def test_gpumem_on_scripted_nvml_shows_the_gpu(ip, fake_nvml):
     fake_nvml("h100_busy")
     with capture_output():
-        run(ip, "%gpumem --interval 0.05")
+        run(ip, "%gpumem --widget --interval 0.05")
     p = _panel(ip)
     assert [t.nvml_index for t in p.sampler.targets] == [0]
     assert _wait_for(lambda: "NVIDIA H100 80GB HBM3" in p.gpus.value and "30.0 GiB" in p.gpus.value)
     run(ip, "%gpumem stop")
+
+
+# ---- records, modes, snapshots ---------------------------------------------------------------------
+def test_records_are_returned_kept_after_stop_and_exported(ip, tmp_path):
+    with capture_output():
+        run(ip, "%gpumem --widget --interval 0.5")
+    ip.run_cell("a = 1", store_history=True).raise_error()
+    ip.run_cell("b = 2", store_history=True).raise_error()
+    records = run(ip, "%gpumem --records -o")
+    assert [r.first_line for r in records][-2:] == ["a = 1", "b = 2"]
+    with capture_output():
+        run(ip, "%gpumem stop")
+    kept = run(ip, "%gpumem --records")
+    assert [r.first_line for r in kept][-3:] == ["a = 1", "b = 2", "%gpumem --records -o"]
+    kept.to_csv(tmp_path / "cells.csv")
+    assert "a = 1" in (tmp_path / "cells.csv").read_text()
+    assert run_error(ip, "%gpumem --records --interval 1").args[0].startswith("%gpumem: --records")
+
+
+def test_a_shell_without_a_kernel_gets_text_mode_lines_and_no_thread(ip):
+    with capture_output() as started:
+        run(ip, "%gpumem")
+    shown = "".join(o.data.get("text/plain", "") for o in started.outputs)
+    assert "Memory (this process)" in shown and "one line after each cell" in started.stdout
+    assert _threads() == [] and _panel(ip) is None
+    with capture_output() as cell:
+        ip.run_cell("block = bytearray(32 * 1024 * 1024); block[::4096] = b'1' * len(block[::4096])",
+                    store_history=True).raise_error()
+    (line,) = [x for x in cell.stdout.splitlines() if x.startswith("[gpumem]")]
+    assert " · host +3" in line and "MiB" in line  # +32.x MiB, or +3x MiB with the interpreter's own
+    assert _threads() == []
+    with capture_output() as stopped:
+        run(ip, "%gpumem stop")
+    assert "per-cell lines stopped" in stopped.stdout
+    with capture_output() as after:
+        run(ip, "x = 1")
+    assert "[gpumem]" not in after.stdout
+    assert run_error(ip, "%gpumem --text --widget").args[0].startswith("%gpumem: --text and --widget")
+
+
+def test_kernel_frontend_gets_the_panel_whatever_is_importable(ip, monkeypatch):
+    from torchgpu_magic.magics import gpumem
+
+    monkeypatch.setattr(gpumem, "shows_widgets", lambda shell: True)
+    with capture_output() as out:
+        run(ip, "%gpumem --interval 0.2")
+    assert len(_shown_model_ids(out)) == 1 and len(_threads()) == 1
+    with capture_output() as text:
+        run(ip, "%gpumem --text")  # the explicit choice wins, and the panel closes
+    assert _threads() == [] and _panel(ip) is None and "one line after each cell" in text.stdout
+    run(ip, "%gpumem stop")
+
+
+def test_colab_refreshes_the_panel_after_each_cell_from_the_main_thread(ip, monkeypatch):
+    import types
+
+    from torchgpu_magic.magics import gpumem
+
+    monkeypatch.setattr(gpumem, "shows_widgets", lambda shell: True)
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    drawn_on = []
+    real_update = panel.MemoryPanel.update
+
+    def update(self, snapshot):
+        drawn_on.append(threading.current_thread() is threading.main_thread())
+        real_update(self, snapshot)
+
+    monkeypatch.setattr(panel.MemoryPanel, "update", update)
+    with capture_output():
+        run(ip, "%gpumem --interval 0.05")
+    assert _threads() == [], "no thread in Colab: its updates would not show"
+    p = _panel(ip)
+    stamp = p.title.value
+    time.sleep(1.1)
+    ip.run_cell("made_in_colab = bytearray(1024)", store_history=True).raise_error()
+    assert "made_in_colab = bytearray(1024)" in p.cells.value  # drawn at once, not on a later tick
+    assert p.title.value != stamp
+    assert drawn_on and all(drawn_on)
+    with capture_output():
+        run(ip, "%gpumem --refresh thread")  # the option overrides the detection
+    assert len(_threads()) == 1
+    with capture_output():
+        run(ip, "%gpumem --refresh cell")
+    assert _wait_for(lambda: _threads() == [])
+    run(ip, "%gpumem stop")
+
+
+def test_gpus_are_remapped_on_the_main_thread_never_in_the_sampler_thread(ip, monkeypatch):
+    """gpu_map asks torch under warnings.catch_warnings, which is process-wide: done in the sampler
+    thread it could swallow the warnings of the user's running cell."""
+    import warnings
+
+    from torchgpu_magic.memory import figures
+
+    state = ["not imported"]
+    for module in (memory, figures):
+        monkeypatch.setattr(module, "cuda_state", lambda: state[0])
+    from torchgpu_magic.memory import sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "cuda_state", lambda: state[0], raising=False)
+    asked_on = []
+    real_targets = GPUMemMagics._targets
+
+    def targets(self):
+        asked_on.append(threading.current_thread().name)
+        return real_targets(self)
+
+    monkeypatch.setattr(GPUMemMagics, "_targets", targets)
+    entered_on = []
+    real_catch = warnings.catch_warnings
+
+    class Recording(real_catch):
+        def __enter__(self):
+            entered_on.append(threading.current_thread().name)
+            return super().__enter__()
+
+    monkeypatch.setattr(warnings, "catch_warnings", Recording)
+    with capture_output():
+        run(ip, "%gpumem --widget --interval 0.05")
+    time.sleep(0.2)
+    state[0] = "not initialised"  # as after the user's first `import torch`
+    ip.run_cell("import warnings as w\nwith w.catch_warnings(record=True) as got:\n"
+                "    w.simplefilter('always')\n    for i in range(50):\n        w.warn(f'user {i}')\n"
+                "n_warnings = len(got)", store_history=True).raise_error()
+    time.sleep(0.3)
+    assert ip.user_ns["n_warnings"] == 50
+    assert len(asked_on) >= 2, "the state change was not followed"
+    main = threading.main_thread().name
+    assert set(asked_on) == {main}
+    assert memory.THREAD_NAME not in entered_on
+    run(ip, "%gpumem stop")
+
+
+def test_the_panels_bundle_carries_text_and_html_snapshots(ip, monkeypatch):
+    with capture_output() as out:
+        run(ip, "%gpumem --widget --interval 0.2")
+    (bundle,) = [o.data for o in out.outputs if WIDGET_MIME in o.data]
+    assert 'class="tgm-snapshot"' in bundle["text/html"] and "tgm-host-rss" in bundle["text/html"]
+    assert "<script" not in bundle["text/html"] and "http" not in bundle["text/html"]
+    assert bundle["text/plain"].startswith("%gpumem a snapshot") and "RSS" in bundle["text/plain"]
+    ip.run_cell("snap_cell = 1", store_history=True).raise_error()
+    fresh = _panel(ip).static_bundle()
+    assert "snap_cell = 1" in fresh["text/html"] and "[gpumem]" in fresh["text/plain"]
+    with capture_output() as stopped:
+        run(ip, "%gpumem stop")
+    # the panel's output is rewritten with its last state (the plain shell prints it)
+    (final,) = [o.data for o in stopped.outputs]
+    assert WIDGET_MIME not in final  # the view is gone: the snapshot alone
+    assert "panel closed: the figures as they were last" in final["text/plain"]
+    assert "snap_cell = 1" in final["text/html"]

@@ -54,8 +54,8 @@ def test_whereis_names(ip):
     texts = _texts(_cell(ip, "%whereis x model opt d['w']"))
     assert len(texts) == 4
     assert texts[0].startswith("x ") and "(4, 3)" in texts[0]
-    assert "model: Linear" in texts[1] and "meta have no data" in texts[1]
-    assert "opt: SGD" in texts[2]
+    assert texts[1].startswith("model: Linear") and "meta have no data" in texts[1]
+    assert texts[2].startswith("opt: SGD")
     with pytest.raises(UsageError, match=r"name 'modle' is not defined; did you mean model\?"):
         ip.run_line_magic("whereis", "modle")
     with pytest.raises(UsageError, match="not a name"):
@@ -156,15 +156,15 @@ def test_coexists_with_a_custom_exception_handler(ip):
 def test_reload_leaves_one_handler(ip):
     def ours():
         return [cb for cb in ip.events.callbacks["post_run_cell"]
-                if getattr(cb, "__name__", "") in ("_whereis_diagnose_cell", "_whereis_watch_cell")]
+                if getattr(cb, "__name__", "") in ("_diagnose_cell", "_watch_cell")]
 
     ip.run_line_magic("whereis", "--watch on")
     for _ in range(5):
         ip.run_line_magic("reload_ext", "torchgpu_magic")
-    assert [cb.__name__ for cb in ours()] == ["_whereis_diagnose_cell"]
+    assert [cb.__name__ for cb in ours()] == ["_diagnose_cell"]
     ip.run_line_magic("whereis", "--watch on")
     ip.run_line_magic("whereis", "--watch on")
-    assert sorted(cb.__name__ for cb in ours()) == ["_whereis_diagnose_cell", "_whereis_watch_cell"]
+    assert sorted(cb.__name__ for cb in ours()) == ["_diagnose_cell", "_watch_cell"]
 
 
 # ---- --watch ----------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Core modules (devices, timing, placement, memory, inventory) know nothing of IPython; they raise
 :class:`MagicInputError` with a one-line message saying what was wrong and what is valid, and
-``magics.py`` turns it into IPython's ``UsageError`` (shown without a traceback).
+``magics/base.py`` (``usage_errors``) turns it into IPython's ``UsageError`` (shown without a traceback).
 """
 from __future__ import annotations
 

@@ -13,9 +13,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from .nvml_problems import HINTS, NVMLProblem, problem_from_error
+
 __all__ = [
     "NA",
     "NVMLProblem",
+    "problem_from_error",
     "GPUSnapshot",
     "MigSnapshot",
     "ProcessInfo",
@@ -55,18 +58,6 @@ class _NAType:
 
 
 NA = _NAType()
-
-
-@dataclass(frozen=True)
-class NVMLProblem:
-    """Why NVML could not answer: a short ``code``, NVML's ``message``, and a ``hint`` to act on."""
-
-    code: str
-    message: str
-    hint: str
-
-    def to_dict(self) -> dict:
-        return {"code": self.code, "message": self.message, "hint": self.hint}
 
 
 @dataclass
@@ -128,72 +119,6 @@ class ProcessInfo:
     kind: str = "compute"
 
 
-# ---- errors and hints ---------------------------------------------------------------------------
-
-_HINTS = {
-    "library_not_found": (
-        "The NVML library (libnvidia-ml.so.1) was not found: no NVIDIA driver is installed here, or a "
-        "container was started without the driver mounted (use `docker run --gpus all` with the NVIDIA "
-        "Container Toolkit)."
-    ),
-    "bindings_missing": "The NVML bindings are not installed: `pip install nvidia-ml-py`.",
-    "driver_not_loaded": (
-        "The NVIDIA kernel driver is not loaded: check `nvidia-smi` and `lsmod | grep nvidia`; reboot "
-        "after installing a driver, or load it with `sudo modprobe nvidia`."
-    ),
-    "driver_mismatch": (
-        "The driver's library and its kernel module have different versions, usually after a driver "
-        "upgrade without a reboot: reboot (or reload the nvidia kernel modules)."
-    ),
-    "no_permission": (
-        "NVML refused for lack of permission: inside a container other processes (and their GPU "
-        "memory) are hidden; run on the host or in a container started with `--pid=host`, or as root."
-    ),
-    "not_supported": (
-        "This GPU or driver does not report it (common on consumer GPUs, in MIG mode and under vGPU); "
-        "it is shown as N/A."
-    ),
-    "function_not_found": (
-        "The NVIDIA driver is older than this NVML function: update the driver to get this figure."
-    ),
-    "gpu_lost": (
-        "The GPU has fallen off the bus or stopped responding: look for Xid errors in `dmesg`; the GPU "
-        "needs a reset (`nvidia-smi -r`) or the machine a reboot."
-    ),
-    "unknown": "NVML reported an unexpected error: run `nvidia-smi` to see whether the driver works.",
-}
-
-# pynvml exception class name -> our code; anything else is 'unknown'.
-_CODES = {
-    "NVMLError_LibraryNotFound": "library_not_found",
-    "NVMLError_DriverNotLoaded": "driver_not_loaded",
-    "NVMLError_LibRmVersionMismatch": "driver_mismatch",
-    "NVMLError_NoPermission": "no_permission",
-    "NVMLError_NotSupported": "not_supported",
-    "NVMLError_FunctionNotFound": "function_not_found",
-    "NVMLError_GpuIsLost": "gpu_lost",
-}
-
-
-def problem_from_error(exc: BaseException, what: str = "") -> NVMLProblem:
-    """Map a pynvml exception (or an unexpected one) to an :class:`NVMLProblem` with its hint.
-
-    The class is matched by name along its MRO so that the real pynvml classes and a stand-in with the
-    same hierarchy map alike.
-    """
-    code = "unknown"
-    for klass in type(exc).__mro__:
-        if klass.__name__ in _CODES:
-            code = _CODES[klass.__name__]
-            break
-    try:
-        text = str(exc) or type(exc).__name__
-    except Exception:  # noqa: BLE001 - pynvml's __str__ itself calls into the library
-        text = type(exc).__name__
-    message = f"{what}: {text}" if what else text
-    return NVMLProblem(code=code, message=message, hint=_HINTS[code])
-
-
 # ---- initialisation -----------------------------------------------------------------------------
 
 _lock = threading.Lock()
@@ -210,7 +135,7 @@ def _init_locked() -> None:
         import pynvml
     except ImportError as exc:
         _problem = NVMLProblem(
-            "library_not_found", f"cannot import pynvml: {exc}", _HINTS["bindings_missing"])
+            "library_not_found", f"cannot import pynvml: {exc}", HINTS["bindings_missing"])
         return
     try:
         pynvml.nvmlInit()
@@ -262,13 +187,17 @@ class _Querier:
         self.not_supported = not_supported
         self.lost = False
 
-    def __call__(self, what: str, fn_name: str, *args: Any, convert: Optional[Callable] = None) -> Any:
+    def __call__(self, what: str, fn_name: Any, *args: Any, convert: Optional[Callable] = None) -> Any:
+        """``fn_name`` names a pynvml function, or is a callable taking (module, *args)."""
         if self.lost:
             return NA
-        fn = getattr(self.module, fn_name, None)
+        if callable(fn_name):
+            fn = lambda *a: fn_name(self.module, *a)  # noqa: E731
+        else:
+            fn = getattr(self.module, fn_name, None)
         if fn is None:
             self._note(what, NVMLProblem("function_not_found", f"{what}: pynvml has no {fn_name}",
-                                         _HINTS["function_not_found"]))
+                                         HINTS["function_not_found"]))
             return NA
         try:
             value = fn(*args)
@@ -313,7 +242,7 @@ def _query(what: str, fn_name: str, *args: Any) -> tuple:
     if problems:
         return value, problems[0]
     if not_supported:
-        return value, NVMLProblem("not_supported", f"{what}: not supported", _HINTS["not_supported"])
+        return value, NVMLProblem("not_supported", f"{what}: not supported", HINTS["not_supported"])
     return value, None
 
 
@@ -372,7 +301,7 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
         return snap
     snap.compute_capability = q("compute capability", "nvmlDeviceGetCudaComputeCapability", handle,
                                 convert=lambda cc: f"{cc[0]}.{cc[1]}")
-    mem = q("memory", "nvmlDeviceGetMemoryInfo", handle)
+    mem = q("memory", memory_info, handle)
     if not isinstance(mem, _NAType):
         snap.memory_total, snap.memory_used, snap.memory_free = int(mem.total), int(mem.used), int(mem.free)
     util = q("utilization", "nvmlDeviceGetUtilizationRates", handle)
@@ -421,7 +350,7 @@ def _mig_devices(module: Any, q: _Querier, handle: Any) -> list:
         mig = MigSnapshot(index=slot)
         mig.uuid = q("MIG UUID", "nvmlDeviceGetUUID", mig_handle)
         mig.name = q("MIG name", "nvmlDeviceGetName", mig_handle)
-        mem = q("MIG memory", "nvmlDeviceGetMemoryInfo", mig_handle)
+        mem = q("MIG memory", memory_info, mig_handle)
         if not isinstance(mem, _NAType):
             mig.memory_total, mig.memory_used = int(mem.total), int(mem.used)
         mig.gpu_instance_id = q("MIG GPU instance", "nvmlDeviceGetGpuInstanceId", mig_handle)
@@ -430,52 +359,121 @@ def _mig_devices(module: Any, q: _Querier, handle: Any) -> list:
     return found
 
 
-def memory(nvml_index: int) -> tuple:
-    """``(used, total)`` bytes of GPU ``nvml_index`` (NA each when unknown): the cheap call for samplers."""
+def memory_info(module: Any, handle: Any) -> Any:
+    """The memory figures of ``handle``: ``nvmlDeviceGetMemoryInfo`` v2 where the driver has it (>= 510),
+    which keeps memory the driver reserves apart from 'used', as ``nvidia-smi`` does; v1 otherwise, whose
+    'used' counts the reserved memory too (hundreds of MiB on an idle GPU). Raises what pynvml raises."""
+    version = getattr(module, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            return module.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except TypeError:  # bindings older than the v2 call
+            pass
+        except Exception as exc:  # noqa: BLE001 - a driver without v2: fall back; anything else is real
+            if problem_from_error(exc).code not in ("function_not_found", "not_supported"):
+                raise
+    return module.nvmlDeviceGetMemoryInfo(handle)
+
+
+def _target(module: Any, nvml_index: int, mig_uuid: Any, problems: list) -> Any:
+    """The handle to ask about memory and processes: the MIG instance ``mig_uuid`` (the slice torch
+    uses) when given, else GPU ``nvml_index``; None (and a problem) when NVML cannot give it."""
+    if mig_uuid:
+        try:
+            return module.nvmlDeviceGetHandleByUUID(mig_uuid)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(problem_from_error(exc, f"MIG instance {mig_uuid}"))
+            return None
+    return _handle(module, nvml_index, problems)
+
+
+def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
+    """``(used, total)`` bytes of GPU ``nvml_index``, or of its MIG instance ``mig_uuid`` (NA each when
+    unknown): the cheap call for samplers."""
     module = _nvml()
     if module is None:
         return NA, NA
     try:
-        info = module.nvmlDeviceGetMemoryInfo(module.nvmlDeviceGetHandleByIndex(nvml_index))
+        handle = _target(module, nvml_index, mig_uuid, [])
+        info = memory_info(module, handle) if handle is not None else None
     except Exception:  # noqa: BLE001 - a sampler wants a figure or NA, never an exception
+        info = None
+    if info is None:
         return NA, NA
     return int(info.used), int(info.total)
 
 
-def processes(nvml_index: int) -> tuple:
-    """The processes using GPU ``nvml_index`` and, when the list is incomplete, why.
+# Each list's pynvml functions, newest first: a driver without the _v3 symbols still answers _v2.
+_PROCESS_CALLS = (
+    ("compute", ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2")),
+    ("graphics", ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2")),
+)
+
+
+def _listed(module: Any, handle: Any, names: tuple) -> list:
+    """The first of ``names`` the driver has; raises the last error when none answers."""
+    error: Optional[BaseException] = None
+    for name in names:
+        fn = getattr(module, name, None)
+        if fn is None:
+            continue
+        try:
+            return list(fn(handle))
+        except Exception as exc:  # noqa: BLE001
+            if problem_from_error(exc).code != "function_not_found":
+                raise
+            error = exc
+    raise error or AttributeError(f"pynvml has none of {', '.join(names)}")
+
+
+def processes(nvml_index: int, mig_uuid: Any = None) -> tuple:
+    """The processes using GPU ``nvml_index`` (or its MIG instance ``mig_uuid``) and, when the list is
+    incomplete, why.
 
     Returns ``(list[ProcessInfo], Optional[NVMLProblem])``. Compute processes come first; a PID in
-    both lists appears once. Names come from psutil where this process can see the PID.
+    both lists appears once, as 'compute+graphics'. Names come from psutil where this process can see
+    the PID (inside a container NVML lists the host's PIDs).
     """
     module = _nvml()
     if module is None:
         return [], _problem
     problems: list = []
-    handle = _handle(module, nvml_index, problems)
+    handle = _target(module, nvml_index, mig_uuid, problems)
     if handle is None:
         return [], problems[0]
     found: dict = {}
     first_problem: Optional[NVMLProblem] = None
-    for kind, fn_name in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
-                          ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
-        fn = getattr(module, fn_name, None)
-        if fn is None:
-            continue
+    for kind, names in _PROCESS_CALLS:
         try:
-            listed = fn(handle)
+            listed = _listed(module, handle, names)
         except Exception as exc:  # noqa: BLE001
-            first_problem = first_problem or problem_from_error(exc, f"{kind} process list")
+            first_problem = first_problem or _process_problem(module, handle, mig_uuid, exc, kind)
             continue
         for proc in listed:
             pid = int(proc.pid)
             if pid in found:
+                if found[pid].kind != kind:
+                    found[pid].kind = "compute+graphics"
                 continue
             used = getattr(proc, "usedGpuMemory", None)
             found[pid] = ProcessInfo(pid=pid, used_memory=NA if used is None else int(used), kind=kind)
     infos = list(found.values())
     _name_processes(infos)
     return infos, first_problem
+
+
+def _process_problem(module: Any, handle: Any, mig_uuid: Any, exc: BaseException, kind: str) -> NVMLProblem:
+    """The problem of a failed process list; NO_PERMISSION on a whole GPU in MIG mode is not the
+    container's doing, and its hint says so."""
+    problem = problem_from_error(exc, f"{kind} process list")
+    if problem.code == "no_permission" and not mig_uuid:
+        try:
+            in_mig = bool(module.nvmlDeviceGetMigMode(handle)[0])
+        except Exception:  # noqa: BLE001 - not a MIG-capable GPU
+            in_mig = False
+        if in_mig:
+            return NVMLProblem(problem.code, problem.message, HINTS["no_permission_mig"])
+    return problem
 
 
 def _name_processes(infos: list) -> None:

@@ -44,21 +44,33 @@ LABELS = {
     "used": "other use",
 }
 SPARK_POINTS = 120
+CELLS_SHOWN = 10  # the newest cells drawn in the panel (every record stays in the cell log)
 _BOX = ("font-family:var(--jp-ui-font-family, sans-serif);font-size:12px;line-height:1.5;"
         "color:var(--jp-ui-font-color1, #222)")
 
 
 class _PanelBox(widgets.VBox):
-    """The panel's root widget: closing it (from code, or ``Widget.close_all()``) closes the panel."""
+    """The panel's root widget: closing it (from code, or ``Widget.close_all()``) closes the panel.
 
-    def __init__(self, on_close: Callable[[], None], describe: Callable[[], str], **kwargs: Any) -> None:
+    Its mimebundle carries, beside the live view, ``text/plain`` and ``text/html`` snapshots of the
+    panel (``static``), so a saved or converted notebook (nbconvert, GitHub's viewer) shows the figures
+    instead of a blank where no widget can render."""
+
+    def __init__(self, on_close: Callable[[], None], describe: Callable[[], str],
+                 static: Callable[[], dict], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._on_close = on_close
         self._describe = describe
+        self._static = static
 
     def __repr__(self) -> str:
-        """The text/plain shown where widgets cannot render (terminals, static HTML exports)."""
+        """One line naming the panel (ipywidgets' own ``text/plain``, cut at 110 characters)."""
         return self._describe()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        bundle.update(self._static())
+        return bundle
 
     def close(self) -> None:
         """Stop the sampler and close every widget of the panel, then this one."""
@@ -83,7 +95,8 @@ class MemoryPanel:
         self._lock = threading.Lock()
         self._closed = False
         self._cells_on = True
-        self._records: list = []
+        self._records: Any = ()  # the cell log's records (read when drawn, the newest CELLS_SHOWN)
+        self._cells_drawn = False  # the cells widget shows _records as they are now
         self.title = widgets.HTML()
         self.host = widgets.HTML()
         self.gpus = widgets.HTML()
@@ -102,11 +115,13 @@ class MemoryPanel:
         self.widget = _PanelBox(
             self.close,
             self.describe,
+            self.static_bundle,
             children=[self.title, self.host, self.gpus, self.cells, self.buttons, self.status],
         )
         self.widget.add_class("torchgpu-magic-gpumem")
         self.empty_button.disabled = not sampler.targets
-        self._show_cells_locked()
+        self.cells.value = self._cells_html()
+        self._cells_drawn = True
         sampler.callback = self.update
 
     # ---- state ------------------------------------------------------------------------------------
@@ -147,25 +162,61 @@ class MemoryPanel:
         with self._lock:
             if self._closed:
                 return
+            changed = [self.title, self.host, self.gpus, self.status, self.empty_button]
+            cells = None
+            if not self._cells_drawn:
+                cells, self._cells_drawn = self._cells_html(), True
+                changed.append(self.cells)
             with contextlib.ExitStack() as stack:
-                for w in (self.title, self.host, self.gpus, self.status, self.empty_button):
+                for w in changed:
                     stack.enter_context(w.hold_sync())
                 self.empty_button.disabled = not snapshot.gpus
                 self.title.value = title
                 self.host.value = host
                 self.gpus.value = gpus
                 self.status.value = status
+                if cells is not None:
+                    self.cells.value = cells
 
-    def show_cells(self, records: Sequence[memory.CellRecord], on: bool = True) -> None:
-        """Show the last cells' records (newest first); ``on`` False says accounting is off."""
-        with self._lock:
-            self._records = list(records)
-            self._cells_on = on
-            if not self._closed:
-                self._show_cells_locked()
+    def show_cells(self, records: Any, on: bool = True) -> None:
+        """Show the newest cells of ``records`` (a sequence, read again whenever drawn); ``on`` False
+        says accounting is off. Cheap, as it runs after every cell: the table is drawn by the next
+        :meth:`update` (the sampler's next tick, or :meth:`refresh`), not here."""
+        self._records = records
+        self._cells_on = on
+        self._cells_drawn = False
 
-    def _show_cells_locked(self) -> None:
-        self.cells.value = _cells_html(self._records, self._cells_on, bool(self.sampler.targets))
+    def _newest(self) -> list:
+        records = self._records
+        return records.last(CELLS_SHOWN) if hasattr(records, "last") else list(records)[-CELLS_SHOWN:]
+
+    def _cells_html(self) -> str:
+        return _cells_html(self._newest(), self._cells_on, bool(self.sampler.targets))
+
+    # ---- the static snapshot ----------------------------------------------------------------------
+    def static_bundle(self) -> dict:
+        """``text/plain`` and ``text/html`` snapshots of the panel as it is now, for where no widget can
+        render (exports, viewers, terminals); self-contained HTML, no script, no network."""
+        latest = self.sampler.latest
+        history = self.sampler.history
+        parts = ""
+        if latest is not None:
+            parts = (self._title_html(latest) + _host_html(latest, history) + _gpus_html(latest, history))
+        note = ("panel closed: the figures as they were last" if self._closed
+                else "a snapshot: the live panel needs a running kernel with ipywidgets")
+        markup = (f'<div class="tgm-snapshot">{parts}{self._cells_html()}'
+                  + ("" if latest is None else _status_html(latest, None))
+                  + f'<div style="{_BOX};opacity:.7;margin-top:4px">{html.escape(note)}</div></div>')
+        lines = [f"%gpumem {note}"]
+        if latest is not None:
+            lines.append(latest.to_text())
+        lines.extend(r.line() for r in self._newest())
+        return {"text/plain": "\n".join(lines), "text/html": markup}
+
+    def refresh(self) -> None:
+        """Sample and draw now, from the calling thread (the mode for frontends that drop updates made
+        from a background thread); draws the last figures again while paused."""
+        self._refresh()
 
     def _title_html(self, snapshot: memory.MemorySnapshot) -> str:
         state = "paused" if self.sampler.paused else f"every {fmt_seconds(self.sampler.interval)}"

@@ -1,0 +1,91 @@
+"""The house rules, read from the code's imports: one module per magic, small modules, arrows pointing down.
+
+These rules are what let a newcomer find ``%whereis --watch`` in ``magics/whereis.py`` without reading
+``%%cudatime``'s option splitting, and what keeps ``import torchgpu_magic`` cheap: a core module that
+imported IPython (or the magics) would drag the shell into every engine and terminal entry point.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+PACKAGE = ROOT / "torchgpu_magic"
+MODULES = sorted(PACKAGE.rglob("*.py"))
+MAX_LINES = 500
+MAGICS = ("gpuinfo", "ontorch", "cudatime", "whereis", "gpumem")
+
+
+def _dotted(path: Path) -> str:
+    """``torchgpu_magic/placement/scan.py`` -> ``torchgpu_magic.placement.scan``."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of every module ``path`` imports, at any depth of its code (lazy imports count)."""
+    package = _dotted(path) if path.name == "__init__.py" else _dotted(path).rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            found.add(stem)
+            # `from . import x` and `from .pkg import mod` name modules too
+            found.update(f"{stem}.{alias.name}" for alias in node.names)
+    return found
+
+
+GRAPH = {_dotted(p): _imports(p) for p in MODULES}
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_is_under_500_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines < MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines: split it by concern"
+
+
+@pytest.mark.parametrize("name", MAGICS)
+def test_each_magic_lives_in_the_file_named_after_it(name):
+    tree = ast.parse((PACKAGE / "magics" / f"{name}.py").read_text())
+    methods = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert name in methods
+    for other in MAGICS:
+        if other != name:
+            assert not any(m == other or m.startswith(f"_{other}_") for m in methods), (name, other)
+
+
+def test_nothing_below_the_magics_imports_ipython_or_the_magics():
+    for module, imported in GRAPH.items():
+        if module.startswith("torchgpu_magic.magics") or module == "torchgpu_magic":
+            continue
+        upward = {m for m in imported
+                  if m.split(".")[0] == "IPython" or m.startswith("torchgpu_magic.magics")}
+        assert not upward, f"{module} imports {sorted(upward)}: core modules never import IPython or magics"
+
+
+def test_no_two_modules_of_a_package_import_each_other():
+    """Within each package, sibling modules form no cycle (a shared lower module is the way to share)."""
+    siblings: dict[str, set[str]] = {}
+    for module, imported in GRAPH.items():
+        package = module.rpartition(".")[0]
+        siblings[module] = {m for m in imported
+                            if m in GRAPH and m.rpartition(".")[0] == package and m != module}
+
+    def visit(module: str, path: list[str]) -> None:
+        for nxt in siblings[module]:
+            assert nxt not in path, f"import cycle: {' -> '.join(path + [nxt])}"
+            visit(nxt, path + [nxt])
+
+    for module in siblings:
+        visit(module, [module])

@@ -1,0 +1,29 @@
+"""No CUDA context behind the user's back (issue 11, item 7), on a real GPU: each step a user may take
+without asking for the GPU runs in a fresh process, which must then hold no primary context on any GPU
+and appear in no NVML process list. A context costs hundreds of MiB on every GPU it lands on."""
+from __future__ import annotations
+
+import pytest
+from fresh_process import run_fresh
+
+STEPS = {
+    "load the extension": "pass",
+    "%gpuinfo": "cell('%gpuinfo')",
+    "%gpuinfo --json -i 0": "cell('%gpuinfo --json -i 0')",
+    "%gpumem's sampler": "import time\ncell('%gpumem --interval 0.05')\ncell('y = [1] * 10')\ntime.sleep(1)\n"
+                         "cell('%gpumem stop')",
+    "%whereis on cpu tensors": "cell('t = torch.ones(4)\\nm = torch.nn.Linear(2, 2)')\ncell('%whereis')\n"
+                               "cell('%whereis t m')",
+    "%%ontorch cpu": "cell('%%ontorch cpu\\nz = torch.ones(3) + 1')",
+    "%%cudatime on a cpu cell": "cell('%%cudatime -r 3 --max-time 1\\ntorch.ones(8) * 2')",
+    "%cudatime --kernels on a cpu statement":
+        "cell('%cudatime -r 3 --max-time 1 --kernels torch.ones(8) * 2')",
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("step", list(STEPS))
+def test_gpu_a_step_that_does_not_use_the_gpu_creates_no_context(step):
+    done = run_fresh(STEPS[step] + "\nprint('CONTEXTS', contexts(), 'NVML', nvml_pids())\n")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CONTEXTS [] NVML []" in done.stdout, done.stdout[-2000:]

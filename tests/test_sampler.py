@@ -1,0 +1,345 @@
+"""memory/sampler.py: the interval, per-cell accounting and the Sampler thread, via the package's names."""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+import fake_pynvml
+import pytest
+
+from torchgpu_magic import memory, nvml
+from torchgpu_magic.errors import MagicInputError
+from torchgpu_magic.memory import sampler as sampler_module
+
+MiB = 1024 * 1024
+H100 = memory.GPUTarget(None, 0, "NVIDIA H100 80GB HBM3")
+
+
+def _sampler_threads() -> list:
+    return [t for t in threading.enumerate() if t.name == memory.THREAD_NAME]
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_left():
+    yield
+    assert _sampler_threads() == [], "a test left a sampler thread running"
+
+
+@pytest.mark.parametrize("good", [0.05, 0.2, "0.5", 1, 60])
+def test_interval_accepts_sane_values(good):
+    assert memory.validate_interval(good) == float(good)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.01, 61, 1e9, "abc", None, math.nan, math.inf])
+def test_interval_rejects_the_rest_with_the_valid_range(bad):
+    with pytest.raises(MagicInputError, match="0.05 and 60|number of seconds"):
+        memory.validate_interval(bad)
+
+
+# ---- per-cell accounting ---------------------------------------------------------------------------
+def test_cell_log_measures_rss_delta_and_peak():
+    log = memory.CellLog(keep=3)
+    log.start()
+    block = bytearray(96 * MiB)
+    block[:: 4096] = b"\x01" * len(block[:: 4096])  # touch every page so it is resident
+    record = log.finish(7, "\n\nblock = bytearray(...)\nmore()")
+    assert record.number == 7 and record.first_line == "block = bytearray(...)"
+    assert record.rss_delta > 80 * MiB
+    if record.rss_peak is not None:  # Linux: the kernel's high-water mark, reset before the cell
+        assert record.rss_peak >= memory.host_memory().rss - 8 * MiB
+    del block
+    for n in range(5):
+        log.start()
+        log.finish(n, "x")
+    assert [r.number for r in log.records] == [2, 3, 4]
+    assert log.finish(9, "no start") is None
+
+
+def test_cell_peak_rss_is_this_cells_own():
+    if not memory.reset_peak_rss():
+        pytest.skip("this OS cannot reset the peak RSS mark")
+    big = bytearray(128 * MiB)
+    big[:: 4096] = b"\x01" * len(big[:: 4096])
+    del big
+    log = memory.CellLog()
+    log.start()
+    record = log.finish(1, "pass")
+    assert record.rss_peak < memory.host_memory().rss + 32 * MiB  # the earlier 128 MiB is not counted
+
+
+# ---- the sampler -----------------------------------------------------------------------------------
+def test_sampler_thread_is_named_daemon_and_ticks_without_drift():
+    got = []
+    sampler = memory.Sampler([], interval=0.05, callback=got.append)
+    sampler.start()
+    try:
+        (thread,) = _sampler_threads()
+        assert thread.daemon
+        time.sleep(0.6)
+    finally:
+        assert sampler.stop()
+    times = [s.time for s in got]
+    assert len(times) >= 8
+    # drift-free: the n-th tick is near start + n * interval, not start + n * (interval + work)
+    for n, t in enumerate(times):
+        assert abs(t - times[0] - n * 0.05) < 0.04, (n, t - times[0])
+
+
+def test_stop_ends_the_thread_within_one_interval():
+    sampler = memory.Sampler([], interval=5.0)
+    sampler.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    assert sampler.stop()
+    assert time.monotonic() - t0 < 1.0  # far less than the 5 s interval: it waits on an Event
+    assert not sampler.running
+
+
+def test_interval_change_takes_effect_at_once():
+    got = []
+    sampler = memory.Sampler([], interval=30.0, callback=got.append)
+    sampler.start()
+    try:
+        time.sleep(0.1)
+        sampler.interval = 0.05
+        time.sleep(0.5)
+    finally:
+        sampler.stop()
+    assert len(got) >= 5
+    with pytest.raises(MagicInputError):
+        sampler.interval = 0
+
+
+def test_history_is_bounded():
+    sampler = memory.Sampler([], interval=0.05, history_seconds=0.2)
+    for _ in range(20):
+        sampler.sample_now()
+    assert len(sampler.history) == 5
+    sampler.interval = 0.1  # fewer samples cover the same time: the oldest go
+    assert len(sampler.history) == 3
+
+
+def test_callback_errors_are_kept_not_raised():
+    def broken(_):
+        raise RuntimeError("view is gone")
+
+    sampler = memory.Sampler([], interval=0.05, callback=broken)
+    sampler.start()
+    try:
+        time.sleep(0.2)
+        assert sampler.running
+    finally:
+        sampler.stop()
+    assert sampler.last_error == "RuntimeError: view is gone"
+
+
+def test_pause_and_resume():
+    got = []
+    sampler = memory.Sampler([], interval=0.05, callback=got.append)
+    sampler.start()
+    try:
+        time.sleep(0.15)
+        sampler.pause()
+        time.sleep(0.06)
+        paused_at = len(got)
+        time.sleep(0.3)
+        assert len(got) == paused_at
+        sampler.resume()
+        time.sleep(0.2)
+        assert len(got) > paused_at
+    finally:
+        sampler.stop()
+
+
+def test_gpu_lost_mid_run_becomes_a_problem_not_a_traceback(fake_nvml):
+    module = fake_nvml("h100_busy")
+    got = []
+    sampler = memory.Sampler([H100], interval=0.05, callback=got.append)
+    sampler.start()
+    try:
+        time.sleep(0.15)
+        assert got[-1].gpus[0].process == 30720 * MiB
+        module.machine.gpus[0].errors.update(fake_pynvml._lost_errors())
+        time.sleep(0.2)
+        assert sampler.running
+    finally:
+        sampler.stop()
+    lost = got[-1].gpus[0]
+    assert lost.used is nvml.NA and lost.process is None
+    assert any("fallen off the bus" in p for p in lost.problems)
+    assert sampler.last_error is None
+
+
+def test_sampler_follows_nvml_figures(fake_nvml):
+    module = fake_nvml("h100_busy")
+    sampler = memory.Sampler([H100], interval=0.05)
+    assert sampler.sample_now().gpus[0].process == 30720 * MiB
+    module.machine.gpus[0].compute[0].usedGpuMemory = 40960 * MiB
+    assert sampler.sample_now().gpus[0].process == 40960 * MiB
+
+
+def test_peaks_fold_samples_and_cells():
+    sampler = memory.Sampler([], interval=0.05)
+    first = sampler.sample_now()
+    assert first.host.peak_rss >= first.host.rss
+    record = memory.CellRecord(1, "x", 0.0, 0.1, 0, first.host.rss + 512 * MiB,
+                               (memory.CellGPU(0, 0, 3 * MiB),))
+    sampler.note_cell(record)
+    assert sampler.sample_now().host.peak_rss == first.host.rss + 512 * MiB
+    assert sampler._peaks[0] == 3 * MiB
+    sampler.reset_peaks()
+    assert sampler.latest.host.peak_rss < first.host.rss + 512 * MiB
+
+
+def test_hundred_start_stop_cycles_leave_no_thread():
+    sampler = memory.Sampler([], interval=0.05)
+    for _ in range(100):
+        sampler.start()
+        assert sampler.stop()
+    for _ in range(20):
+        other = memory.Sampler([], interval=0.05)
+        other.start()
+        other.stop()
+    assert _sampler_threads() == []
+
+
+class _ScriptedCuda:
+    """torch.cuda's allocator counters on scripted figures: allocations of known size, exact."""
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.peak = 0
+
+    def device_count(self) -> int:
+        return 1
+
+    def memory_allocated(self, index: int) -> int:
+        return self.allocated
+
+    def max_memory_allocated(self, index: int) -> int:
+        return self.peak
+
+    def reset_peak_memory_stats(self, index: int) -> None:
+        self.peak = self.allocated
+
+    def alloc(self, n: int) -> None:
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+
+
+def test_records_across_1000_cells_are_bounded_in_order_and_exact(monkeypatch):
+    import tracemalloc
+
+    cuda = _ScriptedCuda()
+    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    log = memory.CellLog(keep=100)
+
+    def cells(first: int, count: int) -> None:
+        for n in range(first, first + count):
+            log.start()
+            cuda.alloc(4096 * n)  # a temporary buffer: counts in the peak only
+            cuda.alloc(-4096 * n)
+            cuda.alloc(512 * (n % 7) - 512 * 3)  # what the cell keeps (or frees)
+            log.finish(n, f"\n  cell_{n}()  \nsecond line")
+
+    cells(0, 1000)
+    records = log.records
+    assert len(records) == 100 and records.dropped == 900
+    assert [r.number for r in records] == list(range(900, 1000))
+    for r in records:
+        n = r.number
+        (g,) = r.gpus
+        assert r.first_line == f"cell_{n}()"
+        assert g.delta == 512 * (n % 7) - 512 * 3
+    # peaks exactly: the allocation before the cell plus the temporary buffer
+    allocated = 0
+    for n in range(1000):
+        if n >= 900:
+            g = records[n - 900].gpus[0]
+            assert g.peak == allocated + 4096 * n, n
+        allocated += 512 * (n % 7) - 512 * 3
+    assert records[0].start <= records[-1].start and all(r.seconds >= 0 for r in records)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        cells(1000, 1000)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(log.records) == 100 and log.records.dropped == 1900
+    assert grown < 64 * 1024, f"1000 more cells grew memory by {grown} B"
+
+
+@pytest.mark.gpu
+def test_cell_deltas_are_exact_for_real_cuda_allocations():
+    import torch
+
+    torch.zeros(1, device="cuda")  # CUDA initialised before the cells, as after a first .cuda()
+    log = memory.CellLog()
+    log.start()
+    kept = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+    temporary = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+    del temporary
+    before_del = torch.cuda.memory_allocated(0)
+    record = log.finish(1, "kept = ...")
+    g = next(g for g in record.gpus if g.torch_index == 0)
+    assert g.delta == MiB
+    assert g.peak == before_del + 4 * MiB
+    del kept
+    log.start()
+    record = log.finish(2, "del kept")
+    assert next(g for g in record.gpus if g.torch_index == 0).delta == 0
+
+
+def test_host_counters_agree_with_psutil_and_reset_the_peak():
+    import psutil
+
+    counters = memory.HostCounters()
+    try:
+        rss = counters.rss()
+        assert abs(rss - psutil.Process().memory_info().rss) < 16 * MiB
+        both = counters.rss_and_peak()
+        assert abs(both[0] - rss) < 16 * MiB
+        if counters.reset_peak():
+            big = bytearray(64 * MiB)
+            big[::4096] = b"\x01" * len(big[::4096])
+            del big
+            now, peak = counters.rss_and_peak()
+            assert peak >= now + 48 * MiB
+    finally:
+        counters.close()
+
+
+def test_cell_nvml_delta_is_this_process_usage_after_minus_before(fake_nvml, monkeypatch):
+    module = fake_nvml("h100_busy")
+    cuda = _ScriptedCuda()
+    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    log = memory.CellLog(targets=[memory.GPUTarget(0, 0, "NVIDIA H100 80GB HBM3")])
+    log.start()
+    cuda.alloc(2 * MiB)
+    module.machine.gpus[0].compute[0].usedGpuMemory = 40960 * MiB  # the context and cache grew
+    (g,) = log.finish(1, "x = torch.ones(...)").gpus
+    assert (g.torch_index, g.delta, g.peak, g.nvml_delta) == (0, 2 * MiB, 2 * MiB, 10240 * MiB)
+    log.start()
+    module.machine.gpus[0].errors.update(fake_pynvml._lost_errors())
+    (g,) = log.finish(2, "y").gpus
+    assert g.nvml_delta is None and g.delta == 0  # NVML lost: no NVML figure, torch's still there
+
+
+def test_cell_nvml_delta_on_a_mig_slice_asks_the_slice(fake_nvml, monkeypatch):
+    """A non-root user on a MIG slice: the whole GPU refuses its process lists, the slice answers, so the
+    per-cell NVML delta must come from the slice (asking the parent gives no figure at all)."""
+    module = fake_nvml("mig_user")
+    gpu = module.machine.gpus[0]
+    mine = fake_pynvml.FakeProcess(os.getpid(), 1024 * MiB, gpuInstanceId=2, computeInstanceId=0)
+    gpu.compute.append(mine)
+    cuda = _ScriptedCuda()
+    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    slice_uuid = gpu.migs[1].uuid
+    log = memory.CellLog(targets=[memory.GPUTarget(0, 0, "MIG 3g.20gb", slice_uuid)])
+    log.start()
+    mine.usedGpuMemory = 1536 * MiB
+    (g,) = log.finish(1, "x = torch.ones(...)").gpus
+    assert g.nvml_delta == 512 * MiB

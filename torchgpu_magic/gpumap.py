@@ -1,0 +1,306 @@
+"""Which physical GPU is torch's ``cuda:N``: torch's view of its GPUs, matched to NVML's by UUID.
+
+torch numbers the GPUs it can see (``cuda:0`` ...) after ``CUDA_VISIBLE_DEVICES`` has reordered or hidden
+them, and may see a MIG instance instead of a whole GPU; NVML numbers every GPU in the machine in PCI
+order. The two are matched by UUID (or PCI bus id), never by position (model: nvitop's
+``_parse_cuda_visible_devices``); :func:`parse_cuda_visible_devices` reads the variable as CUDA does, for
+the cases torch says neither and for the GPUs torch will see before CUDA is initialised.
+
+torch is asked through :func:`torch_view`, which touches CUDA only when torch is a CUDA build and
+``torch.cuda.is_available()`` is True; tests may hand :func:`gpu_map` a :class:`TorchView` of their own.
+Used by %gpuinfo's report (:mod:`torchgpu_magic.inventory`) and by %gpumem to pick the GPUs to watch.
+"""
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import nvml
+from .nvml import NA
+from .render import is_na
+
+__all__ = [
+    "TorchDevice",
+    "TorchView",
+    "GPUMapping",
+    "torch_view",
+    "gpu_map",
+    "parse_cuda_visible_devices",
+]
+
+
+# ---- torch's view -------------------------------------------------------------------------------
+
+@dataclass
+class TorchDevice:
+    """One GPU as torch sees it, with this process's allocator figures (bytes)."""
+
+    index: int
+    name: Any = NA
+    capability: Any = NA
+    uuid: Any = NA
+    pci_bus_id: Any = NA
+    total_memory: Any = NA
+    allocated: Any = NA
+    reserved: Any = NA
+    peak: Any = NA
+
+
+@dataclass
+class TorchView:
+    """What torch says about CUDA (and other accelerators) in this process."""
+
+    version: str
+    cuda: Optional[str] = None
+    hip: Optional[str] = None
+    cudnn: Any = NA
+    is_available: bool = False
+    device_count: int = 0
+    devices: list = field(default_factory=list)
+    other_accelerators: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+
+
+def _uuid_text(raw: Any) -> Any:
+    """torch's ``props.uuid`` as text; torch prints it without the 'GPU-' prefix NVML uses."""
+    if raw is None:
+        return NA
+    text = str(raw).strip()
+    return text if text else NA
+
+
+def _pci_text(props: Any) -> Any:
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is None:
+        return NA
+    domain = getattr(props, "pci_domain_id", 0) or 0
+    device = getattr(props, "pci_device_id", 0) or 0
+    return f"{int(domain):08X}:{int(bus):02X}:{int(device):02X}.0"
+
+
+def torch_view() -> TorchView:
+    """Ask torch what it can use. Never initialises CUDA unless torch is a CUDA build and a GPU is usable;
+    never raises for what torch cannot answer (those are ``warnings``, shown as notes)."""
+    import torch
+
+    view = TorchView(version=str(torch.__version__), cuda=torch.version.cuda,
+                     hip=getattr(torch.version, "hip", None))
+    if view.cuda or view.hip:
+        try:
+            version = torch.backends.cudnn.version()
+            view.cudnn = NA if version is None else version
+        except Exception:  # noqa: BLE001 - a missing cuDNN library is reported as N/A
+            view.cudnn = NA
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            view.is_available = bool(torch.cuda.is_available())
+        view.warnings = [" ".join(str(w.message).split()) for w in caught]
+    if view.is_available:
+        try:
+            view.device_count = torch.cuda.device_count()
+        except Exception as exc:  # noqa: BLE001 - every problem is a note in the report, never a traceback
+            view.warnings.append(f"torch.cuda.device_count() failed: {_one_line(exc)}")
+        for i in range(view.device_count):
+            view.devices.append(_torch_device(torch, i, view.warnings))
+    for name, module in (("mps", getattr(torch.backends, "mps", None)), ("xpu", getattr(torch, "xpu", None))):
+        try:
+            if module is not None and module.is_available():
+                view.other_accelerators.append(name)
+        except Exception as exc:  # noqa: BLE001
+            view.warnings.append(f"torch's {name}.is_available() failed: {_one_line(exc)}")
+    return view
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _torch_device(torch: Any, index: int, notes: list) -> TorchDevice:
+    """``cuda:index`` as torch sees it; what torch cannot say (e.g. in a child forked after CUDA was
+    initialised, or with the GPU gone) is NA, with a note in ``notes``."""
+    dev = TorchDevice(index=index)
+    try:
+        props = torch.cuda.get_device_properties(index)
+        dev.name, dev.capability = props.name, f"{props.major}.{props.minor}"
+        dev.uuid, dev.pci_bus_id = _uuid_text(getattr(props, "uuid", None)), _pci_text(props)
+        dev.total_memory = int(props.total_memory)
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"cuda:{index}: torch.cuda.get_device_properties failed: {_one_line(exc)}")
+    try:
+        dev.allocated = torch.cuda.memory_allocated(index)
+        dev.reserved = torch.cuda.memory_reserved(index)
+        dev.peak = torch.cuda.max_memory_allocated(index)
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"cuda:{index}: torch's allocator figures failed: {_one_line(exc)}")
+    return dev
+
+
+# ---- matching torch's GPUs to NVML's ------------------------------------------------------------
+
+@dataclass
+class GPUMapping:
+    """torch's ``cuda:<torch_index>`` is NVML's GPU ``nvml_index`` (None when it could not be matched).
+
+    ``matched_by`` says how: 'uuid', 'pci_bus_id' or 'CUDA_VISIBLE_DEVICES' (position in the parsed
+    list, used only when torch reports neither UUID nor bus id).
+    """
+
+    torch_index: int
+    nvml_index: Optional[int]
+    uuid: Any
+    name: Any
+    matched_by: Optional[str] = None
+    mig: Any = None
+
+
+_HEX_UUID = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")
+
+
+def _bare(uuid: Any) -> str:
+    """A UUID without its 'GPU-' / 'MIG-' prefix, lower case, for comparing torch's and NVML's."""
+    text = str(uuid).strip().lower()
+    for prefix in ("mig-", "gpu-"):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    return text
+
+
+def _bus_key(bus_id: Any) -> Optional[tuple]:
+    """(domain, bus, device) of a PCI bus id such as '00000000:18:00.0' or '0000:18:00.0'."""
+    match = re.fullmatch(r"\s*(?:([0-9a-fA-F]+):)?([0-9a-fA-F]+):([0-9a-fA-F]+)(?:\.\d+)?\s*", str(bus_id))
+    if not match:
+        return None
+    return (int(match.group(1) or "0", 16), int(match.group(2), 16), int(match.group(3), 16))
+
+
+def _strtoul(text: str) -> int:
+    """Leading unsigned integer as CUDA's strtoul reads it ('1gpu' -> 1); -1 when there is none."""
+    match = re.match(r"\+?(\d+)", text)
+    return int(match.group(1)) if match else -1
+
+
+def parse_cuda_visible_devices(value: Optional[str], gpus: list) -> list:
+    """Which NVML GPUs CUDA will enumerate for ``CUDA_VISIBLE_DEVICES=value``, in CUDA's order.
+
+    ``gpus`` are identity snapshots (:func:`nvml.gpu_snapshot` with ``identity_only=True``) in NVML
+    order. Returns ``(nvml_index, mig_slot or None)`` pairs. Follows CUDA's rules: indices are read
+    like strtoul; a negative, unknown or out-of-range entry ends the list; a repeated entry empties it;
+    UUIDs ('GPU-…', 'MIG-…', also abbreviated) cannot be mixed with indices; and a process enumerates
+    at most one MIG instance (the first listed, or the first instance of the first GPU in MIG mode).
+    """
+    if value is None:
+        picked = [(g.index, None) for g in gpus]
+    else:
+        picked = []
+        entries = [e.strip() for e in value.split(",")]
+        by_uuid = entries[0].upper().startswith(("GPU-", "MIG-")) if entries else False
+        for entry in entries:
+            target = _match_uuid(entry, gpus) if by_uuid else _match_index(entry, gpus)
+            if target is None:
+                break
+            if target in picked:
+                return []
+            picked.append(target)
+    migs = [p for p in picked if p[1] is not None]
+    if migs:
+        return migs[:1]
+    result = []
+    for index, _ in picked:
+        gpu = gpus[index]
+        if gpu.mig_mode is True:
+            if gpu.mig_devices:
+                return [(index, gpu.mig_devices[0].index)]
+            continue
+        result.append((index, None))
+    return result
+
+
+def _match_index(entry: str, gpus: list) -> Optional[tuple]:
+    index = _strtoul(entry)
+    if index < 0 or index >= len(gpus):
+        return None
+    return (index, None)
+
+
+def _match_uuid(entry: str, gpus: list) -> Optional[tuple]:
+    """A 'GPU-…' / 'MIG-…' / 'MIG-GPU-…/gi/ci' entry, full or abbreviated, matching one device only."""
+    text = entry.lower()
+    legacy = re.fullmatch(r"mig-gpu-([0-9a-f-]+)/(\d+)/(\d+)", text)
+    if legacy:
+        parents = [g for g in gpus if not is_na(g.uuid) and _bare(g.uuid).startswith(legacy.group(1))]
+        if len(parents) != 1:
+            return None
+        gi, ci = int(legacy.group(2)), int(legacy.group(3))
+        for mig in parents[0].mig_devices:
+            if mig.gpu_instance_id == gi and mig.compute_instance_id == ci:
+                return (parents[0].index, mig.index)
+        return None
+    if not re.fullmatch(r"(gpu|mig)-[0-9a-f-]+", text):
+        return None
+    prefix = _bare(text)
+    found = []
+    for gpu in gpus:
+        if text.startswith("gpu-") and not is_na(gpu.uuid) and _bare(gpu.uuid).startswith(prefix):
+            found.append((gpu.index, None))
+        if text.startswith("mig-"):
+            found += [(gpu.index, m.index) for m in gpu.mig_devices
+                      if not is_na(m.uuid) and _bare(m.uuid).startswith(prefix)]
+    return found[0] if len(found) == 1 else None
+
+
+def _identities() -> list:
+    if nvml.status() is not None:
+        return []
+    return [nvml.gpu_snapshot(i, identity_only=True) for i in range(nvml.device_count())]
+
+
+def gpu_map(view: Optional[TorchView] = None, gpus: Optional[list] = None) -> list:
+    """One :class:`GPUMapping` per GPU torch can see; empty when torch sees no CUDA GPU.
+
+    ``view`` defaults to :func:`torch_view` and ``gpus`` to NVML's identity snapshots.
+    """
+    view = torch_view() if view is None else view
+    if not view.is_available or not view.devices:
+        return []
+    gpus = _identities() if gpus is None else gpus
+    visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus) if gpus else []
+    positional = len(visible) == len(view.devices)
+    result = []
+    for dev in view.devices:
+        mapping = _match_device(dev, gpus)
+        if mapping is None and positional:
+            index, slot = visible[dev.index]
+            mig = _mig_at(gpus[index], slot)
+            mapping = GPUMapping(dev.index, index, mig.uuid if mig else gpus[index].uuid,
+                                 mig.name if mig else gpus[index].name, "CUDA_VISIBLE_DEVICES",
+                                 mig.uuid if mig else None)
+        if mapping is None:
+            mapping = GPUMapping(dev.index, None, dev.uuid, dev.name)
+        result.append(mapping)
+    return result
+
+
+def _mig_at(gpu: Any, slot: Optional[int]) -> Any:
+    if slot is None:
+        return None
+    return next((m for m in gpu.mig_devices if m.index == slot), None)
+
+
+def _match_device(dev: TorchDevice, gpus: list) -> Optional[GPUMapping]:
+    if not is_na(dev.uuid) and _HEX_UUID.search(_bare(dev.uuid)):
+        want = _bare(dev.uuid)
+        for gpu in gpus:
+            if not is_na(gpu.uuid) and _bare(gpu.uuid) == want:
+                return GPUMapping(dev.index, gpu.index, gpu.uuid, gpu.name, "uuid")
+            for mig in gpu.mig_devices:
+                if not is_na(mig.uuid) and _bare(mig.uuid) == want:
+                    return GPUMapping(dev.index, gpu.index, mig.uuid, mig.name, "uuid", mig.uuid)
+    key = _bus_key(dev.pci_bus_id) if not is_na(dev.pci_bus_id) else None
+    if key is not None:
+        for gpu in gpus:
+            if not is_na(gpu.pci_bus_id) and _bus_key(gpu.pci_bus_id) == key:
+                return GPUMapping(dev.index, gpu.index, gpu.uuid, gpu.name, "pci_bus_id")
+    return None

@@ -1,0 +1,117 @@
+"""What the magics share: options parsed into one-line ``UsageError``s, the closers that let
+``%unload_ext`` undo what loading and use hooked into the shell, and IPython's semicolon rule.
+
+Each magic is a :class:`MagicsPart` in a module named after it, holding that magic's options, hooks and
+state. One :class:`TorchGPUMagics` per shell is the extension itself: registered under that name, it owns
+the closers and knows the parts, so ``load`` and ``unload`` (in ``__init__.py``) register and remove them
+together. This is the only module the magics' modules import from each other.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterable, TypeVar
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, magics_class
+from IPython.core.magic_arguments import parse_argstring
+
+from ..errors import MagicInputError
+
+P = TypeVar("P", bound="MagicsPart")
+
+
+def parse_args(magic: Callable[..., Any], line: str) -> Any:
+    """Parse ``line`` with the ``@magic_arguments`` of ``magic``; any problem becomes a one-line
+    ``UsageError`` that says what was wrong and shows the magic's usage."""
+    name = magic.__name__
+    try:
+        return parse_argstring(magic, line)
+    except (UsageError, ValueError) as exc:
+        usage = " ".join(magic.parser.format_usage().split())
+        usage = usage.replace("usage: ", "", 1).replace("::", "", 1).replace("%" + name, "").strip()
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"%{name}: {message}. Usage: %{name} {usage}") from None
+
+
+def usage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the core's :class:`MagicInputError` into a one-line ``UsageError`` for ``method``."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        try:
+            return method(*args, **kwargs)
+        except MagicInputError as exc:
+            raise UsageError(f"%{method.__name__}: {exc}") from None
+
+    return wrapper
+
+
+def ends_with_semicolon(source: str) -> bool:
+    """True when the last code token of ``source`` is ``;``: IPython's rule for a cell whose value is
+    not shown (``DisplayHook.semicolon_at_end_of_expression`` exists only from IPython 8)."""
+    import io
+    import tokenize
+
+    skip = {tokenize.ENDMARKER, tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT,
+            tokenize.DEDENT}
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    code = [tok for tok in tokens if tok.type not in skip]
+    return bool(code) and code[-1].string == ";"
+
+
+@magics_class
+class TorchGPUMagics(Magics):
+    """The extension in one shell. It defines no magic itself: it is registered under this name so that
+    ``instance`` finds it, makes one instance of each magic's class (:attr:`parts`), and owns the closers
+    that undo whatever those hooked into the shell (event callbacks, formatters, threads)."""
+
+    def __init__(self, shell: Any, parts: Iterable[type[MagicsPart]]) -> None:
+        super().__init__(shell)
+        self._closers: list[Callable[[], None]] = []
+        self.parts: list[MagicsPart] = [cls(shell, self) for cls in parts]
+
+    def part(self, cls: type[P]) -> P:
+        """This shell's instance of the magic class ``cls`` (one of :attr:`parts`)."""
+        return next(part for part in self.parts if isinstance(part, cls))
+
+    def start(self) -> None:
+        """Hook the always-on features of every part into the shell (called once, by ``load``)."""
+        for part in self.parts:
+            part.start()
+
+    def add_closer(self, closer: Callable[[], None]) -> None:
+        """Remember ``closer`` to undo something hooked into the shell; run by :meth:`close`."""
+        self._closers.append(closer)
+
+    def close(self) -> None:
+        """Undo every registration, newest first; one failing closer does not stop the others."""
+        errors = []
+        while self._closers:
+            closer = self._closers.pop()
+            try:
+                closer()
+            except Exception as exc:  # noqa: BLE001 - report all, after undoing all
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+class MagicsPart(Magics):
+    """One magic's class: its options, hooks and state, with what it hooks into the shell undone by its
+    owner's closers. Subclasses are decorated with ``@magics_class``, as IPython requires."""
+
+    def __init__(self, shell: Any, owner: TorchGPUMagics) -> None:
+        super().__init__(shell)
+        self._owner = owner
+
+    def add_closer(self, closer: Callable[[], None]) -> None:
+        """Have ``closer`` run when the extension is unloaded (see :meth:`TorchGPUMagics.close`)."""
+        self._owner.add_closer(closer)
+
+    def start(self) -> None:
+        """Hook what is always on into the shell, once, at load; a magic that waits to be used has
+        nothing to hook here."""

@@ -1,0 +1,207 @@
+"""``%%cudatime``: time a cell, or one statement, correctly on a GPU."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from IPython.core.error import UsageError
+from IPython.core.magic import line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from .base import MagicsPart, parse_args, usage_errors
+
+
+@magics_class
+class CUDATimeMagics(MagicsPart):
+    """``%%cudatime`` and ``%cudatime``: the measuring is :mod:`torchgpu_magic.timing`'s; this class splits
+    the options from the statement, compiles the cell the way IPython would, runs one measurement per
+    ``--devices`` / ``--threads`` row, and keeps what the cell prints to its first run."""
+
+    @magic_arguments()
+    @argument("-n", dest="loops", type=int, metavar="LOOPS",
+              help="loops per sample (default: the 1-2-5 sequence until one sample lasts >= 1 ms)")
+    @argument("-r", dest="samples", type=int, metavar="SAMPLES",
+              help="exactly this many samples (default: >= 7 samples and 0.2 s, then until the median's "
+                   "95%% CI is within +-1%%, or IQR/median < 2%%)")
+    @argument("--warmup", type=int, metavar="N",
+              help="run the cell N times to warm up (default: until the median of the last 3 runs moves "
+                   "< 2%%, at most 1 s; 0 skips it)")
+    @argument("--max-time", dest="max_time", type=float, default=10.0, metavar="S",
+              help="stop sampling after S seconds and say 'not converged' (default 10)")
+    @argument("-o", dest="output", action="store_true", help="return the result object")
+    @argument("-q", dest="quiet", action="store_true", help="show nothing (use with -o)")
+    @argument("--cold", action="store_true",
+              help="synchronize after every loop, so each run starts on an idle GPU (an event pair per loop)")
+    @argument("--flush-l2", dest="flush_l2", action="store_true",
+              help="overwrite twice the L2 cache (the last-level cache on cpu) before every loop, untimed")
+    @argument("--devices", metavar="LIST",
+              help="comma-separated devices to run the cell on, one row each (e.g. cpu,cuda:0)")
+    @argument("--threads", metavar="LIST",
+              help="comma-separated torch CPU thread counts, one row each (e.g. 1,4,16); restored after")
+    @argument("--kernels", action="store_true",
+              help="add a separate torch.profiler pass listing the top kernels (cpu: ops)")
+    @argument("statement", nargs="*",
+              help="cell magic: setup run once before timing; line magic: the statement to time "
+                   "(put -- before a statement that starts with '-')")
+    @usage_errors
+    @line_cell_magic
+    def cudatime(self, line: str = "", cell: Optional[str] = None) -> Any:
+        """Time a cell (or one statement) correctly on a GPU: CUDA events for device time, host enqueue
+        and synchronized wall time, first run apart, warm-up, auto-ranged loops and samples until the
+        median is known to +-1 %.
+
+        ``%%cudatime [options] [setup]`` times the cell (the setup statement runs once first, in the same
+        scope, as with ``%%timeit``); ``%cudatime [options] STATEMENT`` times one statement. Without
+        ``--devices`` it times on torch's default device; when that is cpu, on the current CUDA GPU only
+        if CUDA was initialised before the cell or becomes so during its setup and first run (the cell
+        uses the GPU); on cpu the figure is host time, and the report says so.
+        """
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
+        from .. import devices, timing
+
+        opts_text, statement = self._split(line)
+        args = parse_args(self.cudatime, opts_text)
+        if cell is None and not statement.strip():
+            raise UsageError("%cudatime: no statement to time. Usage: %cudatime [options] STATEMENT, "
+                             "or %%cudatime [options] [setup] with the cell below")
+        opts = timing.Options(loops=args.loops, samples=args.samples, warmup=args.warmup,
+                              max_time=args.max_time, cold=args.cold, flush_l2=args.flush_l2,
+                              kernels=args.kernels)
+        opts.check()
+        targets = ([devices.resolve(spec) for spec in self._items(args.devices, "--devices")]
+                   if args.devices is not None else [timing.timing_device()])
+        for device in targets:
+            timing.check_device(device, args.flush_l2)
+        threads = [None]
+        if args.threads is not None:
+            threads = [self._thread_count(text) for text in self._items(args.threads, "--threads")]
+        compiled = self._compile(statement if cell is not None else "",
+                                 cell if cell is not None else statement, cell is not None)
+        rows = []
+        try:
+            for device in targets:
+                for count in threads:
+                    result = self._row(compiled, device, count, opts, args.devices is not None,
+                                                show_output=not rows)
+                    label = str(device) + ("" if count is None else f", {count} thread{'s' * (count != 1)}")
+                    rows.append((label, result))
+        except Exception as exc:  # the cell's own error: show it from the cell's frame, as %time would
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename != compiled.filename:
+                tb = tb.tb_next
+            if tb is None:
+                raise
+            raise exc.with_traceback(tb)  # noqa: B904 - the same exception, with our frames left out
+        outcome = rows[0][1] if len(rows) == 1 and args.devices is None and args.threads is None \
+            else timing.TimingComparison(rows)
+        if args.output:
+            return outcome
+        if not args.quiet:
+            from IPython.display import display
+
+            display(outcome)
+        return None
+
+    def _split(self, line: str) -> tuple:
+        """Split the magic's line into (options, statement): options are the leading tokens that look like
+        options (with their values); the statement is the rest, verbatim (quotes and spacing kept, which
+        ``parse_argstring`` would not do). ``--`` ends the options explicitly."""
+        import re
+
+        actions = self.cudatime.parser._option_string_actions
+        longs = [name for name in actions if name.startswith("--")]
+        tokens = list(re.finditer(r"\S+", line))
+        index = 0
+        while index < len(tokens):
+            token = tokens[index].group()
+            if token == "--":
+                return line[:tokens[index].start()], line[tokens[index].end():].strip()
+            if not re.match(r"--?[A-Za-z]", token):
+                return line[:tokens[index].start()], line[tokens[index].start():].strip()
+            name = token.split("=", 1)[0]
+            if name not in actions and name.startswith("--"):
+                matches = [long for long in longs if long.startswith(name)]
+                name = matches[0] if len(matches) == 1 else name
+            action = actions.get(name) or (actions.get(token[:2]) if not token.startswith("--") else None)
+            attached = "=" in token or (not token.startswith("--") and len(token) > 2)
+            index += 1
+            if action is not None and action.nargs != 0 and not attached:
+                index += 1  # the option's value
+        return line, ""
+
+    @staticmethod
+    def _items(text: str, option: str) -> list:
+        """The items of a comma-separated ``--devices`` / ``--threads`` LIST; a blank one is a UsageError."""
+        items = [item.strip() for item in text.split(",")]
+        if not all(items):
+            raise UsageError(f"%cudatime: {option} takes a comma-separated list without blanks, e.g. "
+                             f"{'cpu,cuda:0' if option == '--devices' else '1,4,16'}; got {text!r}")
+        return items
+
+    @staticmethod
+    def _thread_count(text: str) -> int:
+        """One ``--threads`` item as a thread count, 1 to 4096."""
+        if not text.isdigit() or not 1 <= int(text) <= 4096:
+            raise UsageError(f"%cudatime: --threads takes whole numbers from 1 to 4096 (e.g. 1,4,16); "
+                             f"got {text!r}")
+        return int(text)
+
+    def _compile(self, setup: str, body: str, is_cell: bool) -> Any:
+        """Transform and compile once (as %timeit does), registering the source so tracebacks show the
+        cell's lines: for the cell magic, line 1 is the setup (on the magic's line) and the body follows."""
+        import ast
+
+        from .. import timing
+
+        shell = self.shell
+        setup_src = shell.transform_cell(setup) if setup.strip() else ""
+        body_src = shell.transform_cell(body)
+        offset = max(1, setup_src.count("\n")) if is_cell else 0
+        source = (setup_src.rstrip("\n") + "\n" + body_src) if is_cell else body_src
+        setup_ast = shell.compile.ast_parse(setup_src or "pass")
+        body_ast = shell.compile.ast_parse(body_src)
+        ast.increment_lineno(body_ast, offset)
+        setup_ast = shell.transform_ast(setup_ast)
+        body_ast = shell.transform_ast(body_ast)
+        filename = shell.compile.cache(source, shell.execution_count)
+        return timing.compile_cell(body_ast, shell.user_ns, setup_ast, filename)
+
+    def _row(self, compiled: Any, device: Any, threads: Optional[int], opts: Any,
+               switch: bool, show_output: bool) -> Any:
+        """One measurement: on ``device`` (switched to it when ``--devices`` named it) with ``threads``
+        CPU threads (when ``--threads`` named them); torch's state is restored however it ends."""
+        import contextlib
+
+        import torch
+
+        from .. import devices, timing
+
+        saved_threads = torch.get_num_threads()
+        try:
+            with devices.use_device(device) if switch else contextlib.nullcontext():
+                if threads is not None:
+                    torch.set_num_threads(threads)
+                return timing.time_cell(compiled, device, opts, self._silence, show_output,
+                                        follow_cuda=not switch)
+        finally:
+            if threads is not None:
+                torch.set_num_threads(saved_threads)
+
+    def _silence(self) -> Any:
+        """A context that discards what the cell prints or displays (every run after the first: a cell
+        run a thousand times must not print a thousand times, nor keep the output in memory)."""
+        import contextlib
+
+        from IPython.core.displaypub import DisplayPublisher
+
+        from .. import timing
+
+        shell = self.shell
+        stack = contextlib.ExitStack()
+        quiet = DisplayPublisher(shell=shell)
+        quiet.publish = lambda *args, **kwargs: None
+        quiet.clear_output = lambda *args, **kwargs: None
+        saved = shell.display_pub
+        shell.display_pub = quiet
+        stack.callback(setattr, shell, "display_pub", saved)
+        stack.enter_context(timing.silenced())
+        return stack

@@ -1,0 +1,319 @@
+"""``%gpumem``: memory per cell (kept as records), shown as a live panel where a widget can render and as
+one line per cell where none can (a terminal)."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Optional
+
+from IPython.core.magic import line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from ..errors import MagicInputError
+from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
+
+# The panel's static snapshot (the text/html and text/plain a saved notebook keeps) is rewritten after a
+# cell at most this often, and always when the panel stops: rewriting it redraws the live view too.
+SNAPSHOT_EVERY = 2.0
+_INSTALL = "pip install torchgpu-magic[widgets]"
+
+
+def in_colab() -> bool:
+    """True in Google Colab, whose frontend does not show widget updates made from a background thread
+    (googlecolab/colabtools #3373): its kernel has imported ``google.colab``."""
+    return "google.colab" in sys.modules
+
+
+def shows_widgets(shell: Any) -> bool:
+    """True when ``shell``'s frontend can show a widget: a Jupyter kernel (ipykernel's shell has a
+    ``kernel``), not a terminal or a bare InteractiveShell, whatever is importable."""
+    return getattr(shell, "kernel", None) is not None
+
+
+@magics_class
+class GPUMemMagics(MagicsPart):
+    """``%gpumem``: a :class:`~torchgpu_magic.memory.CellLog` fed by the cell events while it runs, shown
+    either by one :class:`~torchgpu_magic.panel.MemoryPanel` per kernel (over one
+    :class:`~torchgpu_magic.memory.Sampler`) or, in text mode, by one printed line per cell."""
+
+    def __init__(self, shell: Any, owner: TorchGPUMagics) -> None:
+        super().__init__(shell, owner)
+        self._panel: Any = None  # the live panel.MemoryPanel: one sampler per kernel
+        self._display: Any = None  # the DisplayHandle of the panel's output
+        self._snapshot_at = 0.0  # when that output's static snapshot was last rewritten
+        self._cell_refresh = False  # refresh the panel after each cell instead of from the thread
+        self._text = False  # text mode: a line after each cell, no panel, no thread
+        self._cells: Any = None  # memory.CellLog while per-cell accounting is hooked in
+        self._records: Any = None  # the last cell log's records, kept after it stops
+        self._cells_wanted = True  # the last --cells choice for the live panel
+        self._targets_state: Optional[str] = None  # CUDA's state when the targets were last worked out
+        self._closer_added = False
+
+    @line_magic
+    @magic_arguments()
+    @argument("action", nargs="?", default=None,
+              help="'stop': stop the sampler, close the panel, stop the per-cell lines. Nothing: start.")
+    @argument("--interval", default=None,
+              help="seconds between samples, 0.05 to 60 (default 1; the panel keeps the last 5 minutes)")
+    @argument("--cells", choices=["on", "off"], default=None,
+              help="per-cell memory accounting in the panel (on by default)")
+    @argument("--text", action="store_true",
+              help="text mode: a snapshot now and one line after each cell, no widget, no thread "
+                   "(the default where no widget can show: a terminal, or no ipywidgets)")
+    @argument("--widget", action="store_true",
+              help="the live panel (the default in a Jupyter kernel with ipywidgets)")
+    @argument("--refresh", choices=["thread", "cell"], default=None,
+              help="how the panel is refreshed: 'thread' (live, every interval) or 'cell' (after each "
+                   "cell, from the main thread; the default in Colab, which drops thread updates)")
+    @argument("--records", action="store_true",
+              help="return the per-cell records (every cell since %%gpumem started, up to 10,000) "
+                   "instead of showing the panel")
+    @argument("-o", dest="output", action="store_true",
+              help="return the per-cell records object (to_dict, to_csv, to_pandas)")
+    @usage_errors
+    def gpumem(self, line: str = "") -> Any:
+        """Memory per cell and live: NVML, torch's allocator and host RSS side by side in a panel, each
+        cell's time and memory delta and peak kept as records. In a terminal (or without ipywidgets)
+        one text snapshot, then one line after each cell.
+        """
+        from .. import memory
+
+        args = parse_args(self.gpumem, line)
+        if args.action not in (None, "stop"):
+            raise MagicInputError(f"unknown action {args.action!r}: use 'stop', or nothing to start")
+        interval = None if args.interval is None else memory.validate_interval(args.interval)
+        if args.text and args.widget:
+            raise MagicInputError("--text and --widget exclude each other")
+        if args.action == "stop":
+            if line.split() != ["stop"]:
+                raise MagicInputError("'stop' takes no options")
+            said = ("%gpumem: sampler stopped, panel closed" if self._panel is not None
+                    else "%gpumem: per-cell lines stopped" if self._text else "%gpumem: not running")
+            self._stop()
+            print(said)
+            return None
+        if args.records:
+            if interval is not None or args.cells or args.text or args.widget or args.refresh:
+                raise MagicInputError("--records takes no option but -o")
+            return self.records()
+        text = self._wants_text(args.text, args.widget)
+        if text and (args.refresh is not None or args.cells is not None):
+            raise MagicInputError("--refresh and --cells are options of the panel, not of --text")
+        from IPython.display import display
+
+        if text:
+            self._start_text(interval)
+        else:
+            self._start_panel(interval, args.refresh, args.cells)
+            self._display = display(self._panel.widget, display_id=True)
+            self._snapshot_at = time.monotonic()
+        return self.records() if args.output else None
+
+    # ---- choosing the view ------------------------------------------------------------------------
+    def _wants_text(self, text: bool, widget: bool) -> bool:
+        """Text mode or the panel: --text / --widget when given, else by the frontend (and by whether
+        ipywidgets is there, with the hint to install it)."""
+        if text:
+            return True
+        try:
+            import ipywidgets  # noqa: F401 - only to learn whether the live panel can exist
+        except ImportError:
+            if widget:
+                raise MagicInputError(f"--widget needs ipywidgets: {_INSTALL}") from None
+            print(f"%gpumem: text mode; for the live panel: {_INSTALL}")
+            return True
+        return not widget and not shows_widgets(self.shell)
+
+    def records(self) -> Any:
+        """A copy of the per-cell records of the running (or last) ``%gpumem``; empty before one ran."""
+        from ..records import CellRecords
+
+        log = self._cells
+        if log is not None:
+            return log.records.copy()
+        return self._records.copy() if self._records is not None else CellRecords()
+
+    # ---- text mode --------------------------------------------------------------------------------
+    def _start_text(self, interval: Optional[float]) -> None:
+        """A snapshot now; a line after each cell from now on (the panel, if open, closes)."""
+        from IPython.display import display
+
+        from .. import memory
+
+        if interval is not None:
+            raise MagicInputError("--interval sets the panel's sampling: text mode samples per cell")
+        self._add_closer()
+        if self._panel is not None:
+            self._stop()
+        display(memory.collect(self._targets()))
+        if not self._text:
+            self._text = True
+            self._hook_cells()
+            print("%gpumem: one line after each cell from now on; `%gpumem stop` ends it")
+
+    # ---- the panel --------------------------------------------------------------------------------
+    def _add_closer(self) -> None:
+        if not self._closer_added:
+            self.add_closer(self._stop)
+            self._closer_added = True
+
+    def _start_panel(self, interval: Optional[float], refresh: Optional[str], cells: Optional[str]) -> Any:
+        """The running panel (made and started on first use) with the options applied."""
+        from .. import memory, panel
+
+        self._add_closer()
+        if self._text:
+            self._stop()
+        live = self._panel
+        if live is None or live.closed:
+            targets = self._targets()
+            sampler = memory.Sampler(targets, interval or memory.DEFAULT_INTERVAL)
+            live = panel.MemoryPanel(sampler, on_close=self._on_panel_closed)
+            self._panel = live
+            self._cells_wanted = True
+            self._cell_refresh = in_colab() if refresh is None else refresh == "cell"
+            live.refresh()  # figures from the start: the output's snapshot is taken when shown
+            if not self._cell_refresh:
+                sampler.start()
+        else:
+            if interval is not None:
+                live.sampler.interval = interval
+            if refresh is not None and (refresh == "cell") != self._cell_refresh:
+                self._cell_refresh = refresh == "cell"
+                if self._cell_refresh:
+                    live.sampler.stop()
+                else:
+                    live.sampler.start()
+        if cells is not None:
+            self._cells_wanted = cells == "on"
+        if not self._cells_wanted:
+            self._unhook_cells()
+        elif self._cells is None:
+            self._hook_cells()
+        live.show_cells(self._cells.records if self._cells else (), on=self._cells is not None)
+        if self._cell_refresh:
+            live.refresh()
+        return live
+
+    def _targets(self) -> list:
+        """The GPUs to watch, without initialising CUDA: once CUDA is initialised, torch's devices
+        matched to NVML's by UUID (inventory.gpu_map); before that, NVML's GPUs in the order
+        CUDA_VISIBLE_DEVICES gives them (the order torch will use), and all of them for a torch without
+        CUDA. Called on the main thread only (at start, and after a cell that changed CUDA's state):
+        gpu_map asks torch under ``warnings.catch_warnings``, which is process-wide."""
+        import os
+
+        from .. import inventory, memory, nvml
+
+        state = memory.cuda_state()
+        self._targets_state = state
+        if state == "initialised":
+            mappings = inventory.gpu_map()
+            if mappings:
+                return memory.targets_from(mappings)
+        if nvml.status() is not None:
+            return []
+        gpus = [nvml.gpu_snapshot(i, identity_only=True) for i in range(nvml.device_count())]
+        if state == "no CUDA":
+            return [memory.GPUTarget(None, g.index, str(g.name)) for g in gpus]
+        visible = inventory.parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
+        targets = []
+        for position, (index, slot) in enumerate(visible):
+            mig = next((m for m in gpus[index].mig_devices if m.index == slot), None)
+            targets.append(memory.GPUTarget(position, index, str(mig.name if mig else gpus[index].name)))
+        return targets
+
+    def _retarget(self) -> None:
+        """Work the targets out again when CUDA's state changed (say, the cell's first ``.cuda()``)."""
+        from .. import memory
+
+        if memory.cuda_state() == self._targets_state:
+            return
+        targets = self._targets()
+        if self._panel is not None:
+            self._panel.sampler.set_targets(targets)
+        if self._cells is not None:
+            self._cells.targets = tuple(targets)
+
+    def _update_snapshot(self, final: bool = False) -> None:
+        """Rewrite the panel output's static snapshot (what a saved notebook keeps). While the panel is
+        live the output keeps its widget view too; ``final``: the snapshot alone, the view being gone."""
+        live, handle = self._panel, self._display
+        if live is None or handle is None:
+            return
+        try:
+            if final:
+                handle.update(live.static_bundle(), raw=True)
+            else:
+                handle.update(live.widget)
+        except Exception:  # noqa: BLE001 - a frontend gone away must not break a cell
+            return
+        self._snapshot_at = time.monotonic()
+
+    def _stop(self) -> None:
+        """Stop the sampler, close the panel (its output keeps the last snapshot), stop the per-cell
+        lines and unhook the cell events (also the unload closer)."""
+        self._text = False
+        live = self._panel
+        if live is not None:
+            live.close()  # calls _on_panel_closed
+        self._unhook_cells()
+
+    def _on_panel_closed(self) -> None:
+        """The panel closed (by `%gpumem stop`, unload, or its widget's close()): keep its last state in
+        its output and unhook with it."""
+        self._update_snapshot(final=True)
+        self._panel = None
+        self._display = None
+        self._unhook_cells()
+
+    # ---- the cell events --------------------------------------------------------------------------
+    def _hook_cells(self) -> None:
+        """Start per-cell accounting: a fresh cell log, fed by the pre/post_run_cell events."""
+        from .. import memory
+
+        self._cells = memory.CellLog(targets=self._panel.sampler.targets if self._panel else self._targets())
+        self.shell.events.register("pre_run_cell", self._pre_cell)
+        self.shell.events.register("post_run_cell", self._post_cell)
+
+    def _unhook_cells(self) -> None:
+        """Stop per-cell accounting and unregister its events, keeping the records; a no-op when off."""
+        log, self._cells = self._cells, None
+        if log is None:
+            return
+        log.close()
+        self._records = log.records
+        events = self.shell.events
+        for name, callback in (("pre_run_cell", self._pre_cell),
+                               ("post_run_cell", self._post_cell)):
+            if callback in events.callbacks.get(name, []):
+                events.unregister(name, callback)
+
+    def _pre_cell(self, info: Any = None) -> None:
+        """pre_run_cell: note the memory figures a cell starts from."""
+        if self._cells is not None:
+            self._cells.start()
+
+    def _post_cell(self, result: Any = None) -> None:
+        """post_run_cell: the cell's record; then, by mode, its line printed, or the panel told (and, in
+        cell-refresh mode, redrawn here on the main thread)."""
+        log = self._cells
+        if log is None:
+            return
+        info = getattr(result, "info", None)
+        record = log.finish(getattr(result, "execution_count", None), getattr(info, "raw_cell", "") or "")
+        self._retarget()
+        if record is None:
+            return
+        if self._text:
+            print(record.line())
+            return
+        live = self._panel
+        if live is None:
+            return
+        live.sampler.note_cell(record)
+        live.show_cells(log.records)
+        if self._cell_refresh:
+            live.refresh()
+        if time.monotonic() - self._snapshot_at >= SNAPSHOT_EVERY:
+            self._update_snapshot()

@@ -1,0 +1,293 @@
+"""``%%ontorch``: run a cell, or the rest of the session, on a chosen device."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from IPython.core.error import UsageError
+from IPython.core.magic import line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from ..errors import MagicInputError
+from .base import MagicsPart, TorchGPUMagics, ends_with_semicolon, parse_args, usage_errors
+
+
+@magics_class
+class OnTorchMagics(MagicsPart):
+    """``%%ontorch`` and ``%ontorch``: the device context comes from :mod:`torchgpu_magic.devices`; this
+    class runs the cell body, moves what ``--move`` names, prints the footer, and keeps the line form's
+    saved state for ``--reset``."""
+
+    def __init__(self, shell: Any, owner: TorchGPUMagics) -> None:
+        super().__init__(shell, owner)
+        self._saved: Any = None  # devices.DeviceState from before the line form's first change
+        self._setting = ""  # what the line form set, for `%ontorch` with no argument
+        self._depth = 0  # how many %%ontorch cells are running (nested ones included)
+        self._closer_added = False
+        self._parsed: dict = {}  # parsed options by magic line: see _args
+
+    @magic_arguments()
+    @argument("spec", nargs="?", default=None,
+              help="device: auto, cpu, cuda, cuda:N, mps, xpu, xpu:N or meta")
+    @argument("--fallback", metavar="DEVICE", default=None,
+              help="run on DEVICE (and say so) when SPEC is not available here")
+    @argument("--dtype", metavar="NAME", default=None,
+              help="default floating dtype: float16, bfloat16, float32 or float64")
+    @argument("--move", metavar="NAME[,NAME...]", default=None,
+              help="move these tensors / modules / optimizers' state to the device first")
+    @argument("-q", "--quiet", action="store_true", help="no footer or move report")
+    @argument("--reset", action="store_true",
+              help="line form: undo %%ontorch SPEC, restoring the default device and dtype from before")
+    @line_cell_magic
+    @usage_errors
+    def ontorch(self, line: str = "", cell: Optional[str] = None) -> Any:
+        """Run a cell on a chosen device: ``%%ontorch SPEC [--fallback DEVICE] [--dtype NAME]
+        [--move NAME,...] [-q]``.
+
+        The cell runs with SPEC as torch's default device (``torch.set_default_device``), the dtype as
+        default dtype and, for ``cuda:N``, N as the current CUDA device, so ``torch.ones(3)``,
+        ``nn.Linear(4, 4)``, ``.cuda()`` and ``'cuda'`` all mean that device; afterwards all of these
+        are restored exactly, however the cell ended. A footer names the device, and the new or changed
+        tensors and modules that are somewhere else (torch's default device does not reach
+        ``torch.from_numpy``, ``torch.Tensor(...)``, explicit ``device=`` or older objects).
+
+        Line form: ``%ontorch SPEC [options]`` makes SPEC the kernel's default until
+        ``%ontorch --reset`` (or ``%unload_ext``); ``%ontorch`` alone shows the current default.
+        """
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        from .. import devices
+
+        args = self._args(line)
+        if cell is None and args.spec is None and not args.reset:
+            if args.fallback or args.dtype or args.move or args.quiet:
+                raise UsageError("%ontorch: options need a device: %ontorch SPEC [options]")
+            print(self._status())
+            return None
+        if args.reset:
+            if cell is not None or args.spec or args.fallback or args.dtype or args.move:
+                raise UsageError("%ontorch: --reset stands alone, as the line magic: %ontorch --reset")
+            self._reset(report=not args.quiet)
+            return None
+        if args.spec is None:
+            here = ", ".join(devices.available_devices())
+            raise UsageError(f"%ontorch: which device? %%ontorch SPEC [options]; devices here: {here}, auto")
+        if cell is None and self._depth:
+            raise UsageError("%ontorch: SPEC inside a %%ontorch cell would be undone when the cell ends; "
+                             "run it in a cell of its own")
+        device, note = self._device(args.spec, args.fallback)
+        dtype = devices.parse_dtype(args.dtype) if args.dtype is not None else None
+        targets = self._targets(args.move)
+        if note:
+            print(note)
+        if cell is None:
+            self._move(targets, device, args.quiet, "%ontorch")
+            self._set_default(device, dtype, line)
+            if not args.quiet:
+                print(f"%ontorch: torch's default device is now {device}"
+                      f"{f', default dtype {args.dtype}' if dtype is not None else ''}"
+                      " (undo with %ontorch --reset)")
+            return None
+        return self._run_cell(cell, line, device, dtype, targets, args.quiet)
+
+    def _args(self, line: str) -> Any:
+        """``parse_args`` for ``%%ontorch``, remembered per line: a notebook re-runs the same few magic
+        lines, and argparse is a measurable part of the magic's cost on a fast cell. The parsed
+        options are only read, never changed, so sharing them is safe."""
+        args = self._parsed.get(line)
+        if args is None:
+            args = parse_args(self.ontorch, line)
+            if len(self._parsed) >= 64:
+                self._parsed.clear()
+            self._parsed[line] = args
+        return args
+
+    def _device(self, spec: str, fallback: Optional[str]) -> tuple:
+        """Resolve SPEC (and always validate --fallback); (device, one-line note or '')."""
+        from .. import devices
+
+        try:
+            backup = devices.resolve(fallback) if fallback is not None else None
+        except MagicInputError as exc:
+            raise UsageError(f"%ontorch: --fallback: {exc}") from None
+        try:
+            return devices.resolve(spec), ""
+        except devices.DeviceUnavailable as exc:
+            if backup is None:
+                raise
+            reason = str(exc).split(". Devices here:")[0]
+            return backup, f"%%ontorch: {reason}; running on {backup} instead (--fallback)"
+
+    def _targets(self, move: Optional[str]) -> list:
+        """Validate --move NAME[,NAME...] against the namespace: [(name, kind)]; nothing moves here."""
+        from .. import devices
+
+        if move is None:
+            return []
+        names = [name.strip() for name in move.split(",")]
+        if not all(name.isidentifier() for name in names):
+            raise UsageError(f"%ontorch: --move '{devices.shown(move)}': give variable names separated by "
+                             "commas: --move model,x")
+        ns = self.shell.user_ns
+        missing = [name for name in names if name not in ns]
+        if missing:
+            raise UsageError(f"%ontorch: --move: no variable named {', '.join(missing)} "
+                             "(give names of tensors, nn.Modules or optimizers)")
+        targets = []
+        for name in dict.fromkeys(names):
+            kind = devices.movable_kind(ns[name])
+            if kind is None:
+                raise UsageError(f"%ontorch: --move: {name} is a {type(ns[name]).__name__}; --move takes "
+                                 "tensors, nn.Modules and optimizers")
+            targets.append((name, kind))
+        return targets
+
+    def _move(self, targets: list, device: Any, quiet: bool, magic: str = "%%ontorch") -> None:
+        """Move the validated targets; print one line naming what moved and how many bytes."""
+        from .. import devices
+        from ..render import fmt_bytes
+
+        if not targets:
+            return
+        ns = self.shell.user_ns
+        parts, total = [], 0
+        for name, kind in targets:
+            obj, nbytes = devices.move(ns[name], device)
+            ns[name] = obj
+            total += nbytes
+            parts.append(f"{name} ({kind}, {fmt_bytes(nbytes)})" if nbytes else f"{name} (already there)")
+        if not quiet:
+            print(f"{magic}: moved to {device}: {', '.join(parts)}; {fmt_bytes(total)} in all")
+
+    def _set_default(self, device: Any, dtype: Any, line: str) -> None:
+        """The line form: change the kernel's default, remembering the first state for --reset."""
+        from .. import devices
+
+        if self._saved is None:
+            self._saved = devices.current_state()
+        if not self._closer_added:
+            self.add_closer(self._reset)
+            self._closer_added = True
+        devices.apply(device, dtype, self._saved)
+        self._setting = f"set by %ontorch {' '.join(line.split())}"
+
+    def _reset(self, report: bool = False) -> None:
+        """Undo the line form: restore the default device, dtype and current device from before it."""
+        saved, self._saved, self._setting = self._saved, None, ""
+        if saved is not None:
+            saved.restore()
+        if report:
+            from .. import devices
+
+            done = "restored; " if saved is not None else "nothing to reset; "
+            print(f"%ontorch: {done}torch's default device is {devices.default_device()}")
+
+    def _status(self) -> str:
+        """What ``%ontorch`` alone prints: the default device and who set it, the dtype, what auto is."""
+        import torch
+
+        from .. import devices
+
+        how = self._setting or "torch's own default"
+        dtype = str(torch.get_default_dtype()).replace("torch.", "")
+        here = ", ".join(devices.available_devices())
+        return (f"%ontorch: default device {devices.default_device()} ({how}), default dtype {dtype}; "
+                f"auto here is {devices.resolve('auto')}; devices here: {here}")
+
+    def _run_cell(self, cell: str, line: str, device: Any, dtype: Any, targets: list,
+                  quiet: bool) -> Any:
+        """Run the cell body under ``devices.use_device``; print the footer after a clean run."""
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        from .. import devices, placement
+
+        ns = self.shell.user_ns
+        if not quiet:  # footer: what the cell binds anew, and the insides of models and containers
+            ids = {name: id(obj) for name, obj in ns.items()}
+            held = self._held(ns)
+            before = placement.namespace_snapshot(held)
+        self._depth += 1
+        try:
+            with devices.use_device(device, dtype):
+                self._move(targets, device, quiet)
+                value = self._exec(cell, line)
+        finally:
+            self._depth -= 1
+        if not quiet:
+            touched = {name: obj for name, obj in ns.items() if name in held or ids.get(name) != id(obj)}
+            after = placement.namespace_snapshot(touched)
+            print(self._footer(device, placement.changed(before, after)))
+        return value
+
+    @staticmethod
+    def _held(ns: dict) -> dict:
+        """Names bound to modules, optimizers or containers: objects a cell can change in place.
+
+        The footer snapshots only these before the cell, and after it only these plus the names the
+        cell bound anew (an id check), instead of the whole namespace twice: a full snapshot costs about
+        2 us per tensor, which in a namespace of hundreds of tensors was most of %%ontorch's overhead.
+        """
+        import torch
+
+        kinds = (torch.nn.Module, torch.optim.Optimizer, list, tuple, dict)
+        return {name: obj for name, obj in ns.items() if name[:1] != "_" and isinstance(obj, kinds)}
+
+    def _stock(self, cell: str) -> bool:
+        """True when IPython's transforms would leave ``cell`` as it is: no extension added transforms
+        and the body has none of the characters they act on (``%``, ``!``, ``?``). Tokenizing a long
+        body a second time (IPython already did so for the magic's cell) is otherwise the largest part
+        of what the magic adds to a fast cell."""
+        shell = self.shell
+        manager = shell.input_transformer_manager
+        own = "IPython.core.inputtransformer2"
+        return (
+            not shell.input_transformers_post
+            and not any(char in cell for char in "%!?")
+            and all(
+                getattr(t, "__module__", "") == own
+                for t in [*manager.cleanup_transforms, *manager.line_transforms, *manager.token_transformers]
+            )
+        )
+
+    def _exec(self, cell: str, line: str) -> Any:
+        """Run ``cell`` in the user namespace the way a cell runs: IPython's transforms, tracebacks that
+        show the cell's own lines, and the value of a last expression returned for display.
+
+        The body is compiled once and executed here rather than through a nested ``run_cell``, so an
+        exception propagates to the enclosing cell (which shows it as usual and stops "Run all"), and
+        so ``%%time`` / ``%%cudatime`` around or inside it work as they do on any cell.
+        """
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        import ast
+
+        shell = self.shell
+        # One comment line in place of the magic's line keeps traceback line numbers those of the cell.
+        header = f"# %%ontorch {line}\n"
+        stock = self._stock(cell)
+        source = header + (cell if stock else shell.transform_cell(cell))
+        try:
+            tree = shell.compile.ast_parse(source)
+        except SyntaxError:
+            if not stock:
+                raise
+            # indented, or prompts pasted in: IPython's cleanup transforms decide, and report errors
+            source = header + shell.transform_cell(cell)
+            tree = shell.compile.ast_parse(source)
+        filename = shell.compile.cache(source, shell.execution_count)
+        tree = shell.transform_ast(tree)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            tail = "\n".join(source.splitlines()[tree.body[-1].lineno - 1:])
+            if not ends_with_semicolon(tail):
+                last = ast.Expression(tree.body.pop().value)
+        ns = shell.user_ns
+        exec(shell.compile(tree, filename, "exec"), ns)
+        return eval(shell.compile(last, filename, "eval"), ns) if last is not None else None
+
+    def _footer(self, device: Any, changed: list) -> str:
+        """One line: the device that ran the cell, and new or changed objects that are elsewhere."""
+        here = str(device)
+        elsewhere = [p for p in changed if p.devices and p.devices != (here,)]
+        if not elsewhere:
+            return f"%%ontorch: ran on {here}"
+        shown = [f"{p.name} ({'+'.join(p.devices)}, {p.summary})" for p in elsewhere[:5]]
+        more = f" and {len(elsewhere) - 5} more" if len(elsewhere) > 5 else ""
+        return (f"%%ontorch: ran on {here}; not on {here}: {', '.join(shown)}{more} (the default device "
+                "skips from_numpy, torch.Tensor(), torch.normal, device= and older objects)")

@@ -1,0 +1,207 @@
+"""``%whereis``: where tensors, modules and optimizers live, and why a cell mixed devices.
+
+Besides the magic, two opt-in hooks (``--watch``: a line after each cell; ``--repr``: a placement line
+above tensors and modules shown as a result) and one that is always on: after a device-mismatch error,
+the names, devices and fix, from :func:`torchgpu_magic.placement.diagnose`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from IPython.core.error import UsageError
+from IPython.core.magic import line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
+
+
+@magics_class
+class WhereIsMagics(MagicsPart):
+    """``%whereis`` and its hooks; it only reads the namespace, through :mod:`torchgpu_magic.placement`."""
+
+    def __init__(self, shell: Any, owner: TorchGPUMagics) -> None:
+        super().__init__(shell, owner)
+        self._snapshot: Optional[dict] = None  # the namespace as of the last cell, while --watch is on
+        self._saved_printers: Optional[list] = None  # the display printers --repr on replaced, to put back
+        self._closer_added = False
+
+    def start(self) -> None:
+        """Hook the mismatch diagnosis into the shell: always on, from load to unload."""
+        self.shell.events.register("post_run_cell", self._diagnose_cell)
+        self.add_closer(lambda: self.shell.events.unregister("post_run_cell", self._diagnose_cell))
+
+    @magic_arguments()
+    @argument("names", nargs="*", metavar="NAME",
+              help="tensor / module / optimizer to show in detail: NAME, NAME.attr, NAME[0], NAME['key']")
+    @argument("--watch", choices=("on", "off"), default=None,
+              help="after each cell, one line naming the tensors and modules it created or moved")
+    @argument("--repr", dest="repr_", choices=("on", "off"), default=None,
+              help="a placement line above the repr of tensors and modules shown as a cell's result")
+    @argument("-o", dest="return_report", action="store_true",
+              help="return the report object instead of displaying it")
+    @line_magic
+    @usage_errors
+    def whereis(self, line: str = "") -> Any:
+        """Where tensors, modules and optimizers live: ``%whereis`` (the whole namespace, by device),
+        ``%whereis NAME [NAME...]`` (one object in detail), ``%whereis --watch on|off``,
+        ``%whereis --repr on|off``. Only reads: never runs forward, never moves anything."""
+        from .. import placement
+
+        args = parse_args(self.whereis, line)
+        if (args.watch or args.repr_) and args.names:
+            raise UsageError("%whereis: --watch / --repr take no NAME; use them alone: %whereis --watch on")
+        if args.watch or args.repr_:
+            if args.return_report:
+                raise UsageError("%whereis: -o returns a report; it does not go with --watch / --repr")
+            if args.watch:
+                self._watch(args.watch == "on")
+            if args.repr_:
+                self._repr(args.repr_ == "on")
+            return None
+        ns = self.shell.user_ns
+        if args.names:
+            reports = [placement.describe(name, placement.resolve(name, ns), ns) for name in args.names]
+            report = reports[0] if len(reports) == 1 else reports
+        else:
+            report = placement.namespace_report(ns)
+        if args.return_report:
+            return report
+        from IPython.display import display
+
+        for item in report if isinstance(report, list) else [report]:
+            display(item)
+        return None
+
+    def _add_closer_once(self) -> None:
+        """Have unload undo --watch and --repr (:meth:`_close`), registered on their first use only."""
+        if not self._closer_added:
+            self._closer_added = True
+            self.add_closer(self._close)
+
+    def _close(self) -> None:
+        """Unload: stop --watch and put back the printers --repr replaced."""
+        self._closer_added = False
+        try:
+            self._watch(False)
+        finally:
+            self._repr(False)
+
+    def _watch(self, on: bool) -> None:
+        """--watch on|off: hook :meth:`_watch_cell` after each cell (from a fresh snapshot), or unhook it."""
+        from .. import placement
+
+        registered = self._watch_cell in self.shell.events.callbacks["post_run_cell"]
+        if on:
+            self._snapshot = placement.namespace_snapshot(self.shell.user_ns)
+            if not registered:
+                self.shell.events.register("post_run_cell", self._watch_cell)
+            self._add_closer_once()
+        else:
+            self._snapshot = None
+            if registered:
+                self.shell.events.unregister("post_run_cell", self._watch_cell)
+
+    def _watch_cell(self, result: Any = None) -> None:
+        """post_run_cell: one line naming what the cell created or moved (nothing when nothing did)."""
+        from .. import placement
+
+        before = self._snapshot or {}
+        after = placement.namespace_snapshot(self.shell.user_ns)
+        self._snapshot = after
+        changes = placement.changed(before, after)
+        if changes:
+            print(placement.watch_line(changes, before))
+
+    def _repr(self, on: bool) -> None:
+        """--repr on: register text/plain and text/html printers for tensors and modules that put a
+        placement line above whatever printer was there before (kept, and put back by --repr off)."""
+        formatters = self.shell.display_formatter.formatters
+        if not on:
+            for mime, cls, had, old, deferred in reversed(self._saved_printers or []):
+                fmt = formatters[mime]
+                if getattr(fmt.type_printers.get(cls), "_torchgpu_whereis", False):
+                    if had:
+                        fmt.type_printers[cls] = old
+                    else:
+                        fmt.type_printers.pop(cls, None)
+                    if deferred is not None:
+                        fmt.deferred_printers[(cls.__module__, cls.__name__)] = deferred
+            self._saved_printers = None
+            return
+        if self._saved_printers is not None:
+            return
+        import torch
+
+        saved = []
+        for mime in ("text/plain", "text/html"):
+            fmt = formatters[mime]
+            for cls in (torch.Tensor, torch.nn.Module):
+                key = (cls.__module__, cls.__name__)
+                deferred = fmt.deferred_printers.pop(key, None)
+                had = cls in fmt.type_printers
+                old = fmt.type_printers.get(cls)
+                saved.append((mime, cls, had, old, deferred))
+                previous = old if had else deferred
+                printer = _plain_printer(previous) if mime == "text/plain" else _html_printer(previous)
+                fmt.type_printers[cls] = printer
+        self._saved_printers = saved
+        self._add_closer_once()
+
+    def _diagnose_cell(self, result: Any = None) -> None:
+        """post_run_cell, always on: after a device-mismatch error's usual traceback, name the
+        tensors and modules involved, their devices, and the fix. Silent for every other outcome."""
+        error = getattr(result, "error_in_exec", None)
+        if not isinstance(error, RuntimeError):
+            return
+        from .. import placement
+
+        if placement.mismatch_devices(error) is None:
+            return
+        info = getattr(result, "info", None)
+        source = getattr(info, "raw_cell", "") or ""
+        try:
+            diagnosis = placement.diagnose(error, source, self.shell.user_ns, self._is_cell_file)
+        except Exception as exc:  # noqa: BLE001 - a diagnosis must never add a traceback of its own
+            print(f"whereis: could not diagnose this device mismatch ({type(exc).__name__}: {exc})")
+            return
+        if diagnosis is not None:
+            from IPython.display import display
+
+            display(diagnosis)
+
+    def _is_cell_file(self, filename: str) -> bool:
+        """True for the file names IPython compiles cells under (any IPython / ipykernel version)."""
+        known = getattr(self.shell.compile, "_filename_map", {})
+        return filename in known or filename.startswith("<ipython-input-")
+
+
+def _plain_printer(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:
+    """A text/plain printer: the placement line, then what ``previous`` (or the plain repr) prints."""
+    from IPython.lib.pretty import _repr_pprint
+
+    from .. import placement
+
+    def printer(obj: Any, p: Any, cycle: bool) -> None:
+        p.text(placement.placement_line(obj))
+        p.break_()
+        (previous or _repr_pprint)(obj, p, cycle)
+
+    printer._torchgpu_whereis = True  # type: ignore[attr-defined]
+    return printer
+
+
+def _html_printer(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:
+    """A text/html printer: the placement line above ``previous``'s HTML, or above the escaped repr."""
+    import html
+
+    from .. import placement
+
+    def printer(obj: Any) -> str:
+        body = previous(obj) if previous is not None else None
+        if body is None:
+            body = f"<pre>{html.escape(repr(obj))}</pre>"
+        line = html.escape(placement.placement_line(obj))
+        return f'<div class="torchgpu-magic-note"><b>{line}</b></div>{body}'
+
+    printer._torchgpu_whereis = True  # type: ignore[attr-defined]
+    return printer

@@ -1,0 +1,41 @@
+"""Per-process memory for ``%gpumem``: the figures (:mod:`.figures`) and the thread and per-cell log that
+take them (:mod:`.sampler`). Every public name of both is here, where the magic and the panel use them.
+"""
+from __future__ import annotations
+
+from .figures import (
+    GPUMemory,
+    GPUTarget,
+    HostCounters,
+    HostMemory,
+    MemorySnapshot,
+    collect,
+    cuda_state,
+    empty_cache,
+    host_memory,
+    peak_rss,
+    reset_peak_rss,
+    targets_from,
+    torch_figures,
+)
+from .sampler import (
+    DEFAULT_INTERVAL,
+    HISTORY_SECONDS,
+    MAX_INTERVAL,
+    MIN_INTERVAL,
+    THREAD_NAME,
+    CellGPU,
+    CellLog,
+    CellRecord,
+    CellRecords,
+    Sampler,
+    validate_interval,
+)
+
+__all__ = [
+    "GPUTarget", "HostCounters", "HostMemory", "GPUMemory", "MemorySnapshot", "targets_from", "host_memory",
+    "peak_rss",
+    "reset_peak_rss", "cuda_state", "torch_figures", "collect", "empty_cache",
+    "MIN_INTERVAL", "MAX_INTERVAL", "DEFAULT_INTERVAL", "HISTORY_SECONDS", "THREAD_NAME", "validate_interval",
+    "CellGPU", "CellRecord", "CellRecords", "CellLog", "Sampler",
+]

@@ -1,0 +1,402 @@
+"""Clocks (method step 5), and what is read from a device around the timed runs.
+
+On CUDA, pre-created events around each sample give device time, and ``perf_counter`` gives host enqueue
+time and synchronized wall time; on cpu only ``perf_counter``, and the result says the figure is host
+time. The wall clock stops after ``torch.cuda.synchronize(device)`` rather than ``end.synchronize()``,
+so work the cell leaves running on *other* streams shows up as wall time far above device time (the
+"other streams" warning). Clocks are injectable: the tests drive the engine with a fake one.
+
+Also here: which devices can be timed and on which one by default, the allocator figures around a
+measurement (:class:`MemoryProbe`), and the ``_sleep`` calibration that checks the CUDA clock.
+torch is imported lazily.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ..errors import MagicInputError
+from .cells import CompiledCell
+
+FLUSH_FACTOR = 2  # --flush-l2 writes at least twice the cache: one cache's worth can leave lines resident
+FLUSH_MIN_BYTES = 256 * 2**20  # ... and on CUDA at least 256 MiB, as triton's do_bench
+SPIN_S = 50e-6  # --cold: the device-side spin each loop's start event waits behind
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode warning
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample's totals in seconds for ``loops`` loops: host enqueue, synchronized wall, device time
+    (None where the clock has no such figure)."""
+
+    loops: int
+    host: float
+    wall: Optional[float] = None
+    device: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How each loop runs: ``cold`` synchronizes after every loop, ``flush`` is a callable that evicts the
+    cache before every loop (outside the timed window)."""
+
+    cold: bool = False
+    flush: Optional[Callable[[], Any]] = None
+
+
+class Clock:
+    """What the engine needs from a clock. ``kind`` names the headline figure: 'device' (accelerator
+    events), 'host' (``perf_counter`` only: cpu) or 'wall' (``perf_counter`` around synchronize)."""
+
+    kind = "host"
+    label = "perf_counter"
+    flush_bytes = 0  # the size of the buffer --flush-l2 writes, once make_flush made it
+
+    def now(self) -> float:
+        """Seconds on a monotonic clock, for the time budget."""
+        return time.perf_counter()
+
+    def measure(self, cell: CompiledCell, loops: int, mode: Mode) -> Sample:
+        """Run ``loops`` loops of ``cell`` and return their totals."""
+        raise NotImplementedError
+
+    def first_run(self, cell: CompiledCell, mode: Mode) -> tuple:
+        """Run the cell once (the excluded first run): ``(sample, host syncs seen)``. Only the CUDA clock
+        can see the cell wait for the device; the others report 0."""
+        return self.measure(cell, 1, mode), 0
+
+    def make_flush(self) -> Callable[[], Any]:
+        """A callable that evicts this device's cache (``--flush-l2``)."""
+        raise MagicInputError("--flush-l2 is not available for this device")
+
+    @staticmethod
+    def primary(sample: Sample, kind: str) -> float:
+        """The headline total of ``sample`` for a clock of ``kind``; a figure the sample lacks falls back
+        to the next one it has (device, then synchronized wall, then host)."""
+        order = {"device": (sample.device, sample.wall), "wall": (sample.wall,)}.get(kind, ())
+        return next((value for value in order if value is not None), sample.host)
+
+
+class HostClock(Clock):
+    """cpu: ``perf_counter`` only; the work is done when the call returns, so host time is the time.
+
+    ``--cold`` changes nothing here (there is no queue to drain). ``--flush-l2`` writes a buffer twice the
+    size of the CPU's last-level cache before every loop (one cache's worth can leave lines resident) and
+    times each loop on its own, leaving the writes out.
+    """
+
+    kind = "host"
+    label = "perf_counter (host time)"
+
+    def measure(self, cell: CompiledCell, loops: int, mode: Mode) -> Sample:
+        if mode.flush is None:
+            t0 = time.perf_counter()
+            cell.run(loops)
+            t1 = time.perf_counter()
+            return Sample(loops, host=t1 - t0)
+        flush, clock = mode.flush, time.perf_counter
+        spent = [0.0, 0.0]
+
+        def before() -> None:
+            flush()
+            spent[1] = clock()
+
+        def after() -> None:
+            spent[0] += clock() - spent[1]
+
+        cell.run(loops, before, after)
+        return Sample(loops, host=spent[0])
+
+    def make_flush(self) -> Callable[[], Any]:
+        import torch
+
+        buffer = torch.empty(FLUSH_FACTOR * cpu_cache_bytes(), dtype=torch.uint8)
+        self.flush_bytes = buffer.numel()
+        return buffer.zero_
+
+
+class SyncClock(Clock):
+    """mps / xpu: ``perf_counter`` around the work with a device synchronize at both ends (no event API
+    common to all of them): host enqueue and synchronized wall, the wall being the headline."""
+
+    kind = "wall"
+    label = "perf_counter + synchronize"
+
+    def __init__(self, device: Any) -> None:
+        from .. import devices
+
+        self.device = device
+        self._sync = lambda: devices.synchronize(device)
+
+    def measure(self, cell: CompiledCell, loops: int, mode: Mode) -> Sample:
+        sync = self._sync
+        sync()
+        t0 = time.perf_counter()
+        if mode.cold:
+            cell.run(loops, _nothing, sync)
+        else:
+            cell.run(loops)
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        return Sample(loops, host=t1 - t0, wall=t2 - t0)
+
+
+class CudaClock(Clock):
+    """CUDA: pre-created events around each sample (device time), ``perf_counter`` for host enqueue and
+    for the wall time after synchronizing the whole device (method step 5).
+
+    ``--cold`` and ``--flush-l2`` record an event pair per loop instead, so the host's synchronize and
+    relaunch gaps between loops stay out of the device time. Under ``--cold`` the GPU is idle when a loop
+    starts, so its start event is queued behind a short device-side spin (``torch.cuda._sleep``, as
+    nvbench queues its start behind a blocking kernel): the event fires when the spin ends, by which time
+    the cell's first kernels are queued, and launch latency stays out of the figure too.
+    """
+
+    kind = "device"
+    label = "CUDA events"
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = device
+        self._sync = torch.cuda.synchronize  # kept: the first run may wrap the public one to count calls
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+        self._pairs: list = []
+        self._spin = 0
+
+    def measure(self, cell: CompiledCell, loops: int, mode: Mode) -> Sample:
+        torch, device, sync = self._torch, self.device, self._sync
+        stream = torch.cuda.current_stream(device)
+        before = after = None
+        used: list = []
+        if mode.flush is not None or mode.cold:
+            while len(self._pairs) < loops:
+                new = torch.cuda.Event
+                self._pairs.append((new(enable_timing=True), new(enable_timing=True)))
+            pairs = iter(self._pairs[:loops])
+            flush, spin = mode.flush, self._spin_cycles() if mode.cold else 0
+
+            def before() -> None:
+                pair = next(pairs)
+                used.append(pair)
+                if flush is not None:
+                    flush()
+                if spin:
+                    torch.cuda._sleep(spin)
+                pair[0].record(stream)
+
+            def after() -> None:
+                used[-1][1].record(stream)
+                if mode.cold:
+                    sync(device)
+        start, end = self._start, self._end
+        sync(device)
+        t0 = time.perf_counter()
+        start.record(stream)
+        cell.run(loops, before, after)
+        end.record(stream)
+        t1 = time.perf_counter()
+        sync(device)
+        t2 = time.perf_counter()
+        if used:
+            device_ms = sum(s.elapsed_time(e) for s, e in used)
+        else:
+            device_ms = start.elapsed_time(end)
+        return Sample(loops, host=t1 - t0, wall=t2 - t0, device=device_ms / 1e3)
+
+    def first_run(self, cell: CompiledCell, mode: Mode) -> tuple:
+        """The first run, counting the times the cell waits for the GPU: the synchronizing operations
+        torch's sync debug mode flags (``.item()``, ``.cpu()``, ``print(t)``, ``nonzero``...) and calls to
+        ``torch.cuda.synchronize``. Warnings the cell raises itself are passed on as they were."""
+        torch = self._torch
+        syncs = [0]
+        public = torch.cuda.synchronize
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            syncs[0] += 1
+            return public(*args, **kwargs)
+
+        saved_mode = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.filterwarnings("always", message=SYNC_WARNING)
+            torch.cuda.set_sync_debug_mode("warn")
+            torch.cuda.synchronize = counted
+            try:
+                sample = self.measure(cell, 1, mode)
+            finally:
+                torch.cuda.synchronize = public
+                torch.cuda.set_sync_debug_mode(saved_mode)
+        for seen in caught:
+            if str(seen.message).startswith(SYNC_WARNING):
+                syncs[0] += 1
+            else:
+                warnings.warn_explicit(seen.message, seen.category, seen.filename, seen.lineno,
+                                       source=seen.source)
+        return sample, syncs[0]
+
+    def _spin_cycles(self) -> int:
+        """``torch.cuda._sleep`` cycles lasting :data:`SPIN_S` on this GPU (calibrated once per clock)."""
+        if not self._spin:
+            with self._torch.cuda.device(self.device):
+                self._spin = max(1, int(sleep_cycles_per_ms() * SPIN_S * 1e3))
+        return self._spin
+
+    def make_flush(self) -> Callable[[], Any]:
+        torch = self._torch
+        l2 = int(torch.cuda.get_device_properties(self.device).L2_cache_size) or 50 * 2**20
+        size = max(FLUSH_FACTOR * l2, FLUSH_MIN_BYTES)
+        buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+        self.flush_bytes = size
+        return buffer.zero_
+
+
+def _nothing() -> None:
+    """The per-loop hook that does nothing (``--cold`` needs only the one after the loop)."""
+
+
+def cpu_cache_bytes() -> int:
+    """The largest CPU cache Linux reports for cpu0 (the last-level cache); 32 MiB where it cannot say."""
+    best = 0
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(root):
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(root, entry, "size")) as handle:
+                    text = handle.read().strip().upper()
+                scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+                best = max(best, int(text.rstrip("KMG")) * scale)
+    return best or 32 * 2**20
+
+
+def check_device(device: Any, flush_l2: bool = False) -> None:
+    """Raise :class:`MagicInputError` unless this engine can time on ``device`` (with ``--flush-l2``).
+    ``meta`` is refused: nothing runs there, so there is nothing to time. Creates nothing."""
+    kind = getattr(device, "type", str(device))
+    if kind == "meta":
+        raise MagicInputError(
+            "cannot time on 'meta': meta tensors hold no data and run no kernels, so there is nothing to "
+            "time (%timeit measures their dispatch overhead); valid: cpu or an accelerator"
+        )
+    if kind not in ("cpu", "cuda", "mps", "xpu"):
+        raise MagicInputError(f"cannot time on '{device}'; valid: cpu, cuda, cuda:N, mps, xpu")
+    if flush_l2 and kind in ("mps", "xpu"):
+        raise MagicInputError(f"--flush-l2 works on cuda and cpu; torch reports no L2 size for {kind}")
+
+
+def clock_for(device: Any) -> Clock:
+    """The right clock for a ``torch.device`` (see :func:`check_device` for the ones refused)."""
+    check_device(device)
+    kind = getattr(device, "type", str(device))
+    if kind == "cuda":
+        return CudaClock(device)
+    if kind == "cpu":
+        return HostClock()
+    return SyncClock(device)
+
+
+def cuda_initialised() -> bool:
+    """Whether torch has initialised CUDA in this process (False when torch is not even imported); asks
+    nothing that could initialise it."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a half-imported or broken torch has not initialised CUDA
+        return False
+
+
+def choose_device(default: Any, cuda_before: bool, cuda_after: bool, current_cuda: int) -> Any:
+    """The device ``%%cudatime`` times on without ``--devices``, as a pure function of its inputs:
+    torch's ``default`` device when it is not cpu (e.g. inside ``%%ontorch cuda``; plain ``cuda`` is the
+    current GPU, ``current_cuda``); for a cpu default, the current CUDA GPU only when CUDA was initialised
+    before the cell (``cuda_before``) or became so during its setup and first run (``cuda_after``): the
+    cell then uses the GPU, though it names it explicitly. Otherwise cpu, so a CPU-only cell neither
+    pays for a CUDA context nor gets two events on an idle stream reported as device time."""
+    import torch
+
+    if default.type == "cuda" and default.index is None:
+        return torch.device("cuda", current_cuda)
+    if default.type != "cpu" or not (cuda_before or cuda_after):
+        return default
+    return torch.device("cuda", current_cuda)
+
+
+def timing_device(cuda_before: Optional[bool] = None, cuda_after: bool = False) -> Any:
+    """:func:`choose_device` for this process now: torch's default device, whether CUDA is initialised
+    (``cuda_before`` when the caller read it earlier), and the current CUDA GPU where that matters."""
+    import torch
+
+    from .. import devices
+
+    default = devices.default_device()
+    before = cuda_initialised() if cuda_before is None else cuda_before
+    wants_index = default.type == "cuda" or (default.type == "cpu" and (before or cuda_after))
+    return choose_device(default, before, cuda_after, torch.cuda.current_device() if wants_index else 0)
+
+
+# ---- memory ---------------------------------------------------------------------------------------------
+class MemoryProbe:
+    """Allocator figures around the timed runs: allocated before, peak above it, reserved growth.
+
+    On CUDA this resets torch's peak-memory counter for the device (a peak cannot be read otherwise).
+    On cpu torch keeps no allocator statistics, so every figure is None ('N/A').
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.cuda = getattr(device, "type", None) == "cuda"
+        self.before: Optional[int] = None
+        self._reserved: Optional[int] = None
+
+    def start(self) -> None:
+        if not self.cuda:
+            return
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        self.before = int(torch.cuda.memory_allocated(self.device))
+        self._reserved = int(torch.cuda.memory_reserved(self.device))
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def stop(self) -> tuple:
+        """(allocated before, peak above it, reserved growth), bytes or None."""
+        if not self.cuda or self.before is None:
+            return None, None, None
+        import torch
+
+        peak = int(torch.cuda.max_memory_allocated(self.device)) - self.before
+        growth = int(torch.cuda.memory_reserved(self.device)) - (self._reserved or 0)
+        return self.before, max(peak, 0), growth
+
+
+# ---- checking the CUDA clock ----------------------------------------------------------------------------
+def sleep_cycles_per_ms(warm_s: float = 0.0) -> float:
+    """How many cycles of ``torch.cuda._sleep`` last one millisecond on the current GPU: ten 1e6-cycle
+    runs timed with CUDA events, trimmed mean, as PyTorch's own tests calibrate it. Kernels of known
+    length are how the CUDA clock is checked (tests and ``benchmarks/bench_timing.py --gpu``).
+    ``warm_s`` spins the GPU that long first, so it calibrates at the boost clock the checks then run at."""
+    import torch
+
+    torch.cuda._sleep(1_000_000)  # load the kernel
+    torch.cuda.synchronize()
+    start_warm = time.perf_counter()
+    while time.perf_counter() - start_warm < warm_s:
+        torch.cuda._sleep(1_000_000)
+        torch.cuda.synchronize()
+    spans = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        end.synchronize()
+        spans.append(start.elapsed_time(end))
+    kept = sorted(spans)[2:-2]
+    return 1_000_000 / (sum(kept) / len(kept))

@@ -28,6 +28,15 @@ KINDS = ("cpu", "cuda", "mps", "xpu", "meta")
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 """The floating dtypes torch accepts as its default dtype."""
 
+LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                   "PMI_LOCAL_RANK")
+"""The variables launchers set to a process's rank among those on its host (torchrun, Open MPI, MPICH /
+Intel MPI, Slurm, PMI), read in this order by ``local``."""
+
+ORDER_VAR = "TORCHGPU_MAGIC_LOCAL_RANK"
+"""Where ``%ontorch local --cluster`` leaves an engine's order among the engines on its host, for engines
+no launcher gave a local rank."""
+
 _SPEC = re.compile(r"^(?P<kind>[a-z]+)(?::(?P<index>\d+))?$")
 _HINTS = {"gpu": "cuda", "nvidia": "cuda", "cuda0": "cuda:0", "rocm": "cuda", "hip": "cuda", "apple": "mps"}
 
@@ -51,7 +60,8 @@ def available_devices() -> list[str]:
 def resolve(spec: Any) -> Any:
     """Turn a device spec into a ``torch.device`` that exists here.
 
-    Accepts ``auto`` (the best accelerator: cuda, then xpu, then mps; else cpu), ``cpu``, ``cuda``,
+    Accepts ``auto`` (the best accelerator: cuda, then xpu, then mps; else cpu), ``local`` (see
+    :func:`local_device`), ``cpu``, ``cuda``,
     ``cuda:N``, ``mps``, ``xpu``, ``xpu:N``, ``meta`` and ``torch.device`` objects; case, surrounding
     whitespace and quotes are ignored. ``cuda`` and ``xpu`` resolve to the current device of that kind
     with its index, ``mps`` to ``mps:0``, so the result names exactly where tensors will go.
@@ -70,6 +80,8 @@ def resolve(spec: Any) -> Any:
             raise MagicInputError(f"no device given. {_here()}")
         if text == "auto":
             return _auto()
+        if text == "local":
+            return local_device()[0]
         match = _SPEC.match(text)
         if match is None or match.group("kind") not in KINDS:
             raise MagicInputError(_unknown(str(spec).strip()))
@@ -91,6 +103,37 @@ def resolve(spec: Any) -> Any:
             raise DeviceUnavailable(f"'{text}' does not exist: there is one MPS device, 'mps'. {_here()}")
         return torch.device("mps", 0)
     raise MagicInputError(_unknown(text))  # a torch.device of a kind we do not handle (e.g. 'hpu')
+
+
+def local_device() -> tuple:
+    """``local``: the GPU of this process's local rank on its host, modulo the GPUs it sees; (device, how
+    it chose, in words). The rank comes from the first of :data:`LOCAL_RANK_VARS` that is set, else from
+    :data:`ORDER_VAR`; without any, the current GPU. Without a GPU, what ``auto`` picks."""
+    import torch
+
+    count, kind = _cuda_count(), "cuda"
+    if not count:
+        count, kind = _xpu_count(), "xpu"
+    for name in LOCAL_RANK_VARS + (ORDER_VAR,):
+        value = os.environ.get(name, "").strip()
+        if value:
+            break
+    else:
+        name = value = ""
+    if value and not value.isdigit():
+        raise MagicInputError(f"local: {name}={shown(value)!r} is not a rank (a whole number >= 0)")
+    if not count:
+        device = _auto()
+        said = f"{name}={value}, but " if value else ""
+        return device, f"{said}torch sees no CUDA or XPU GPU here, so local is {device}"
+    if not value:
+        device = torch.device(kind, _current_index(kind))
+        return device, (f"no local-rank variable is set ({', '.join(LOCAL_RANK_VARS)}): the current GPU, "
+                        f"{device}")
+    rank = int(value)
+    device = torch.device(kind, rank % count)
+    gpus = f"{count} GPU{'s' if count != 1 else ''}"
+    return device, f"{name}={rank}: local rank {rank} mod the {gpus} this process sees is {device}"
 
 
 def parse_dtype(name: str) -> Any:

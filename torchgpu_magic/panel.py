@@ -428,3 +428,21 @@ def _status_html(snapshot: memory.MemorySnapshot, last_error: Optional[str]) -> 
         return ""
     return "".join(f'<div style="{_BOX};color:#b45309" class="tgm-status">{html.escape(line)}</div>'
                    for line in lines)
+
+
+class ClusterPanel:
+    """``%gpumem --cluster``'s live view: one HTML widget whose value the cluster sampler's thread
+    replaces each tick (a trait set, the only thing a thread may do with a widget), holding a
+    :class:`~torchgpu_magic.cluster.memory.ClusterMemory`'s tables."""
+
+    def __init__(self, first_html: str) -> None:
+        import ipywidgets
+
+        self.widget = ipywidgets.HTML(value=first_html)
+
+    def update(self, report: Any) -> None:
+        """Show ``report`` (anything with ``_repr_html_``); called from the sampler thread."""
+        self.widget.value = report._repr_html_()
+
+    def close(self) -> None:
+        self.widget.close()

@@ -39,6 +39,11 @@ class CUDATimeMagics(MagicsPart):
               help="comma-separated torch CPU thread counts, one row each (e.g. 1,4,16); restored after")
     @argument("--kernels", action="store_true",
               help="add a separate torch.profiler pass listing the top kernels (cpu: ops)")
+    @argument("--cluster", nargs="?", const="", default=None, metavar="NAME",
+              help="time the cell on every engine of the ipyparallel Client/view or Dask Client NAME at "
+                   "once (without NAME: the one in the namespace); a row per engine and the spread")
+    @argument("--timeout", type=float, default=None, metavar="S",
+              help="with --cluster: seconds each engine may take (default 30 + 2 x --max-time)")
     @argument("statement", nargs="*",
               help="cell magic: setup run once before timing; line magic: the statement to time "
                    "(put -- before a statement that starts with '-')")
@@ -67,6 +72,9 @@ class CUDATimeMagics(MagicsPart):
                               max_time=args.max_time, cold=args.cold, flush_l2=args.flush_l2,
                               kernels=args.kernels)
         opts.check()
+        if args.cluster is not None:
+            return self._cluster(args, opts, statement if cell is not None else "",
+                                 cell if cell is not None else statement)
         targets = ([devices.resolve(spec) for spec in self._items(args.devices, "--devices")]
                    if args.devices is not None else [timing.timing_device()])
         for device in targets:
@@ -101,6 +109,29 @@ class CUDATimeMagics(MagicsPart):
             display(outcome)
         return None
 
+    def _cluster(self, args: Any, opts: Any, setup: str, body: str) -> Any:
+        """``--cluster``: the cell timed on every engine at once, in each engine's namespace
+        (:func:`torchgpu_magic.cluster.time_cell`); shown, or returned with ``-o``."""
+        from .. import cluster
+
+        if args.threads is not None:
+            raise UsageError("%cudatime: --threads does not go with --cluster (time each engine as it is)")
+        devices = self._items(args.devices, "--devices") if args.devices is not None else [None]
+        if len(devices) > 1:
+            raise UsageError("%cudatime: with --cluster, --devices takes one device (each engine's own "
+                             "cuda:N, or local)")
+        bridge = cluster.connect(self.shell.user_ns, args.cluster)
+        options = {name: getattr(opts, name) for name in ("loops", "samples", "warmup", "max_time", "cold",
+                                                          "flush_l2", "kernels")}
+        outcome = cluster.time_cell(bridge, setup, body, options, devices[0], args.timeout)
+        if args.output:
+            return outcome
+        if not args.quiet:
+            from IPython.display import display
+
+            display(outcome)
+        return None
+
     def _split(self, line: str) -> tuple:
         """Split the magic's line into (options, statement): options are the leading tokens that look like
         options (with their values); the statement is the rest, verbatim (quotes and spacing kept, which
@@ -124,8 +155,11 @@ class CUDATimeMagics(MagicsPart):
             action = actions.get(name) or (actions.get(token[:2]) if not token.startswith("--") else None)
             attached = "=" in token or (not token.startswith("--") and len(token) > 2)
             index += 1
-            if action is not None and action.nargs != 0 and not attached:
+            if action is not None and action.nargs not in (0, "?") and not attached:
                 index += 1  # the option's value
+            elif action is not None and action.nargs == "?" and not attached and index < len(tokens) \
+                    and tokens[index].group().isidentifier():
+                index += 1  # --cluster NAME: an optional value, a name when there is one
         return line, ""
 
     @staticmethod

@@ -20,18 +20,39 @@ class GPUInfoMagics(MagicsPart):
     @argument("--json", action="store_true", help="print the report as JSON")
     @argument("-o", dest="return_report", action="store_true",
               help="return the report object (a GPUReport) instead of displaying it")
+    @argument("--cluster", nargs="?", const="", default=None, metavar="NAME",
+              help="one report for every engine of an ipyparallel Client/view or Dask Client NAME "
+                   "(without NAME: the one in the namespace)")
+    @argument("--timeout", type=float, default=None, metavar="S",
+              help="with --cluster: seconds each engine may take (default 30)")
     @line_magic
     @usage_errors
     def gpuinfo(self, line: str = "") -> Any:
         """What GPUs there are, what is using them, and whether torch can use them (and if not, why)."""
         args = parse_args(self.gpuinfo, line)
-        from ..inventory import build_report
+        if args.cluster is not None:
+            report = self._cluster(args)
+        else:
+            from ..inventory import build_report
 
-        report = build_report(index=args.index, show_processes=not args.no_processes)
+            report = build_report(index=args.index, show_processes=not args.no_processes)
         if args.json:
-            print(report.to_json())
+            import json
+
+            print(json.dumps(report.to_dict(), indent=2))
         elif not args.return_report:
             from IPython.display import display
 
             display(report)
         return report if args.return_report else None
+
+    def _cluster(self, args: Any) -> Any:
+        """``--cluster``: the cluster-wide report (:func:`torchgpu_magic.cluster.gpu_report`)."""
+        from .. import cluster
+        from ..errors import MagicInputError
+
+        if args.index is not None:
+            raise MagicInputError("-i does not go with --cluster: the cluster report shows every GPU")
+        bridge = cluster.connect(self.shell.user_ns, args.cluster)
+        return cluster.gpu_report(bridge, not args.no_processes,
+                                  cluster.DEFAULT_TIMEOUT if args.timeout is None else args.timeout)

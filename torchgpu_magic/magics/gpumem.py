@@ -48,6 +48,8 @@ class GPUMemMagics(MagicsPart):
         self._cells_wanted = True  # the last --cells choice for the live panel
         self._targets_state: Optional[str] = None  # CUDA's state when the targets were last worked out
         self._closer_added = False
+        self._cluster_live: Any = None  # (cluster.memory.ClusterSampler, panel.ClusterPanel) for --cluster
+        self._cluster_closer = False
 
     @line_magic
     @magic_arguments()
@@ -70,6 +72,9 @@ class GPUMemMagics(MagicsPart):
                    "instead of showing the panel")
     @argument("-o", dest="output", action="store_true",
               help="return the per-cell records object (to_dict, to_csv, to_pandas)")
+    @argument("--cluster", nargs="?", const="", default=None, metavar="NAME",
+              help="every engine's GPU memory and per-cell peaks, for the ipyparallel Client/view or Dask "
+                   "Client NAME (without NAME: the one in the namespace); 'stop' stops it too")
     @usage_errors
     def gpumem(self, line: str = "") -> Any:
         """Memory per cell and live: NVML, torch's allocator and host RSS side by side in a panel, each
@@ -84,7 +89,10 @@ class GPUMemMagics(MagicsPart):
         interval = None if args.interval is None else memory.validate_interval(args.interval)
         if args.text and args.widget:
             raise MagicInputError("--text and --widget exclude each other")
+        if args.cluster is not None and args.action is None:
+            return self._cluster(args, interval)
         if args.action == "stop":
+            self._stop_cluster()
             if line.split() != ["stop"]:
                 raise MagicInputError("'stop' takes no options")
             said = ("%gpumem: sampler stopped, panel closed" if self._panel is not None
@@ -249,6 +257,56 @@ class GPUMemMagics(MagicsPart):
         except Exception:  # noqa: BLE001 - a frontend gone away must not break a cell
             return
         self._snapshot_at = time.monotonic()
+
+    # ---- --cluster ---------------------------------------------------------------------------------
+    def _cluster(self, args: Any, interval: Optional[float]) -> Any:
+        """``--cluster``: text mode prints one per-engine table; the panel is a widget the
+        :class:`~torchgpu_magic.cluster.memory.ClusterSampler` thread updates, with each notebook cell's
+        peaks per engine collected on its next tick (the notebook never waits for the engines)."""
+        from IPython.display import display
+
+        from .. import cluster
+        from ..cluster.memory import ClusterSampler
+
+        if args.records or args.cells is not None or args.refresh is not None:
+            raise MagicInputError("--cluster takes --interval, --text / --widget and -o")
+        bridge = cluster.connect(self.shell.user_ns, args.cluster)
+        self._stop_cluster()
+        sampler = ClusterSampler(bridge, interval or 1.0)
+        first = sampler.tick()
+        if self._wants_text(args.text, args.widget):
+            if not args.output:
+                display(first)
+            return first if args.output else None
+        from .. import panel
+
+        view = panel.ClusterPanel(first._repr_html_())
+        sampler.on_update = view.update
+        self._cluster_live = (sampler, view)
+        self.shell.events.register("post_run_cell", self._cluster_cell)
+        if not self._cluster_closer:
+            self._cluster_closer = True
+            self.add_closer(self._stop_cluster)
+        sampler.start()
+        display(view.widget)
+        return first if args.output else None
+
+    def _cluster_cell(self, result: Any = None) -> None:
+        """post_run_cell while the cluster panel runs: the next tick collects this cell's peaks."""
+        live = self._cluster_live
+        if live is not None:
+            live[0].note_cell(f"[{getattr(result, 'execution_count', None) or '?'}]")
+
+    def _stop_cluster(self) -> None:
+        """Stop the cluster sampler (bounded wait), close its panel, unhook its cell event."""
+        live, self._cluster_live = self._cluster_live, None
+        callbacks = self.shell.events.callbacks.get("post_run_cell", [])
+        if self._cluster_cell in callbacks:
+            self.shell.events.unregister("post_run_cell", self._cluster_cell)
+        if live is not None:
+            sampler, view = live
+            sampler.stop()
+            view.close()
 
     def _stop(self) -> None:
         """Stop the sampler, close the panel (its output keeps the last snapshot), stop the per-cell

@@ -27,7 +27,8 @@ class OnTorchMagics(MagicsPart):
 
     @magic_arguments()
     @argument("spec", nargs="?", default=None,
-              help="device: auto, cpu, cuda, cuda:N, mps, xpu, xpu:N or meta")
+              help="device: auto, local (the GPU of this engine's local rank), cpu, cuda, cuda:N, mps, xpu, "
+                   "xpu:N or meta")
     @argument("--fallback", metavar="DEVICE", default=None,
               help="run on DEVICE (and say so) when SPEC is not available here")
     @argument("--dtype", metavar="NAME", default=None,
@@ -37,6 +38,9 @@ class OnTorchMagics(MagicsPart):
     @argument("-q", "--quiet", action="store_true", help="no footer or move report")
     @argument("--reset", action="store_true",
               help="line form: undo %%ontorch SPEC, restoring the default device and dtype from before")
+    @argument("--cluster", nargs="?", const="", default=None, metavar="NAME",
+              help="with SPEC local, line form: tell each engine of the ipyparallel Client/view or Dask "
+                   "Client NAME its order on its host, and show what local picks on each")
     @line_cell_magic
     @usage_errors
     def ontorch(self, line: str = "", cell: Optional[str] = None) -> Any:
@@ -57,6 +61,8 @@ class OnTorchMagics(MagicsPart):
         from .. import devices
 
         args = self._args(line)
+        if args.cluster is not None:
+            return self._cluster(args, cell)
         if cell is None and args.spec is None and not args.reset:
             if args.fallback or args.dtype or args.move or args.quiet:
                 raise UsageError("%ontorch: options need a device: %ontorch SPEC [options]")
@@ -88,6 +94,21 @@ class OnTorchMagics(MagicsPart):
             return None
         return self._run_cell(cell, line, device, dtype, targets, args.quiet)
 
+    def _cluster(self, args: Any, cell: Optional[str]) -> None:
+        """``%ontorch local --cluster [NAME]``: each engine learns its order among the engines on its
+        host (used by ``local`` where no launcher variable gives a local rank); shows what local picks."""
+        from .. import cluster
+
+        if cell is not None or (args.spec or "").strip().lower() != "local" or args.move or args.dtype \
+                or args.fallback or args.reset:
+            raise UsageError("%ontorch: --cluster goes with the line form and SPEC local only: "
+                             "%ontorch local --cluster [NAME]; then %%px %%ontorch local on the engines")
+        assignment = cluster.local_devices(cluster.connect(self.shell.user_ns, args.cluster))
+        if not args.quiet:
+            from IPython.display import display
+
+            display(assignment)
+
     def _args(self, line: str) -> Any:
         """``parse_args`` for ``%%ontorch``, remembered per line: a notebook re-runs the same few magic
         lines, and argparse is a measurable part of the magic's cost on a fast cell. The parsed
@@ -109,6 +130,9 @@ class OnTorchMagics(MagicsPart):
         except MagicInputError as exc:
             raise UsageError(f"%ontorch: --fallback: {exc}") from None
         try:
+            if spec.strip().strip("'\"").lower() == "local":
+                device, how = devices.local_device()
+                return device, f"%ontorch local: {how}"
             return devices.resolve(spec), ""
         except devices.DeviceUnavailable as exc:
             if backup is None:

@@ -39,6 +39,11 @@ class WhereIsMagics(MagicsPart):
               help="a placement line above the repr of tensors and modules shown as a cell's result")
     @argument("-o", dest="return_report", action="store_true",
               help="return the report object instead of displaying it")
+    @argument("--cluster", nargs="?", const="", default=None, metavar="CLIENT",
+              help="each engine's placement, merged by name, for the ipyparallel Client/view or Dask "
+                   "Client CLIENT (without it: the one in the namespace)")
+    @argument("--timeout", type=float, default=None, metavar="S",
+              help="with --cluster: seconds each engine may take (default 30)")
     @line_magic
     @usage_errors
     def whereis(self, line: str = "") -> Any:
@@ -48,6 +53,8 @@ class WhereIsMagics(MagicsPart):
         from .. import placement
 
         args = parse_args(self.whereis, line)
+        if args.cluster is not None and (args.watch or args.repr_):
+            raise UsageError("%whereis: --watch / --repr act on this kernel; they do not go with --cluster")
         if (args.watch or args.repr_) and args.names:
             raise UsageError("%whereis: --watch / --repr take no NAME; use them alone: %whereis --watch on")
         if args.watch or args.repr_:
@@ -59,7 +66,9 @@ class WhereIsMagics(MagicsPart):
                 self._repr(args.repr_ == "on")
             return None
         ns = self.shell.user_ns
-        if args.names:
+        if args.cluster is not None:
+            report = self._cluster(args)
+        elif args.names:
             reports = [placement.describe(name, placement.resolve(name, ns), ns) for name in args.names]
             report = reports[0] if len(reports) == 1 else reports
         else:
@@ -71,6 +80,19 @@ class WhereIsMagics(MagicsPart):
         for item in report if isinstance(report, list) else [report]:
             display(item)
         return None
+
+    def _cluster(self, args: Any) -> Any:
+        """``--cluster``: every engine's placement merged by name. A CLIENT that is no cluster object
+        is read as the first NAME, so ``%whereis --cluster model`` works with the one cluster there."""
+        from .. import cluster
+
+        ns = self.shell.user_ns
+        name, names = args.cluster, list(args.names)
+        if name and name not in cluster.candidates(ns) and cluster.candidates(ns):
+            name, names = "", [name, *names]
+        bridge = cluster.connect(ns, name)
+        return cluster.placement_report(bridge, names,
+                                        cluster.DEFAULT_TIMEOUT if args.timeout is None else args.timeout)
 
     def _add_closer_once(self) -> None:
         """Have unload undo --watch and --repr (:meth:`_close`), registered on their first use only."""

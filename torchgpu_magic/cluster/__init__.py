@@ -1,0 +1,103 @@
+"""The magics beyond one machine: the bridge to the ipyparallel engines or Dask workers users already run.
+
+- :mod:`.bridge`: find the user's Client or view, run one engine-side function on every engine at once,
+  gather plain data with a time limit per engine (:class:`Reply`).
+- :mod:`.remote`: the functions that run on the engines (imported there by name).
+- :mod:`.gpus`, :mod:`.timing`, :mod:`.placement`, :mod:`.memory`: the cluster-wide reports.
+
+The functions here are what the magics call: each runs one engine function everywhere and builds its
+report. ipyparallel and distributed are imported only when a cluster object of theirs is used.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from .bridge import (
+    DEFAULT_TIMEOUT,
+    PROBLEMS,
+    Bridge,
+    DaskBridge,
+    IPyParallelBridge,
+    Reply,
+    candidates,
+    connect,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT", "PROBLEMS", "Bridge", "DaskBridge", "IPyParallelBridge", "LocalAssignment", "Reply",
+    "candidates", "connect", "gpu_report", "local_devices", "placement_report", "time_cell",
+]
+
+
+def gpu_report(bridge: Bridge, show_processes: bool = True, timeout: float = DEFAULT_TIMEOUT) -> Any:
+    """``%gpuinfo --cluster``: a :class:`~.gpus.ClusterGPUReport` over every engine."""
+    from . import gpus
+
+    replies = bridge.run("gpuinfo", show_processes, timeout=timeout)
+    return gpus.build(bridge.name, bridge.kind, replies)
+
+
+def placement_report(bridge: Bridge, names: Optional[Sequence[str]] = None,
+                     timeout: float = DEFAULT_TIMEOUT) -> Any:
+    """``%whereis --cluster [NAME...]``: a :class:`~.placement.ClusterPlacement` merged by name."""
+    from . import placement
+
+    return placement.build(bridge.run("whereis", list(names or []), timeout=timeout))
+
+
+def time_cell(bridge: Bridge, setup: str, body: str, options: dict, device: Optional[str] = None,
+              timeout: Optional[float] = None) -> Any:
+    """``%%cudatime --cluster``: the cell timed on every engine at once; a
+    :class:`~.timing.ClusterTiming`. Without ``timeout``, the cell's own ``max_time`` plus a margin
+    for warm-up and the first run."""
+    from . import timing
+
+    limit = timeout if timeout is not None else DEFAULT_TIMEOUT + 2 * float(options.get("max_time") or 10.0)
+    return timing.build(bridge.run("cudatime", setup, body, options, device, timeout=limit))
+
+
+class LocalAssignment:
+    """``%ontorch local --cluster``: what ``local`` means on each engine, and how it was chosen."""
+
+    def __init__(self, rows: list) -> None:
+        self.rows = rows  # [(label, host, device or '-', how or problem)]
+
+    def table(self) -> Any:
+        from ..render import Table
+
+        table = Table(["engine", "host", "local device", "how"], align="llll",
+                      title="%ontorch local on each engine")
+        for row in self.rows:
+            table.add(*row)
+        return table
+
+    def to_text(self) -> str:
+        return self.table().to_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text("LocalAssignment(...)" if cycle else self.to_text())
+
+    def _repr_html_(self) -> str:
+        return self.table().to_html()
+
+    def to_dict(self) -> dict:
+        return {"rows": [dict(zip(("engine", "host", "device", "how"), row)) for row in self.rows]}
+
+
+def local_devices(bridge: Bridge, timeout: float = DEFAULT_TIMEOUT) -> LocalAssignment:
+    """Give each engine its order among the engines on its host (for engines no launcher gave a local
+    rank) and report what ``local`` picks on each."""
+    hosts = bridge.run("ping", timeout=timeout)
+    orders: dict = {}
+    seen: dict = {}
+    for reply in hosts:
+        if reply.ok:
+            orders[f"{reply.host}:{reply.pid}"] = seen.get(reply.host, 0)
+            seen[reply.host] = seen.get(reply.host, 0) + 1
+    rows = []
+    for reply in bridge.run("local_device", orders, timeout=timeout):
+        if reply.ok:
+            rows.append((reply.engine, reply.host, reply.value["device"], reply.value["how"]))
+        else:
+            rows.append((reply.engine, reply.host or "-", "-", reply.error_text()))
+    return LocalAssignment(rows)

@@ -1,0 +1,230 @@
+"""``%gpuinfo --cluster``: every engine's report merged into one view of the cluster's GPUs.
+
+GPUs are deduplicated by host and UUID (four engines on one host report its GPUs four times); each
+engine's torch devices are matched to those physical GPUs through its own report's mapping; the GPU an
+engine is *on* is the one whose NVML process list holds its PID, else the one its torch current (or
+default) CUDA device is. The flags are the mistakes that are invisible from one process: engines sharing
+one GPU (while others on the host sit idle), hosts with different drivers, engines with different torch
+builds, engines whose torch cannot use a GPU; each comes with its fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..render import Table, fmt_bytes, fmt_value, html_lines
+
+FIX_SHARED_IDLE = ("give each engine its own GPU: %ontorch local --cluster (the GPU of each engine's local "
+                   "rank), or start each engine with its own CUDA_VISIBLE_DEVICES; with Dask, dask-cuda's "
+                   "LocalCUDACluster starts one worker per GPU")
+FIX_SHARED_FULL = ("the engines compete for this GPU's memory and compute: run one engine per GPU on this "
+                   "host (fewer engines, or dask-cuda's LocalCUDACluster)")
+
+
+@dataclass
+class Flag:
+    """One finding about the cluster: what is wrong and the fix."""
+
+    cause: str
+    message: str
+    fix: str
+
+
+@dataclass(repr=False)
+class ClusterGPUReport:
+    """What ``%gpuinfo --cluster`` shows: hosts and their GPUs (one row per physical GPU), engines (their
+    torch, which physical GPU each torch device is, the GPU each is on), processes, and :attr:`flags`."""
+
+    name: str
+    kind: str
+    engines: list  # one dict per engine: label, host, pid, ok, problem, report (plain %gpuinfo data), on
+    gpus: list  # one dict per (host, uuid): host, nvml index, name, uuid, used, total, engines
+    processes: list  # (host, nvml index, pid, name, used, engine label or '')
+    flags: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "engines": self.engines, "gpus": self.gpus,
+                "processes": [list(p) for p in self.processes],
+                "flags": [vars(f).copy() for f in self.flags]}
+
+    @property
+    def hosts(self) -> list:
+        return sorted({e["host"] for e in self.engines if e["host"]})
+
+    def headline(self) -> str:
+        ok = sum(e["ok"] for e in self.engines)
+        down = len(self.engines) - ok
+        hosts = len(self.hosts)
+        n = len(self.engines)
+        text = (f"cluster {self.name} ({self.kind}): {n} engine{'s' * (n != 1)}"
+                f" on {hosts} host{'s' * (hosts != 1)}, {len(self.gpus)} GPU{'s' * (len(self.gpus) != 1)}")
+        return text + (f"; {down} engine{'s' * (down != 1)} did not report" if down else "")
+
+    def tables(self) -> list:
+        gpus = Table(["host", "GPU", "name", "memory used / total", "engines on it"], align="lrlrl",
+                     title="GPUs (one row per physical GPU, by host and UUID)")
+        for g in self.gpus:
+            gpus.add(g["host"], g["index"], g["name"], f"{fmt_bytes(g['used'])} / {fmt_bytes(g['total'])}",
+                     ", ".join(g["engines"]) or "idle")
+        engines = Table(["engine", "host", "pid", "torch", "torch devices -> GPU", "on GPU", "status"],
+                        align="llrllll", title="Engines")
+        for e in self.engines:
+            report = e.get("report") or {}
+            env = report.get("environment", {})
+            torch = torch_build(env) if env else "-"
+            devices = ", ".join(f"cuda:{t} -> GPU {n}" for t, n in e.get("map", [])) or "-"
+            on = ", ".join(f"GPU {i}" for i in e.get("on", [])) or "-"
+            status = "ok" if e["ok"] else f"{e['problem']}: {e['message']}"
+            if e["ok"] and report.get("diagnosis"):
+                status = "torch cannot use a GPU"
+            engines.add(e["label"], e["host"] or "-", fmt_value(e["pid"]), torch, devices, on, status)
+        out = [gpus, engines] if self.gpus else [engines]
+        if self.processes:
+            procs = Table(["host", "GPU", "pid", "name", "GPU memory", "engine"], align="lrrlrl",
+                          title="Processes")
+            for host, index, pid, name, used, engine in self.processes:
+                procs.add(host, index, pid, fmt_value(name), fmt_bytes(used), engine)
+            out.append(procs)
+        return out
+
+    def flag_lines(self) -> list:
+        lines = []
+        for flag in self.flags:
+            lines += [f"x {flag.message}", f"  fix: {flag.fix}"]
+        return lines
+
+    def to_text(self) -> str:
+        parts = [self.headline()] + [t.to_text() for t in self.tables()]
+        if self.flags:
+            parts.append("\n".join(["Flags:"] + ["  " + line for line in self.flag_lines()]))
+        return "\n\n".join(parts)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text("ClusterGPUReport(...)" if cycle else self.to_text())
+
+    def _repr_html_(self) -> str:
+        import html
+
+        out = [f'<div class="torchgpu-magic"><p><b>{html.escape(self.headline())}</b></p>']
+        out += [t.to_html() for t in self.tables()]
+        if self.flags:
+            out.append("<p><b>Flags:</b></p>" + html_lines(self.flag_lines()))
+        return "".join(out) + "</div>"
+
+
+def torch_build(env: dict) -> str:
+    """'2.8.0+cu128 (CUDA 12.8)' / '2.13.0+cpu (CPU-only)' from a report's environment."""
+    cuda = env.get("torch_cuda")
+    return f"{env.get('torch_version')} ({'CUDA ' + cuda if cuda else 'CPU-only'})"
+
+
+def engine_list(labels: Sequence[str]) -> str:
+    """'engine 0' / 'engines 0, 2, 3' / 'worker a, worker b'."""
+    if len(labels) == 1:
+        return labels[0]
+    words = [label.split(" ", 1) for label in labels]
+    if all(len(w) == 2 and w[0] == words[0][0] for w in words):
+        return f"{words[0][0]}s {', '.join(w[1] for w in words)}"
+    return ", ".join(labels)
+
+
+def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
+    """Merge the engines' ``remote.gpuinfo`` replies into one :class:`ClusterGPUReport`."""
+    gpus: dict = {}  # (host, uuid) -> row
+    processes: dict = {}
+    engines = []
+    pid_engine = {(r.host, r.pid): r.engine for r in replies if r.ok}
+    for reply in replies:
+        row = {"label": reply.engine, "host": reply.host, "pid": reply.pid, "ok": reply.ok,
+               "problem": reply.problem, "message": reply.message, "report": reply.value, "map": [], "on": []}
+        engines.append(row)
+        if not reply.ok:
+            continue
+        report = reply.value
+        by_index = {}
+        for entry in report["gpus"]:
+            snap = entry.get("snapshot") or {}
+            mapping = entry.get("mapping") or {}
+            uuid = snap.get("uuid") or mapping.get("uuid") or f"{reply.engine}/cuda:{entry['torch_index']}"
+            index = entry["nvml_index"] if entry["nvml_index"] is not None else f"cuda:{entry['torch_index']}"
+            by_index[entry["nvml_index"]] = (reply.host, uuid)
+            key = (reply.host, uuid)
+            gpu = gpus.setdefault(key, {"host": reply.host, "index": index, "uuid": uuid, "engines": [],
+                                        "name": snap.get("name") or (entry.get("torch") or {}).get("name"),
+                                        "used": snap.get("memory_used"), "total": snap.get("memory_total"),
+                                        "driver": report["environment"].get("driver_version")})
+            if entry["torch_index"] is not None:
+                row["map"].append((entry["torch_index"], index))
+            for proc in entry.get("processes", []):
+                processes[(reply.host, index, proc["pid"])] = (
+                    reply.host, index, proc["pid"], proc["name"], proc["used_memory"],
+                    pid_engine.get((reply.host, proc["pid"]), ""))
+            if entry["nvml_index"] in report.get("using", []) or (
+                    not report.get("using") and entry["torch_index"] == (report.get("current_device") or 0)):
+                row["on"].append(index)
+                gpu["engines"].append(reply.engine)
+    rows = sorted(gpus.values(), key=lambda g: (g["host"], str(g["index"])))
+    out = ClusterGPUReport(name, kind, engines, rows,
+                           sorted(processes.values(), key=lambda p: (p[0], str(p[1]), p[2])))
+    out.flags = _flags(out)
+    return out
+
+
+def _flags(report: ClusterGPUReport) -> list:
+    flags = []
+    for gpu in report.gpus:
+        if len(gpu["engines"]) < 2:
+            continue
+        idle = [str(g["index"]) for g in report.gpus if g["host"] == gpu["host"] and not g["engines"]]
+        who = engine_list(gpu["engines"])
+        if idle:
+            message = (f"{who} on {gpu['host']} share GPU {gpu['index']} while GPU{'s' * (len(idle) != 1)} "
+                       f"{', '.join(idle)} on the same host sit{'s' * (len(idle) == 1)} idle")
+            flags.append(Flag("shared_gpu", message, FIX_SHARED_IDLE))
+        else:
+            flags.append(Flag("shared_gpu", f"{who} on {gpu['host']} share GPU {gpu['index']} "
+                                            f"({gpu['name']})", FIX_SHARED_FULL))
+    drivers: dict = {}
+    for gpu in report.gpus:
+        if gpu["driver"]:
+            drivers.setdefault(gpu["driver"], set()).add(gpu["host"])
+    if len(drivers) > 1:
+        said = "; ".join(f"{d} on {', '.join(sorted(h))}" for d, h in sorted(drivers.items()))
+        flags.append(Flag("drivers_differ", f"hosts run different NVIDIA drivers: {said}",
+                          "install one driver version on every host, so every engine can run the same torch "
+                          "build"))
+    builds: dict = {}
+    for e in report.engines:
+        if e["ok"]:
+            env = e["report"]["environment"]
+            build = "torch " + torch_build(env)
+            builds.setdefault(build, []).append(e["label"])
+    if len(builds) > 1:
+        said = "; ".join(f"{b} on {engine_list(labels)}" for b, labels in builds.items())
+        flags.append(Flag("torch_builds_differ", f"engines run different torch builds: {said}",
+                          "install the same torch build in every engine's environment (results and "
+                          "speed differ between builds)"))
+    cannot: dict = {}
+    for e in report.engines:
+        if e["ok"] and e["report"]["diagnosis"]:
+            first = e["report"]["diagnosis"][0]
+            cannot.setdefault((e["host"], first["message"], first["fix"]), []).append(e["label"])
+    for (host, message, fix), labels in cannot.items():
+        flags.append(Flag("torch_cannot_use_gpu",
+                          f"{engine_list(labels)} on {host}: torch cannot use a GPU: {message}", fix))
+    for e in report.engines:
+        if not e["ok"]:
+            flags.append(Flag(f"engine_{e['problem']}", f"{e['label']} did not report: {e['message']}",
+                              _engine_fix(e["problem"])))
+    return flags
+
+
+def _engine_fix(problem: str) -> str:
+    from .bridge import FIX_PACKAGE, FIX_TORCH
+
+    return {
+        "no_package": FIX_PACKAGE,
+        "no_torch": FIX_TORCH,
+        "dead": "restart the engine (ipcluster / your launcher); the other engines' rows are current",
+        "timeout": "the engine is busy (a long %px cell?) or stuck: wait, interrupt it, or raise --timeout",
+    }.get(problem, "see the message; the other engines' rows are current")

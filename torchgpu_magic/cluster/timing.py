@@ -1,0 +1,104 @@
+"""``%%cudatime --cluster``: the cell timed on every engine at once, one row per engine, and the spread.
+
+Each engine returns ``TimingResult.to_dict()``; the rows are rebuilt as :class:`TimingResult` objects so
+that the result is a :class:`~torchgpu_magic.timing.TimingComparison` (what ``--devices`` returns), with
+the engines that did not report, the spread (slowest median / median of medians) and the stragglers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any, Sequence
+
+from ..render import Table, fmt_seconds, html_lines
+from ..timing import KernelRow, TimingComparison, TimingResult
+
+STRAGGLER = 1.10
+"""An engine whose median is this many times the cluster's median (or more) is a straggler: in a
+synchronous step every engine waits for it."""
+
+
+def result_of(data: dict) -> TimingResult:
+    """A :class:`TimingResult` from its ``to_dict()`` (the fields it has; ``iqr`` is derived)."""
+    fields = {name: data[name] for name in TimingResult.__dataclass_fields__ if name in data}
+    fields["ci95"] = tuple(fields.get("ci95") or (None, None))
+    if fields.get("kernels") is not None:
+        fields["kernels"] = [KernelRow(**row) for row in fields["kernels"]]
+    return TimingResult(**fields)
+
+
+@dataclass(repr=False)
+class ClusterTiming(TimingComparison):
+    """A row per engine (``rows``: ``[(label, TimingResult)]``), ``failed`` replies, ``hosts`` by label."""
+
+    failed: list = field(default_factory=list)  # [(label, 'problem: message')]
+    hosts: dict = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        """The median of the engines' medians (seconds per loop)."""
+        return median(result.median for _, result in self.rows) if self.rows else float("nan")
+
+    @property
+    def spread(self) -> float:
+        """Slowest engine's median / the median of medians (1.0 is a perfectly even cluster)."""
+        if not self.rows or not self.median:
+            return float("nan")
+        return max(result.median for _, result in self.rows) / self.median
+
+    def stragglers(self) -> list:
+        """Labels of the engines at least :data:`STRAGGLER` times the median, slowest first."""
+        limit = STRAGGLER * self.median
+        slow = [(result.median, label) for label, result in self.rows if result.median >= limit]
+        return [label for _, label in sorted(slow, reverse=True)]
+
+    def table(self) -> Table:
+        title = "%%cudatime --cluster (median per loop; each engine against the median of medians)"
+        table = Table(["engine", "host", "device", "time per loop", "IQR", "samples x loops", "vs median",
+                       "clock"], align="lllrrrrl", title=title)
+        slow = set(self.stragglers())
+        for label, result in self.rows:
+            ratio = result.median / self.median if self.median else float("nan")
+            table.add(label, self.hosts.get(label, ""), result.device_name, fmt_seconds(result.median),
+                      fmt_seconds(result.iqr), f"{result.n} x {result.loops:,}",
+                      f"{ratio:.2f}x" + (" straggler" if label in slow else ""), result.clock)
+        for label, problem in self.failed:
+            table.add(label, self.hosts.get(label, ""), "-", "-", "-", "-", "-", problem)
+        return table
+
+    def summary(self) -> str:
+        if not self.rows:
+            return "no engine reported a time"
+        line = (f"spread: slowest / median = {self.spread:.2f}x over {len(self.rows)} "
+                f"engine{'s' * (len(self.rows) != 1)}")
+        slow = self.stragglers()
+        if slow:
+            line += (f"; straggler{'s' * (len(slow) != 1)}: {', '.join(slow)} (every synchronous step "
+                     "waits for the slowest engine: a throttled or shared GPU?)")
+        return line
+
+    def notes(self) -> list:
+        return [self.summary()] + (super().notes() if self.rows else [])
+
+    def to_text(self) -> str:
+        return "\n".join([self.table().to_text()] + ["  " + line for line in self.notes()])
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text("ClusterTiming(...)" if cycle else self.to_text())
+
+    def _repr_html_(self) -> str:
+        return self.table().to_html() + html_lines(self.notes())
+
+    def to_dict(self) -> dict:
+        return {"rows": [dict(label=label, engine_host=self.hosts.get(label, ""), **result.to_dict())
+                         for label, result in self.rows],
+                "failed": [{"label": label, "problem": problem} for label, problem in self.failed],
+                "median": self.median if self.rows else None, "spread": self.spread if self.rows else None,
+                "stragglers": self.stragglers() if self.rows else []}
+
+
+def build(replies: Sequence[Any]) -> ClusterTiming:
+    """The :class:`ClusterTiming` of the engines' ``remote.cudatime`` replies."""
+    rows = [(r.engine, result_of(r.value)) for r in replies if r.ok]
+    failed = [(r.engine, r.error_text()) for r in replies if not r.ok]
+    return ClusterTiming(rows, failed, {r.engine: r.host for r in replies})

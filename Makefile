@@ -95,12 +95,15 @@ test-ipython7: $(OLD_VENV)/.installed
 	  --ignore=tests/test_notebooks.py $(PYTEST_ARGS)
 
 # Rebuilt from scratch whenever .venv changes (it is small): the layer, then IPython 7.34 and the package.
+# Jupyter looks for data files (nbconvert's templates, kernelspecs) under sys.prefix/share/jupyter: the
+# layer's is a link to .venv's, whose packages it uses.
 $(OLD_VENV)/.installed: $(VENV)/.test
 	rm -rf $(OLD_VENV)
 	$(VPY) -m venv --without-pip \
 	  $$(grep -q '^include-system-site-packages = true' $(VENV)/pyvenv.cfg && echo --system-site-packages) $(OLD_VENV)
 	$(VPY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > \
 	  "$$($(OLD_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/over-venv.pth"
+	mkdir -p $(OLD_VENV)/share && ln -s ../../$(VENV)/share/jupyter $(OLD_VENV)/share/jupyter
 	$(OLD_VENV)/bin/python -m pip install -q "$(OLD_IPYTHON)" -e .
 	@touch $@
 

@@ -1,4 +1,5 @@
-# The README's commands. `make demo` runs the tour notebook for real; `make test` runs the whole suite.
+# The README's commands. `make demo` runs the tour notebook for real; `make test` runs the whole suite;
+# `make dist` builds the sdist and wheel and checks them.
 # TORCH: the torch requirement installed when the Python you run make with has no torch already
 # (with one, the venv reuses it). 2.13.0 is a CPU build on the CI machines' local disk, and a CUDA
 # build from PyPI on a Linux GPU machine; `make test TORCH=torch` takes the newest instead.
@@ -6,39 +7,85 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 VPY := $(VENV)/bin/python
-# Colab's IPython: the oldest the package supports, tested in a venv of its own
+# Colab's IPython, the oldest the package supports. Its venv is a thin layer over .venv: a .pth file puts
+# .venv's site-packages on the path after its own, so it holds IPython 7.34 (and what only that needs)
+# and shares .venv's torch, pytest and the rest instead of a second copy. It has no pip of its own either:
+# `python -m pip` finds .venv's, which installs into the layer.
 OLD_VENV := .venv-ipython7
 OLD_IPYTHON := ipython==7.34.0
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# build and twine, in a venv of their own: building the package needs neither torch nor Jupyter
+DIST_VENV := .venv-dist
 
-.PHONY: venv demo lab test test-ipython7 lint browser-deps bench clean
+.PHONY: venv demo lab test test-ipython7 lint browser-deps dist bench clean
 
-venv: $(VENV)/.installed
-
-$(VENV)/.installed: pyproject.toml Makefile
+# .venv and torch: the torch of $(PYTHON) when it has one (a CUDA build you installed keeps working).
+# Installs for the demo use pip's --no-compile: bytecode is then written on first import for the modules
+# the tour uses instead of at install for all of them (measured: 58 MB instead of 175, sympy's alone 51).
+$(VENV)/.torch:
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
 	  echo "reusing the torch of $(PYTHON)"; $(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
-	  $(PYTHON) -m venv $(VENV) && $(VPY) -m pip install -q --upgrade pip && $(VPY) -m pip install -q "$(TORCH)"; \
+	  $(PYTHON) -m venv $(VENV) && $(VPY) -m pip install -q --upgrade pip && \
+	  $(VPY) -m pip install -q --no-compile "$(TORCH)"; \
 	fi
-	$(VPY) -m pip install -q -e ".[test]"
 	@touch $@
 
-demo: venv
+# The package, editable, with what the tour needs (the `demo` extra) ...
+$(VENV)/.demo: $(VENV)/.torch pyproject.toml Makefile
+	$(VPY) -m pip install -q --no-compile -e ".[demo]"
+	@touch $@
+
+# ... or with everything the tests need (the `test` extra, which includes `demo`), all of it compiled:
+# the tests start many interpreters, and where PYTHONDONTWRITEBYTECODE is set (CI) each would compile
+# torch and the rest from source again. A few files in torch are written for newer Pythons and
+# do not compile here, as under pip: compile_dir's result is not a verdict on the venv.
+$(VENV)/.test: $(VENV)/.torch pyproject.toml Makefile
+	$(VPY) -m pip install -q -e ".[test]"
+	$(VPY) -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)'
+	@touch $@ $(VENV)/.demo
+
+venv: $(VENV)/.test
+
+demo: $(VENV)/.demo
 	$(VPY) notebooks/run.py notebooks/tour.ipynb --html notebooks/tour.html
 
-lab: venv
+lab: $(VENV)/.test
 	$(VENV)/bin/jupyter lab notebooks/tour.ipynb
 
-# Debian's Chromium for the browser test (Playwright's own browser download does not work everywhere).
-browser-deps:
-	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
-	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+# Chromium for the browser test, where it can be had without touching the rest of the system: Debian's
+# package through apt-get (as root, else with sudo), and only when apt's dry run (-s) shows that it
+# upgrades or removes no installed package. Anywhere else one line says why the browser test will be
+# skipped (or fail, in CI: TORCHGPU_MAGIC_REQUIRE_BROWSER=1); this step itself never fails the build.
+define BROWSER_DEPS
+outcome="be skipped"
+[ "$${TORCHGPU_MAGIC_REQUIRE_BROWSER:-}" = 1 ] && outcome="fail (TORCHGPU_MAGIC_REQUIRE_BROWSER=1)"
+say() { echo "browser-deps: $$1; the browser test will $$outcome"; exit 0; }
+for c in /usr/bin/chromium chromium chromium-browser; do command -v "$$c" >/dev/null && exit 0; done
+command -v apt-get >/dev/null || say "no Chromium, and no apt-get to install it (put a chromium on PATH)"
+sudo=
+if [ "$$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || say "no Chromium, and apt-get needs root but there is no sudo"
+  sudo=sudo
+fi
+$$sudo apt-get update -qq >/dev/null 2>&1 || say "no Chromium, and apt-get update failed"
+plan=$$(apt-get -s install --no-install-recommends chromium 2>&1) || \
+  say "no Chromium, and apt-get cannot install it ($$(echo "$$plan" | tail -n 1))"
+changed=$$(echo "$$plan" | awk '/^Inst [^ ]+ \[/ || /^Remv / { printf "%s%s", sep, $$2; sep = ", " }')
+[ -z "$$changed" ] || \
+  say "no Chromium: installing Debian's chromium would upgrade or remove installed packages ($$changed), so that is left to you"
+echo "browser-deps: installing Debian's chromium: $$(echo "$$plan" | grep -c '^Inst') new packages, none upgraded"
+$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null || \
+  say "apt-get install chromium failed"
+endef
+export BROWSER_DEPS
 
-lint: venv
+browser-deps:
+	@sh -c "$$BROWSER_DEPS"
+
+lint: $(VENV)/.test
 	$(VPY) -m ruff check torchgpu_magic tests benchmarks notebooks
 
-test: venv browser-deps lint
+test: $(VENV)/.test browser-deps lint
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-ipython7
 
@@ -47,17 +94,41 @@ test-ipython7: $(OLD_VENV)/.installed
 	$(OLD_VENV)/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/test_browser.py \
 	  --ignore=tests/test_notebooks.py $(PYTEST_ARGS)
 
-$(OLD_VENV)/.installed: pyproject.toml Makefile
-	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
-	  $(PYTHON) -m venv --system-site-packages $(OLD_VENV); \
-	else \
-	  $(PYTHON) -m venv $(OLD_VENV) && $(OLD_VENV)/bin/python -m pip install -q "$(TORCH)"; \
-	fi
-	$(OLD_VENV)/bin/python -m pip install -q "$(OLD_IPYTHON)" pytest hypothesis numpy "ipywidgets>=8" -e .
+# Rebuilt from scratch whenever .venv changes (it is small): the layer, then IPython 7.34 and the package.
+# Jupyter looks for data files (nbconvert's templates, kernelspecs) under sys.prefix/share/jupyter: the
+# layer's is a link to .venv's, whose packages it uses.
+$(OLD_VENV)/.installed: $(VENV)/.test
+	rm -rf $(OLD_VENV)
+	$(VPY) -m venv --without-pip \
+	  $$(grep -q '^include-system-site-packages = true' $(VENV)/pyvenv.cfg && echo --system-site-packages) $(OLD_VENV)
+	$(VPY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > \
+	  "$$($(OLD_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/over-venv.pth"
+	mkdir -p $(OLD_VENV)/share && ln -s ../../$(VENV)/share/jupyter $(OLD_VENV)/share/jupyter
+	$(OLD_VENV)/bin/python -m pip install -q "$(OLD_IPYTHON)" -e .
 	@touch $@
 
-bench: venv
+# The sdist and wheel as they would be published (isolated build), failing on any warning the build
+# prints; then twine's metadata and README checks, and a wheel that holds the package and nothing else.
+# PYTHONDONTWRITEBYTECODE is cleared for the build: with it set, setuptools warns that it skips byte-compiling.
+$(DIST_VENV)/.installed:
+	$(PYTHON) -m venv $(DIST_VENV) && $(DIST_VENV)/bin/python -m pip install -q build twine
+	@touch $@
+
+dist: $(DIST_VENV)/.installed
+	rm -rf dist && mkdir dist
+	@echo "python -m build --outdir dist (output in dist/build.log)"
+	@PYTHONDONTWRITEBYTECODE= $(DIST_VENV)/bin/python -m build --outdir dist . >dist/build.log 2>&1 || \
+	  { tail -n 40 dist/build.log; exit 1; }
+	@if grep -i warn dist/build.log; then echo "make dist: the build printed the warnings above"; exit 1; fi
+	$(DIST_VENV)/bin/python -m twine check --strict dist/*.whl dist/*.tar.gz
+	@$(DIST_VENV)/bin/python -c 'import sys, zipfile; \
+	  names = zipfile.ZipFile(sys.argv[1]).namelist(); \
+	  extra = [n for n in names if n.split("/")[0] != "torchgpu_magic" and ".dist-info/" not in n]; \
+	  sys.exit("make dist: the wheel holds more than the package: " + ", ".join(extra) if extra else 0)' dist/*.whl
+	@echo "make dist: $$(cd dist && ls *.whl *.tar.gz | tr '\n' ' ')checked"
+
+bench: $(VENV)/.test
 	for b in benchmarks/bench_*.py; do $(VPY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(OLD_VENV) notebooks/tour.html test-artifacts .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLD_VENV) $(DIST_VENV) dist build notebooks/tour.html test-artifacts .pytest_cache .ruff_cache

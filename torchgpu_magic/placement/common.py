@@ -195,6 +195,21 @@ def storage_key(tensor: Any) -> tuple:
         return ("t", id(tensor)), tensor_nbytes(tensor)
 
 
+def module_totals(module: Any) -> tuple[int, int, set]:
+    """A module's parameter count, its bytes with shared storage counted once (tied weights), and the
+    dtypes of its parameters: the one-line summary ``%whereis`` and the ``--watch`` snapshot both give."""
+    sizes: dict = {}
+    dtypes: set = set()
+    numel = 0
+    for _, tensor, is_param in _module_tensors(module):
+        key, size = storage_key(tensor)
+        sizes[key] = size
+        if is_param:
+            numel += tensor.nelement()
+            dtypes.add(tensor.dtype)
+    return numel, sum(sizes.values()), dtypes
+
+
 def _pinned(tensor: Any, device: str) -> str:
     """'yes' / 'no' for a CPU tensor in page-locked memory or not; '-' on other devices, where it
     means nothing. ``device`` is ``device_str(tensor.device)``, which the callers already have."""

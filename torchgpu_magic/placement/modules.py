@@ -14,7 +14,6 @@ from .common import (
     _device_order,
     _grad_state,
     _join,
-    _module_tensors,
     _pinned,
     _placeables,
     _sep,
@@ -26,6 +25,7 @@ from .common import (
     fmt_count,
     is_floating,
     kind_of,
+    module_totals,
     offload_place,
     shape_str,
     storage_key,
@@ -456,16 +456,8 @@ def placement_line(obj: Any) -> str:
     if kind == "tensor":
         return sep.join([type(obj).__name__, device_str(obj.device), dtype_str(obj.dtype),
                          shape_str(tuple(obj.shape)), fmt_bytes(tensor_nbytes(obj))])
-    keys: dict = {}
-    dtypes: set = set()
-    numel = 0
-    for _, tensor, is_param in _module_tensors(obj):
-        key, size = storage_key(tensor)
-        keys[key] = size
-        if is_param:
-            numel += tensor.nelement()
-            dtypes.add(dtype_str(tensor.dtype))
+    numel, nbytes, dtypes = module_totals(obj)
     devices = "+".join(sorted(devices_of(obj), key=_device_order)) or "no tensors"
-    return sep.join([type(obj).__name__, devices, "+".join(sorted(dtypes)) or "-",
-                     f"{fmt_count(numel)} params", fmt_bytes(sum(keys.values()))])
+    return sep.join([type(obj).__name__, devices, "+".join(sorted(map(dtype_str, dtypes))) or "-",
+                     f"{fmt_count(numel)} params", fmt_bytes(nbytes)])
 

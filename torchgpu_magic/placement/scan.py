@@ -23,6 +23,7 @@ from .common import (
     dtype_str,
     fmt_count,
     kind_of,
+    module_totals,
     shape_str,
     storage_key,
     tensor_nbytes,
@@ -69,15 +70,9 @@ def _placed(name: str, obj: Any, kind: str, fingerprint: tuple) -> Placed:
         summary = f"{dtype_str(obj.dtype)} {shape_str(shape)}"
         return Placed(name, kind, (device_str(obj.device),), summary, tensor_nbytes(obj), fingerprint)
     if kind == "module":
-        seen: dict = {}
-        numel = 0
-        for _, tensor, is_param in _module_tensors(obj):
-            key, size = storage_key(tensor)
-            seen[key] = size
-            if is_param:
-                numel += tensor.nelement()
+        numel, nbytes, _ = module_totals(obj)
         summary = f"{type(obj).__name__} {fmt_count(numel)} params"
-        return Placed(name, kind, devices_of(obj), summary, sum(seen.values()), fingerprint)
+        return Placed(name, kind, devices_of(obj), summary, nbytes, fingerprint)
     seen = {}
     n_params = 0
     for tensor, is_state in _optimizer_tensors(obj):

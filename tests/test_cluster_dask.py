@@ -4,65 +4,41 @@ a bounded wait and no leftover processes."""
 from __future__ import annotations
 
 import os
+import sys
 import time
-from pathlib import Path
 
 import pytest
+from cluster_support import ROOT, cluster_processes, import_package
 from conftest import run
 
 distributed = pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
 
-TESTS = str(Path(__file__).resolve().parent)
-ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-def _children() -> set:
-    """This process's descendants, less multiprocessing's resource tracker: spawning the workers starts
-    one per parent process, and it lives (idle) until that process exits, by design."""
-    out = set()
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(proc.cmdline()):
-                out.add(proc.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
 
 
 @pytest.fixture(scope="module")
 def client():
-    before = _children()
-    env_path = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, TESTS, env_path) if p)
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=40)
-    try:
-        dask_client = distributed.Client(cluster)
-        files = dask_client.run(_import_package)
-        assert all(f.startswith(ROOT) for f in files.values()), files
-        yield dask_client
-    finally:
-        os.environ["PYTHONPATH"] = env_path
+    main = sys.modules["__main__"]
+    added_spec = not hasattr(main, "__spec__")
+    if added_spec:
+        # IPython's user module stands as __main__ once a shell ran cells (the ipyparallel tests, when
+        # they run first): spawning workers reads __main__.__spec__, None meaning "nothing to re-import"
+        main.__spec__ = None
+    with cluster_processes():
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           dashboard_address=None, silence_logs=40)
         try:
-            dask_client.close(timeout=20)
+            dask_client = distributed.Client(cluster)
+            files = dask_client.run(import_package)
+            assert all(f.startswith(ROOT) for f in files.values()), files
+            yield dask_client
         finally:
-            cluster.close(timeout=20)
-            deadline = time.monotonic() + 20
-            while _children() - before and time.monotonic() < deadline:
-                time.sleep(0.2)
-            left = _children() - before
-            for pid in left:  # only processes this fixture started
-                psutil.Process(pid).kill()
-            assert not left, f"cluster left processes behind: {left}"
-
-
-def _import_package() -> str:
-    import torch  # noqa: F401
-
-    import torchgpu_magic
-
-    return torchgpu_magic.__file__
+            try:
+                dask_client.close(timeout=20)
+            finally:
+                cluster.close(timeout=20)
+                if added_spec:  # the shell's reset may have cleared it already
+                    vars(main).pop("__spec__", None)
 
 
 def _define(code: str) -> None:

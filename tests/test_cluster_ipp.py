@@ -12,16 +12,14 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from cluster_support import ROOT, TESTS, cluster_processes, import_package
 from conftest import run, run_error
 
 ipp = pytest.importorskip("ipyparallel")
 psutil = pytest.importorskip("psutil")
 
-TESTS = str(Path(__file__).resolve().parent)
-ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 def torch_has_cuda() -> bool:
@@ -30,45 +28,20 @@ def torch_has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _children() -> set:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
-
-
 @pytest.fixture(scope="module")
 def rc():
     """Three engines on loopback; the package importable there (PYTHONPATH, inherited) and torch loaded
     once, so the tests' time limits measure our calls, not torch's import."""
-    before = _children()
-    env_path = os.environ.get("PYTHONPATH", "")
-    # this package, and this module (whose helper functions the engines import by name)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, TESTS, env_path) if p)
-    cluster = ipp.Cluster(n=3, log_level=40)
-    try:
-        client = cluster.start_and_connect_sync()
-        client.wait_for_engines(3, timeout=60, block=True)
-        files = client[:].apply_sync(_import_package)
-        assert all(f.startswith(ROOT) for f in files), files  # this worktree's package, not another
-        yield client
-    finally:
-        os.environ["PYTHONPATH"] = env_path
+    with cluster_processes():
+        cluster = ipp.Cluster(n=3, log_level=40)
         try:
-            cluster.stop_cluster_sync()
+            client = cluster.start_and_connect_sync()
+            client.wait_for_engines(3, timeout=60, block=True)
+            files = client[:].apply_sync(import_package)
+            assert all(f.startswith(ROOT) for f in files), files  # this worktree's package, not another
+            yield client
         finally:
-            deadline = time.monotonic() + 20
-            while _children() - before and time.monotonic() < deadline:
-                time.sleep(0.2)
-            left = _children() - before
-            for pid in left:  # only processes this fixture started
-                psutil.Process(pid).kill()
-            assert not left, f"cluster left processes behind: {left}"
-
-
-def _import_package() -> str:
-    import torch  # noqa: F401
-
-    import torchgpu_magic
-
-    return torchgpu_magic.__file__
+            cluster.stop_cluster_sync()
 
 
 @pytest.fixture

@@ -214,9 +214,14 @@ class WhereIsMagics(MagicsPart):
             display(diagnosis)
 
     def _is_cell_file(self, filename: str) -> bool:
-        """True for the file names IPython compiles cells under (any IPython / ipykernel version)."""
-        known = getattr(self.shell.compile, "_filename_map", {})
-        return filename in known or filename.startswith("<ipython-input-")
+        """True for the file names IPython compiles cells under, whatever names them: IPython 8+ keeps
+        them in its compiler's ``_filename_map``; IPython 7 in ``linecache._ipython_cache``, whether it
+        named them (``<ipython-input-N-...>``) or ipykernel did (``/tmp/ipykernel_PID/HASH.py``)."""
+        import linecache
+
+        return (filename in getattr(self.shell.compile, "_filename_map", {})
+                or filename in getattr(linecache, "_ipython_cache", {})
+                or filename.startswith("<ipython-input-"))
 
 
 def _plain_printer(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:

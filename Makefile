@@ -35,13 +35,17 @@ $(VENV)/.demo: $(VENV)/.torch pyproject.toml Makefile
 	$(VPY) -m pip install -q --no-compile -e ".[demo]"
 	@touch $@
 
-# ... or with everything the tests need (the `test` extra, which includes `demo`), all of it compiled:
-# the tests start many interpreters, and where PYTHONDONTWRITEBYTECODE is set (CI) each would compile
-# torch and the rest from source again. A few files in torch are written for newer Pythons and
-# do not compile here, as under pip: compile_dir's result is not a verdict on the venv.
+# ... or with everything the tests need (the `test` extra, which includes `demo`), compiled: the tests
+# start many interpreters, and where PYTHONDONTWRITEBYTECODE is set (CI) each would compile torch and the
+# rest from source again. Left uncompiled (NO_BYTECODE) are the trees the tests barely import, to keep the
+# venvs near 1.6 GB: sympy and pandas (about 80 MB of bytecode; torch does not import sympy at start-up),
+# and transformers' hundreds of model folders but the ones the Hugging Face tests build (about 50 MB).
+# A few files in torch are written for newer Pythons and do not compile here, as under pip:
+# compile_dir's result is not a verdict on the venv.
+NO_BYTECODE := /(sympy|pandas)/|/transformers/models/(?!(auto|bert|gpt2)/)
 $(VENV)/.test: $(VENV)/.torch pyproject.toml Makefile
-	$(VPY) -m pip install -q -e ".[test]"
-	$(VPY) -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)'
+	$(VPY) -m pip install -q --no-compile -e ".[test]"
+	$(VPY) -c 'import compileall, re, sys, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0, rx=re.compile(sys.argv[1]))' '$(NO_BYTECODE)'
 	@touch $@ $(VENV)/.demo
 
 venv: $(VENV)/.test

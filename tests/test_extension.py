@@ -26,6 +26,30 @@ def test_import_is_light():
     assert out.stdout.strip() == ""
 
 
+def test_loading_imports_only_the_magics():
+    """`%load_ext` registers the magics and nothing else: the core (placement, timing, inventory, memory,
+    cluster...), torch, pynvml and ipywidgets wait for a magic's first use, so loading stays cheap."""
+    code = (
+        "import sys\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "InteractiveShell.instance().run_line_magic('load_ext', 'torchgpu_magic')\n"
+        "ours = {'torchgpu_magic', 'torchgpu_magic.errors'}\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('torchgpu_magic')\n"
+        "                      and m not in ours and not m.startswith('torchgpu_magic.magics'))\n"
+        "               + [m for m in ('torch', 'pynvml', 'ipywidgets', 'psutil') if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_whereis_help_states_the_default_top():
+    from torchgpu_magic.magics.whereis import WhereIsMagics
+    from torchgpu_magic.placement import DEFAULT_TOP
+
+    [top] = [a for a in WhereIsMagics.whereis.parser._actions if a.dest == "top"]
+    assert f"(default {DEFAULT_TOP}:" in top.help
+
+
 def test_load_registers_all_magics(ip):
     assert _ours(ip) == OUR_MAGICS
 

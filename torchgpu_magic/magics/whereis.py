@@ -13,7 +13,6 @@ from IPython.core.error import UsageError
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..placement.namespace import DEFAULT_TOP
 from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
 
 
@@ -45,8 +44,8 @@ class WhereIsMagics(MagicsPart):
     @argument("--sort", choices=("bytes", "name"), default=None,
               help="the table: largest first (data + gradients), or by name; default: namespace order")
     @argument("--top", type=int, default=None, metavar="N",
-              help=f"the table: the first N rows per device, then one line for the rest; 0: all "
-                   f"(default {DEFAULT_TOP})")
+              help="the table: the first N rows per device, then one line for the rest; 0: all "
+                   "(default 100: placement.DEFAULT_TOP, not imported here so that loading stays light)")
     @argument("-o", dest="return_report", action="store_true",
               help="return the report object instead of displaying it")
     @argument("--cluster", nargs="?", const="", default=None, metavar="CLIENT",
@@ -90,7 +89,7 @@ class WhereIsMagics(MagicsPart):
             reports = [placement.describe(name, placement.resolve(name, ns), ns) for name in args.names]
             report = reports[0] if len(reports) == 1 else reports
         else:
-            top = DEFAULT_TOP if args.top is None else (args.top or None)
+            top = placement.DEFAULT_TOP if args.top is None else (args.top or None)
             device = args.device.strip().lower() if args.device is not None else None
             report = placement.namespace_report(ns, device=device, sort=args.sort, top=top)
         if args.return_report:

@@ -42,7 +42,7 @@ def _report_time() -> float:
     """On an engine: seconds to build the %gpuinfo report there."""
     import time
 
-    from torchgpu_magic import inventory
+    from torchgpu_magic.gpus import inventory
 
     start = time.perf_counter()
     inventory.build_report()
@@ -52,7 +52,7 @@ def _report_time() -> float:
 def _warm() -> None:
     import time  # noqa: F401 - the timed cell's module, in the engine's namespace below
 
-    import torchgpu_magic.inventory  # noqa: F401
+    import torchgpu_magic.gpus.inventory  # noqa: F401
     from torchgpu_magic.cluster import remote
 
     remote.namespace()["time"] = __import__("time")

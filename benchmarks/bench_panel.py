@@ -21,7 +21,8 @@ import statistics
 import time
 from typing import Any, Optional
 
-from torchgpu_magic import memory, panel
+from torchgpu_magic import memory
+from torchgpu_magic.memory import panel
 
 
 def _panel(interval: float) -> panel.MemoryPanel:

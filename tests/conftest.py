@@ -93,11 +93,11 @@ def fresh_env(monkeypatch: Any) -> Any:
 @pytest.fixture
 def fake_nvml(monkeypatch: Any) -> Any:
     """Install a scripted pynvml: ``fake_nvml("h100")`` puts the scenario's module (tests/fake_pynvml.py)
-    at ``sys.modules["pynvml"]``, resets torchgpu_magic.nvml, and returns the module; ``fake_nvml(None)``
+    at ``sys.modules["pynvml"]``, resets torchgpu_magic.gpus.nvml, and returns the module; ``fake_nvml(None)``
     makes ``import pynvml`` fail. Both are undone after the test."""
     import fake_pynvml
 
-    from torchgpu_magic import nvml
+    from torchgpu_magic.gpus import nvml
 
     def install(name: Any, edit: Any = None) -> Any:
         module = None if name is None else fake_pynvml.make(name, edit)
@@ -111,7 +111,7 @@ def fake_nvml(monkeypatch: Any) -> Any:
 
 def cuda_view(uuids: Any = (), cuda: str = "12.8", **kw: Any) -> Any:
     """What torch_view() returns on a CUDA build seeing these GPUs (torch prints UUIDs without 'GPU-')."""
-    from torchgpu_magic.gpumap import TorchDevice, TorchView
+    from torchgpu_magic.gpus.gpumap import TorchDevice, TorchView
 
     mib = 1024 * 1024
     devices = [TorchDevice(i, name="gpu", uuid=u, total_memory=80 * 1024 * mib, allocated=0,

@@ -2,7 +2,7 @@
 
 Model: gpustat's ``test_gpustat.py``, which replaces pynvml's functions with scripted ones. Here a
 whole module is built per scenario and put at ``sys.modules["pynvml"]`` (the ``fake_nvml`` fixture in
-conftest.py), so ``torchgpu_magic.nvml`` runs its real code against it. The exception classes and
+conftest.py), so ``torchgpu_magic.gpus.nvml`` runs its real code against it. The exception classes and
 constants are the real pynvml's (``NVMLError`` with ``.value`` and one subclass per error code),
 so the error handling under test is the one that meets a real driver. Any ``nvml*`` function a
 scenario did not script raises ``NVMLError_NotSupported``, like a GPU or driver that lacks it.

@@ -30,7 +30,7 @@ def contexts():
 
 
 def nvml_pids():
-    from torchgpu_magic import nvml
+    from torchgpu_magic.gpus import nvml
     return [i for i in range(nvml.device_count())
             if any(p.pid == os.getpid() for p in nvml.processes(i)[0])]
 '''

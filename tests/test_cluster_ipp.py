@@ -93,7 +93,7 @@ def test_cluster_name_errors(sh, rc):
 
 
 def _install_fake_nvml(tests: str, pids: list, spare: int) -> int:
-    """On an engine: put the scripted NVML (eight A100s) where torchgpu_magic.nvml finds pynvml, with
+    """On an engine: put the scripted NVML (eight A100s) where torchgpu_magic.gpus.nvml finds pynvml, with
     ``pids`` (two engines) on GPU 0 and ``spare`` (the third) on GPU 1."""
     import sys
 
@@ -101,7 +101,7 @@ def _install_fake_nvml(tests: str, pids: list, spare: int) -> int:
         sys.path.insert(0, tests)
     import fake_pynvml
 
-    from torchgpu_magic import nvml
+    from torchgpu_magic.gpus import nvml
 
     def edit(machine):
         machine.gpus[0].compute = [fake_pynvml.FakeProcess(pid, 2048 * fake_pynvml.MiB) for pid in pids]
@@ -116,7 +116,7 @@ def _install_fake_nvml(tests: str, pids: list, spare: int) -> int:
 def _remove_fake_nvml() -> None:
     import sys
 
-    from torchgpu_magic import nvml
+    from torchgpu_magic.gpus import nvml
 
     real = sys.modules.pop("_real_pynvml", None)
     if real is not None:

@@ -10,7 +10,7 @@ from conftest import ROOT, run, run_error
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from torchgpu_magic.inventory import GPUReport
+from torchgpu_magic.gpus.inventory import GPUReport
 
 
 def _has_cuda():
@@ -119,7 +119,7 @@ def test_main_in_process(capsys, fake_nvml):
 
 
 def test_missing_nvml_hint_is_said_once(ip, fake_nvml):
-    from torchgpu_magic import nvml
+    from torchgpu_magic.gpus import nvml
 
     fake_nvml(None)  # `import pynvml` fails, as on a machine without the NVIDIA driver
     hint = nvml.status().hint
@@ -133,7 +133,7 @@ def test_missing_nvml_hint_is_said_once(ip, fake_nvml):
 def test_gpu_used_memory_matches_nvidia_smi_within_one_mib():
     import shutil
 
-    from torchgpu_magic import inventory, nvml
+    from torchgpu_magic.gpus import inventory, nvml
 
     if shutil.which("nvidia-smi") is None:
         pytest.skip("nvidia-smi is not on PATH")

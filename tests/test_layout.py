@@ -89,3 +89,42 @@ def test_no_two_modules_of_a_package_import_each_other():
 
     for module in siblings:
         visit(module, [module])
+
+
+def _package_of(module: str) -> str:
+    """The top-level room of ``module``: ``torchgpu_magic.gpus.nvml`` -> ``gpus``; ``torchgpu_magic.render``
+    -> ``render`` (a loose module is a room of its own)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_no_import_circle_between_packages():
+    """The rooms (``gpus``, ``timing``, ``placement``, ``memory``, ``cluster``, ``magics`` and the loose
+    modules) form no circle either: a reader follows arrows down from the magics and never comes back up.
+    Lazy imports count, since a circle of lazy imports still ties two rooms into one."""
+    edges: dict[str, set[str]] = {}
+    for module, imported in GRAPH.items():
+        if module == "torchgpu_magic":
+            continue
+        here = _package_of(module)
+        edges.setdefault(here, set()).update(
+            _package_of(m) for m in imported
+            if m in GRAPH and m != "torchgpu_magic" and _package_of(m) != here)
+
+    def visit(room: str, path: list[str]) -> None:
+        for nxt in edges.get(room, ()):
+            assert nxt not in path, f"import circle between packages: {' -> '.join(path + [nxt])}"
+            visit(nxt, path + [nxt])
+
+    for room in edges:
+        visit(room, [room])
+
+
+def test_each_magic_has_its_core_in_a_package_named_for_it():
+    """A reader finds ``%gpuinfo``'s work in ``gpus/``, ``%%cudatime``'s in ``timing/``, ``%whereis``'s in
+    ``placement/`` and ``%gpumem``'s in ``memory/``; no core module stands loose at the top but the
+    few every room shares."""
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "devices.py", "errors.py", "render.py"], loose
+    for room in ("gpus", "timing", "placement", "memory", "cluster", "magics"):
+        assert (PACKAGE / room / "__init__.py").exists(), room

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from IPython.lib.pretty import pretty
 
-from torchgpu_magic import memory, nvml
+from torchgpu_magic import memory
+from torchgpu_magic.gpus import nvml
 
 MiB = 1024 * 1024
 H100 = memory.GPUTarget(None, 0, "NVIDIA H100 80GB HBM3")
@@ -99,7 +100,7 @@ def test_figures_agree_with_torch_and_nvml_on_a_real_gpu():
 
     import torch
 
-    from torchgpu_magic import inventory
+    from torchgpu_magic.gpus import inventory
 
     mapping = inventory.gpu_map()[0]
     target = memory.GPUTarget(mapping.torch_index, mapping.nvml_index, mapping.name)
@@ -125,7 +126,7 @@ def test_gpu_one_gib_tensor_figures_and_the_context_on_top():
     from fresh_process import run_fresh
 
     done = run_fresh(
-        "from torchgpu_magic import gpumap, memory\n"
+        "from torchgpu_magic import memory\nfrom torchgpu_magic.gpus import gpumap\n"
         "x = torch.empty(2**30, dtype=torch.uint8, device='cuda')\ntorch.cuda.synchronize()\n"
         "m = gpumap.gpu_map()[0]\n"
         "target = memory.GPUTarget(m.torch_index, m.nvml_index, '', m.mig)\n"

@@ -12,9 +12,10 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import torchgpu_magic
-from torchgpu_magic import memory, panel
+from torchgpu_magic import memory
 from torchgpu_magic.magics import instance
 from torchgpu_magic.magics.gpumem import GPUMemMagics
+from torchgpu_magic.memory import panel
 
 MiB = 1024 * 1024
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from torchgpu_magic.errors import MagicInputError
-from torchgpu_magic.placement import modules, namespace
-from torchgpu_magic.placement.common import _sep
+from torchgpu_magic.placement import modules, table
+from torchgpu_magic.placement.text import _sep
 
 
 class Net(torch.nn.Module):
@@ -63,7 +63,7 @@ def test_module_report_never_runs_forward_or_moves():
     m = Boom(2, 2)
     ptr = m.weight.data_ptr()
     modules.module_report("m", m)
-    namespace.namespace_report({"m": m})
+    table.namespace_report({"m": m})
     assert m.weight.data_ptr() == ptr
 
 

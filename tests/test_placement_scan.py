@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchgpu_magic.placement import namespace, scan
+from torchgpu_magic.placement import scan, table
 
 # ---- namespace_snapshot / changed ---------------------------------------------------------------------
 
@@ -123,7 +123,7 @@ def test_table_groups_by_device_and_counts_shared_storage_once():
     other = torch.nn.Linear(4, 4, bias=False)
     other.weight = tied.weight  # tied weights
     ns = {"base": base, "view": base[10:20], "tied": tied, "other": other, "m": torch.ones(8, device="meta")}
-    report = namespace.namespace_report(ns)
+    report = table.namespace_report(ns)
     assert report.totals["cpu"] == 1024 + 64
     rows = {r.name: r for r in report.rows}
     assert rows["view"].note == "shares storage with base" and rows["view"].nbytes == 40
@@ -138,7 +138,7 @@ def test_table_looks_into_containers_and_shows_pinned_and_grad():
     w = torch.ones(2, requires_grad=True)
     ns = {"batch": (torch.ones(3), torch.ones(2, dtype=torch.int64)), "params": {"w": w},
           "deep": [[torch.ones(1)]]}
-    rows = {r.name: r for r in namespace.namespace_report(ns).rows}
+    rows = {r.name: r for r in table.namespace_report(ns).rows}
     assert set(rows) == {"batch[0]", "batch[1]", "params['w']", "deep[0][0]"}
     assert rows["batch[1]"].dtype == "int64"
     assert rows["params['w']"].grad == "yes" and rows["batch[0]"].pinned == "no"
@@ -151,7 +151,7 @@ def test_out_cache_only_objects_are_marked_with_their_memory():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     ns = {"kept": kept, "Out": {3: kept, 4: only_out, 5: view_of_kept, 6: model[0], 7: model[0].weight},
           "_": view_of_kept, "_4": only_out, "model": model}
-    report = namespace.namespace_report(ns)
+    report = table.namespace_report(ns)
     rows = {r.name: r for r in report.rows}
     assert "Out[3]" not in rows  # also bound to a user name
     assert rows["Out[4]"].note == "only in Out"
@@ -163,7 +163,7 @@ def test_out_cache_only_objects_are_marked_with_their_memory():
 def test_split_module_flagged_in_table():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     model[1].to("meta")
-    rows = [r for r in namespace.namespace_report({"model": model}).rows if r.name == "model"]
+    rows = [r for r in table.namespace_report({"model": model}).rows if r.name == "model"]
     assert {r.device for r in rows} == {"cpu", "meta"}
     assert all("split across cpu, meta" in r.note for r in rows)
 
@@ -173,5 +173,5 @@ def test_table_shows_its_text_in_ipythons_plain_text_formatter():
     generated __repr__ must not win over the report's _repr_pretty_."""
     from IPython.core.formatters import PlainTextFormatter
 
-    report = namespace.namespace_report({"model": torch.nn.Linear(3, 2), "x": torch.ones(3)})
+    report = table.namespace_report({"model": torch.nn.Linear(3, 2), "x": torch.ones(3)})
     assert PlainTextFormatter()(report) == report.to_text()

@@ -9,8 +9,9 @@ import time
 import fake_pynvml
 import pytest
 
-from torchgpu_magic import memory, nvml
+from torchgpu_magic import memory
 from torchgpu_magic.errors import MagicInputError
+from torchgpu_magic.gpus import nvml
 from torchgpu_magic.memory import sampler as sampler_module
 
 MiB = 1024 * 1024

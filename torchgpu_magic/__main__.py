@@ -19,7 +19,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
 
-    from .inventory import build_report
+    from .gpus.inventory import build_report
 
     try:
         report = build_report(index=args.index, show_processes=not args.no_processes)

@@ -56,7 +56,8 @@ def gpuinfo(show_processes: bool = True) -> dict:
     PID uses (from NVML's process lists), torch's current CUDA device, the local-rank variables."""
     import torch
 
-    from .. import __version__, inventory
+    from .. import __version__
+    from ..gpus import inventory
 
     report = inventory.build_report(show_processes=True)
     pid = os.getpid()
@@ -118,7 +119,8 @@ def memory_sample(peaks: bool = False) -> dict:
     """One memory sample of this engine: ``MemorySnapshot.to_dict()`` over the GPUs torch uses here
     (all NVML sees when CUDA is not initialised); with ``peaks``, also :func:`cell_peaks` (which resets
     them) under ``'cell_peaks'``, so that a tick after a notebook cell is still one call per engine."""
-    from .. import inventory, memory, nvml
+    from .. import memory
+    from ..gpus import inventory, nvml
 
     targets = []
     if memory.cuda_state() == "initialised":

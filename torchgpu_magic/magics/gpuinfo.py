@@ -11,7 +11,7 @@ from .base import MagicsPart, parse_args, usage_errors
 
 @magics_class
 class GPUInfoMagics(MagicsPart):
-    """``%gpuinfo``: a report built by :mod:`torchgpu_magic.inventory`; the magic only parses and shows."""
+    """``%gpuinfo``: a report built by :mod:`torchgpu_magic.gpus.inventory`; the magic parses and shows."""
 
     @magic_arguments()
     @argument("-i", "--index", type=int, default=None,
@@ -33,7 +33,7 @@ class GPUInfoMagics(MagicsPart):
         if args.cluster is not None:
             report = self._cluster(args)
         else:
-            from ..inventory import build_report
+            from ..gpus.inventory import build_report
 
             report = build_report(index=args.index, show_processes=not args.no_processes)
         if args.json:

@@ -33,7 +33,7 @@ def shows_widgets(shell: Any) -> bool:
 @magics_class
 class GPUMemMagics(MagicsPart):
     """``%gpumem``: a :class:`~torchgpu_magic.memory.CellLog` fed by the cell events while it runs, shown
-    either by one :class:`~torchgpu_magic.panel.MemoryPanel` per kernel (over one
+    either by one :class:`~torchgpu_magic.memory.panel.MemoryPanel` per kernel (over one
     :class:`~torchgpu_magic.memory.Sampler`) or, in text mode, by one printed line per cell."""
 
     def __init__(self, shell: Any, owner: TorchGPUMagics) -> None:
@@ -134,7 +134,7 @@ class GPUMemMagics(MagicsPart):
 
     def records(self) -> Any:
         """A copy of the per-cell records of the running (or last) ``%gpumem``; empty before one ran."""
-        from ..records import CellRecords
+        from ..memory.records import CellRecords
 
         log = self._cells
         if log is not None:
@@ -167,7 +167,8 @@ class GPUMemMagics(MagicsPart):
 
     def _start_panel(self, interval: Optional[float], refresh: Optional[str], cells: Optional[str]) -> Any:
         """The running panel (made and started on first use) with the options applied."""
-        from .. import memory, panel
+        from .. import memory
+        from ..memory import panel
 
         self._add_closer()
         if self._text:
@@ -211,7 +212,8 @@ class GPUMemMagics(MagicsPart):
         gpu_map asks torch under ``warnings.catch_warnings``, which is process-wide."""
         import os
 
-        from .. import inventory, memory, nvml
+        from .. import memory
+        from ..gpus import inventory, nvml
 
         state = memory.cuda_state()
         self._targets_state = state
@@ -278,7 +280,7 @@ class GPUMemMagics(MagicsPart):
             if not args.output:
                 display(first)
             return first if args.output else None
-        from .. import panel
+        from ..memory import panel
 
         view = panel.ClusterPanel(first._repr_html_())
         sampler.on_update = view.update

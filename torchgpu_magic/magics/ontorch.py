@@ -183,7 +183,8 @@ class OnTorchMagics(MagicsPart):
 
     def _targets(self, move: Optional[str]) -> list:
         """Validate --move NAME[,NAME...] against the namespace: [(name, kind)]; nothing moves here."""
-        from .. import devices, moves
+        from .. import devices
+        from ..placement import moves
 
         if move is None:
             return []
@@ -206,9 +207,10 @@ class OnTorchMagics(MagicsPart):
         return targets
 
     def _move(self, targets: list, device: Any, discard_data: bool) -> list:
-        """Move the validated targets, all or nothing (:func:`torchgpu_magic.moves.move`), and bind the
-        new objects; [(name, kind, bytes)]. A refusal or failure raises MagicInputError, nothing moved."""
-        from .. import moves
+        """Move the validated targets, all or nothing (:func:`torchgpu_magic.placement.moves.move`), and
+        bind the new objects; [(name, kind, bytes)]. A refusal or failure raises MagicInputError, nothing
+        moved."""
+        from ..placement import moves
 
         if not targets:
             return []

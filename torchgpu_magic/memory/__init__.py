@@ -1,5 +1,7 @@
-"""Per-process memory for ``%gpumem``: the figures (:mod:`.figures`) and the thread and per-cell log that
-take them (:mod:`.sampler`). Every public name of both is here, where the magic and the panel use them.
+"""Per-process memory for ``%gpumem``: the figures (:mod:`.figures`), the thread and per-cell log that
+take them (:mod:`.sampler`), the per-cell records they keep (:mod:`.records`) and the ipywidgets view over
+them (:mod:`.panel`). The public names of the first three are here; the panel, the package's only importer
+of ipywidgets, is imported by name (``from torchgpu_magic.memory import panel``) where a panel is shown.
 """
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ about, so a :class:`GPUMemory` carries all of them and derives the gaps:
 Nothing here initialises CUDA: torch is only asked when it is already imported and CUDA already
 initialised in this process (a sampler must not create a CUDA context just to look; the sampler thread
 and the per-cell log that take these figures are :mod:`torchgpu_magic.memory.sampler`). NVML goes
-through :mod:`torchgpu_magic.nvml`, which answers NA instead of raising. psutil and torch are imported
+through :mod:`torchgpu_magic.gpus.nvml`, which answers NA instead of raising. psutil and torch are imported
 lazily.
 
-Standard library plus psutil; no IPython, no ipywidgets (the view is :mod:`torchgpu_magic.panel`).
+Standard library plus psutil; no IPython, no ipywidgets (the view is :mod:`torchgpu_magic.memory.panel`).
 """
 from __future__ import annotations
 
@@ -372,7 +372,7 @@ def _nvml_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -> 
     ``mig_uuid``; NA/None where it cannot say. When NVML lists processes, not this one, and PIDs that do
     not exist here (a container: NVML gives the host's PIDs), this process's share and the others' are
     unknown (None), not 0 and everything."""
-    from .. import nvml
+    from ..gpus import nvml
 
     problems = []
     try:
@@ -431,7 +431,7 @@ def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySn
     nvml_ok = False
     if any(t.nvml_index is not None for t in targets):
         try:
-            from .. import nvml
+            from ..gpus import nvml
 
             problem = nvml.status()
         except Exception as exc:  # noqa: BLE001

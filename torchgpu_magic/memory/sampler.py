@@ -6,7 +6,7 @@ keeps the peaks and a bounded history; the cell log records what each cell did t
 IPython's pre- and post-run events. Both read the figures of :mod:`torchgpu_magic.memory.figures`
 and, like them, never initialise CUDA.
 
-Standard library only; no IPython, no ipywidgets (the view is :mod:`torchgpu_magic.panel`).
+Standard library only; no IPython, no ipywidgets (the view is :mod:`torchgpu_magic.memory.panel`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import MagicInputError
-from ..records import DEFAULT_KEEP, CellGPU, CellRecord, CellRecords
 from ..render import is_na
 from .figures import (
     GPUTarget,
@@ -30,6 +29,7 @@ from .figures import (
     initialised_cuda,
     reset_peak_rss,
 )
+from .records import DEFAULT_KEEP, CellGPU, CellRecord, CellRecords
 
 MIN_INTERVAL = 0.05
 MAX_INTERVAL = 60.0
@@ -75,7 +75,7 @@ def _first_line(source: str) -> str:
 
 class CellLog:
     """Per-cell memory accounting: :meth:`start` before a cell, :meth:`finish` after it; the
-    :class:`~torchgpu_magic.records.CellRecords` of the last ``keep`` cells are :attr:`records`.
+    :class:`~torchgpu_magic.memory.records.CellRecords` of the last ``keep`` cells are :attr:`records`.
 
     Before a cell it resets torch's peak counter (``reset_peak_memory_stats``, CUDA already initialised
     only) and the kernel's peak-RSS mark, so the peaks afterwards are this cell's own. Cheap on purpose

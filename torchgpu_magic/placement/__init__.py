@@ -1,34 +1,30 @@
-"""Where tensors, modules and optimizers live: the core of ``%whereis`` and the mixed-device diagnosis.
+"""Where tensors, modules and optimizers live: the core of ``%whereis``, the mixed-device diagnosis and
+``%%ontorch --move``.
 
-Split by concern, each module importing only ``common`` (the shared facts and helpers):
+Split by concern:
 
+- ``accounting``: the one account of an object's tensors (kind, devices, dtypes, bytes, storages counted
+  once) that every view below reads;
+- ``walk``: the bounded walk over a namespace, and static attribute lookup;
+- ``offload``: where accelerate keeps offloaded weights, and where the forward runs;
+- ``text``: the formatting helpers the reports share;
 - ``scan``: the namespace snapshot (``--watch``, ``%%ontorch``'s footer);
-- ``namespace``: the ``%whereis`` table (names, containers and user objects walked, gradients counted);
+- ``table``: the ``%whereis`` table (names, containers and user objects walked, gradients counted);
 - ``modules``: ``%whereis NAME`` for one tensor, module or optimizer, and the ``--repr`` line;
 - ``names``: resolving that NAME without evaluating code;
-- ``diagnosis``: recognising a device-mismatch error and naming what it involved.
+- ``diagnosis``: recognising a device-mismatch error and naming what it involved;
+- ``moves``: ``%%ontorch --move``, all or nothing (the one module here that changes objects, on request).
 
-Nothing here moves a tensor, runs ``forward`` or evaluates user code: objects are only inspected
-(devices, dtypes, shapes, storage sizes). Nothing here keeps a user object alive either: snapshots and
-reports hold names, strings, numbers and ``id()`` values, never the objects, so a report can be kept
-around without pinning GPU memory. torch is imported lazily, on first use.
+Apart from ``moves``, nothing here moves a tensor, runs ``forward`` or evaluates user code: objects are
+only inspected (devices, dtypes, shapes, storage sizes). Nothing here keeps a user object alive either:
+snapshots and reports hold names, strings, numbers and ``id()`` values, never the objects, so a report can
+be kept around without pinning GPU memory. torch is imported lazily, on first use.
 
 The public names are re-exported here, so callers keep writing ``placement.namespace_report(ns)``.
 """
 from __future__ import annotations
 
-from .common import (
-    IPYTHON_NAMES,
-    device_str,
-    devices_of,
-    dtype_str,
-    fmt_count,
-    is_floating,
-    kind_of,
-    shape_str,
-    storage_key,
-    tensor_nbytes,
-)
+from .accounting import device_str, devices_of, dtype_str, is_floating, kind_of, storage_key, tensor_nbytes
 from .diagnosis import Culprit, Diagnosis, diagnose, mismatch_devices
 from .modules import (
     MAX_MODULE_ROWS,
@@ -43,8 +39,10 @@ from .modules import (
     tensor_line,
 )
 from .names import resolve
-from .namespace import DEFAULT_TOP, NamespaceReport, Row, namespace_report
 from .scan import SNAPSHOT_CONTAINER_LIMIT, Placed, SnapshotCache, changed, namespace_snapshot, watch_line
+from .table import DEFAULT_TOP, NamespaceReport, Row, namespace_report
+from .text import fmt_count, shape_str
+from .walk import IPYTHON_NAMES
 
 __all__ = [
     "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "SNAPSHOT_CONTAINER_LIMIT", "Culprit", "Diagnosis",

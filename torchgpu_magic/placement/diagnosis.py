@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .common import _static_attr, device_str, devices_of, dtype_str, kind_of, shape_str
+from .accounting import device_str, devices_of, dtype_str, kind_of
+from .text import shape_str
+from .walk import _static_attr
 
 _D = r"([a-z]+(?::\d+)?)"  # a device as torch prints it: cpu, cuda:0, mps:0, meta, xla:0
 _T = r"([\w:.\[\]]+)"  # a legacy type string: torch.cuda.FloatTensor, Variable[...], MPSFloatType, float

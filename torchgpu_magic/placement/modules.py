@@ -9,28 +9,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .common import (
+from .accounting import (
     _DEVICE_STR,
-    _device_order,
-    _grad_state,
-    _join,
     _pinned,
-    _placeables,
-    _sep,
     _torch,
     device_str,
     devices_of,
     dtype_str,
-    execution_device,
-    fmt_count,
     is_floating,
     kind_of,
     module_totals,
-    offload_place,
-    shape_str,
     storage_key,
     tensor_nbytes,
 )
+from .offload import execution_device, offload_place
+from .text import _device_order, _grad_state, _join, _sep, fmt_count, shape_str
+from .walk import _placeables
 
 
 @dataclass(repr=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .common import _placeables, _static_attr
+from .walk import _placeables, _static_attr
 
 _INDEXABLE = ("ModuleList", "Sequential", "ModuleDict", "ParameterList", "ParameterDict")
 

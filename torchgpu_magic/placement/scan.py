@@ -12,22 +12,19 @@ from itertools import compress
 from operator import ne
 from typing import Any, Mapping, Optional
 
-from .common import (
-    IPYTHON_NAMES,
-    _container_items,
+from .accounting import (
     _module_tensors,
     _optimizer_tensors,
-    _sep,
     device_str,
     devices_of,
     dtype_str,
-    fmt_count,
     kind_of,
     module_totals,
-    shape_str,
     storage_key,
     tensor_nbytes,
 )
+from .text import _sep, fmt_count, shape_str
+from .walk import IPYTHON_NAMES, _container_items
 
 # Containers looked into (one level deep) by the per-cell snapshot only when this small, so a list of a
 # million floats in the namespace never slows every cell down; the full %whereis table looks into all.

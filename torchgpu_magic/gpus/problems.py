@@ -1,6 +1,6 @@
 """Why NVML could not answer, and what a person can do about it: :class:`NVMLProblem` and the mapping
 from pynvml's exception classes to a short code and a hint (model: nvitop's ``nvmlQuery``). Standard
-library only; :mod:`torchgpu_magic.nvml` uses it and re-exports its names.
+library only; :mod:`torchgpu_magic.gpus.nvml` uses it and re-exports its names.
 """
 from __future__ import annotations
 

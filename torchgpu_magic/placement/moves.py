@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from .errors import MagicInputError
+from ..errors import MagicInputError
 
 DISCARD_FLAG = "--discard-data"
 """The option of ``%%ontorch`` that allows a move to meta (shown in the refusal)."""

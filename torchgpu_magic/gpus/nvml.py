@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .nvml_problems import HINTS, NVMLProblem, problem_from_error
+from .problems import HINTS, NVMLProblem, problem_from_error
 
 __all__ = [
     "NA",

@@ -8,7 +8,7 @@ the cases torch says neither and for the GPUs torch will see before CUDA is init
 
 torch is asked through :func:`torch_view`, which touches CUDA only when torch is a CUDA build and
 ``torch.cuda.is_available()`` is True; tests may hand :func:`gpu_map` a :class:`TorchView` of their own.
-Used by %gpuinfo's report (:mod:`torchgpu_magic.inventory`) and by %gpumem to pick the GPUs to watch.
+Used by %gpuinfo's report (:mod:`torchgpu_magic.gpus.inventory`) and by %gpumem to pick the GPUs to watch.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..render import is_na
 from . import nvml
 from .nvml import NA
-from .render import is_na
 
 __all__ = [
     "TorchDevice",

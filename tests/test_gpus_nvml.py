@@ -7,8 +7,8 @@ import fake_pynvml
 import pynvml
 import pytest
 
-from torchgpu_magic import nvml
-from torchgpu_magic.nvml import NA
+from torchgpu_magic.gpus import nvml
+from torchgpu_magic.gpus.nvml import NA
 from torchgpu_magic.render import fmt_bytes, is_na
 
 MiB = 1024 * 1024

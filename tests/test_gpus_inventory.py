@@ -12,9 +12,9 @@ import fake_pynvml
 import pytest
 from conftest import bare, cuda_view
 
-from torchgpu_magic import inventory as inv
-from torchgpu_magic import nvml
 from torchgpu_magic.errors import MagicInputError
+from torchgpu_magic.gpus import inventory as inv
+from torchgpu_magic.gpus import nvml
 
 MiB = 1024 * 1024
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchgpu_magic import moves
 from torchgpu_magic.errors import MagicInputError
+from torchgpu_magic.placement import moves
 
 META = torch.device("meta")
 

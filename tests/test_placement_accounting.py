@@ -1,19 +1,19 @@
-"""placement/common.py: the per-object facts the other placement modules share."""
+"""placement/accounting.py: the per-object facts every placement view reads."""
 from __future__ import annotations
 
 import torch
 
-from torchgpu_magic.placement import common
+from torchgpu_magic.placement import accounting
 
 
 def test_devices_of():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     model[1].to("meta")
-    assert common.devices_of(model) == ("cpu", "meta")
-    assert common.devices_of(torch.ones(1, device="meta")) == ("meta",)
-    assert common.devices_of(3) == ()
+    assert accounting.devices_of(model) == ("cpu", "meta")
+    assert accounting.devices_of(torch.ones(1, device="meta")) == ("meta",)
+    assert accounting.devices_of(3) == ()
     opt = torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
-    assert common.devices_of(opt) == ("cpu",)
+    assert accounting.devices_of(opt) == ("cpu",)
 
 
 class _NeverAsk:
@@ -25,12 +25,12 @@ class _NeverAsk:
 
 def test_pinned_is_no_without_a_cuda_context_and_never_asks_torch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    assert common._pinned(_NeverAsk(), "cpu") == "no"
+    assert accounting._pinned(_NeverAsk(), "cpu") == "no"
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # initialised, but no context yet
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda index: False, raising=False)
-    assert common._pinned(_NeverAsk(), "cpu") == "no"
-    assert common._pinned(_NeverAsk(), "cuda:0") == "-"
+    assert accounting._pinned(_NeverAsk(), "cpu") == "no"
+    assert accounting._pinned(_NeverAsk(), "cuda:0") == "-"
 
 
 def test_pinned_asks_torch_once_a_gpu_has_a_context(monkeypatch):
@@ -42,4 +42,4 @@ def test_pinned_asks_torch_once_a_gpu_has_a_context(monkeypatch):
         def is_pinned(self):
             return True
 
-    assert common._pinned(Pinned(), "cpu") == "yes"
+    assert accounting._pinned(Pinned(), "cpu") == "yes"

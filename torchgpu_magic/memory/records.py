@@ -17,7 +17,7 @@ import html
 import time
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
-from .render import Table, fmt_bytes, fmt_seconds, html_lines
+from ..render import Table, fmt_bytes, fmt_seconds, html_lines
 
 DEFAULT_KEEP = 10_000
 _GPU_FIELDS = ("delta", "peak", "nvml_delta")

@@ -6,7 +6,7 @@ import sys
 import pytest
 from IPython.core.formatters import PlainTextFormatter
 
-from torchgpu_magic.records import CellGPU, CellRecord, CellRecords
+from torchgpu_magic.memory.records import CellGPU, CellRecord, CellRecords
 
 MiB = 1024 * 1024
 

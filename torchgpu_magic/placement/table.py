@@ -9,26 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional
 
-from .common import (
-    Walk,
-    _container_items,
-    _device_order,
-    _grad_state,
-    _join,
+from .accounting import (
     _module_tensors,
     _optimizer_tensors,
     _pinned,
     device_str,
     dtype_str,
-    fmt_count,
     grad_of,
     is_floating,
     kind_of,
-    offload_map,
-    shape_str,
     storage_key,
     tensor_nbytes,
 )
+from .offload import offload_map
+from .text import _device_order, _grad_state, _join, fmt_count, shape_str
+from .walk import Walk, _container_items
 
 # Rows shown per device when no --top is given: a namespace of a few hundred objects shows whole, one
 # of 10,000 tensors shows its first rows and one line for the rest.

@@ -20,8 +20,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import ipywidgets as widgets
 
-from . import memory
-from .render import fmt_bytes, fmt_seconds, is_na
+from ..render import fmt_bytes, fmt_seconds, is_na
+from .figures import MemorySnapshot, empty_cache
+from .records import CellRecord
+from .sampler import Sampler
 
 # Colours of the bar's parts (also used by the legend), readable on light and dark themes.
 COLOURS = {
@@ -89,7 +91,7 @@ class MemoryPanel:
     ``on_close`` is called once when the panel closes (the magic uses it to unhook its cell events).
     """
 
-    def __init__(self, sampler: memory.Sampler, on_close: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, sampler: Sampler, on_close: Optional[Callable[[], None]] = None) -> None:
         self.sampler = sampler
         self._on_close = on_close
         self._lock = threading.Lock()
@@ -152,7 +154,7 @@ class MemoryPanel:
         return f"%gpumem {'closed' if self._closed else 'live'} panel{figures}"
 
     # ---- updates (any thread) ---------------------------------------------------------------------
-    def update(self, snapshot: memory.MemorySnapshot) -> None:
+    def update(self, snapshot: MemorySnapshot) -> None:
         """Show ``snapshot``: sets trait values only, one batched message per widget."""
         history = self.sampler.history
         title = self._title_html(snapshot)
@@ -218,7 +220,7 @@ class MemoryPanel:
         from a background thread); draws the last figures again while paused."""
         self._refresh()
 
-    def _title_html(self, snapshot: memory.MemorySnapshot) -> str:
+    def _title_html(self, snapshot: MemorySnapshot) -> str:
         state = "paused" if self.sampler.paused else f"every {fmt_seconds(self.sampler.interval)}"
         stamp = time.strftime("%H:%M:%S", time.localtime(snapshot.wall_time))
         return (f'<div style="{_BOX}"><b>Memory</b> <span style="opacity:.7">· this process · '
@@ -227,7 +229,7 @@ class MemoryPanel:
     # ---- buttons (kernel thread) ------------------------------------------------------------------
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache()`` (when CUDA is initialised) and show the result at once."""
-        memory.empty_cache()
+        empty_cache()
         self._refresh()
 
     def reset_peak(self) -> None:
@@ -330,13 +332,13 @@ def sparkline(series: Sequence[tuple], scale: Optional[float] = None, width: int
             f'{"".join(drawn)}</svg>')
 
 
-def _span_text(history: Sequence[memory.MemorySnapshot]) -> str:
+def _span_text(history: Sequence[MemorySnapshot]) -> str:
     if len(history) < 2:
         return ""
     return f'<span style="opacity:.7"> last {fmt_seconds(history[-1].time - history[0].time)}</span>'
 
 
-def _host_html(snapshot: memory.MemorySnapshot, history: Sequence[memory.MemorySnapshot]) -> str:
+def _host_html(snapshot: MemorySnapshot, history: Sequence[MemorySnapshot]) -> str:
     h = snapshot.host
     if h is None:
         return f'<div style="{_BOX}"><b>Host</b> memory figures unavailable (psutil cannot read them)</div>'
@@ -352,7 +354,7 @@ def _host_html(snapshot: memory.MemorySnapshot, history: Sequence[memory.MemoryS
     )
 
 
-def _gpus_html(snapshot: memory.MemorySnapshot, history: Sequence[memory.MemorySnapshot]) -> str:
+def _gpus_html(snapshot: MemorySnapshot, history: Sequence[MemorySnapshot]) -> str:
     if not snapshot.gpus:
         return (f'<div style="{_BOX};margin-top:4px" class="tgm-nogpu"><b>no GPU: host memory only</b>'
                 '<span style="opacity:.7"> (torch sees no CUDA GPU here)</span></div>')
@@ -388,7 +390,7 @@ def _gpus_html(snapshot: memory.MemorySnapshot, history: Sequence[memory.MemoryS
     return "".join(blocks)
 
 
-def _cells_html(records: Sequence[memory.CellRecord], on: bool, has_gpu: bool) -> str:
+def _cells_html(records: Sequence[CellRecord], on: bool, has_gpu: bool) -> str:
     if not on:
         return (f'<div style="{_BOX};margin-top:6px;opacity:.7">per-cell accounting is off '
                 '(<code>%gpumem --cells on</code>)</div>')
@@ -420,7 +422,7 @@ def _cells_html(records: Sequence[memory.CellRecord], on: bool, has_gpu: bool) -
             f'<thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
 
 
-def _status_html(snapshot: memory.MemorySnapshot, last_error: Optional[str]) -> str:
+def _status_html(snapshot: MemorySnapshot, last_error: Optional[str]) -> str:
     lines = [line for line in snapshot.notes() if line != "no GPU: host memory only"]
     if last_error:
         lines.append(f"panel update failed: {last_error}")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from conftest import bare, cuda_view
 
-from torchgpu_magic import gpumap, nvml
-from torchgpu_magic.nvml import NA
+from torchgpu_magic.gpus import gpumap, nvml
+from torchgpu_magic.gpus.nvml import NA
 
 MiB = 1024 * 1024
 
@@ -187,7 +187,7 @@ def test_torch_view_captures_driver_warning(monkeypatch):
 def test_torch_failing_in_a_forked_child_becomes_notes_not_a_traceback(monkeypatch, fake_nvml, fresh_env):
     import torch
 
-    from torchgpu_magic import inventory
+    from torchgpu_magic.gpus import inventory
 
     def forked(*args):
         raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with "

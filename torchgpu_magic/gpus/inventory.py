@@ -1,11 +1,11 @@
 """``%gpuinfo``'s report: torch's view, NVML's view and the environment, matched GPU by GPU.
 
 Each GPU NVML sees is one entry, with torch's ``cuda:N`` beside it where torch sees it: the matching by
-UUID (or PCI bus id) under ``CUDA_VISIBLE_DEVICES`` is :mod:`torchgpu_magic.gpumap`'s, whose names this
+UUID (or PCI bus id) under ``CUDA_VISIBLE_DEVICES`` is :mod:`torchgpu_magic.gpus.gpumap`'s, whose names this
 module hands on for its callers. When torch cannot use a GPU the report says why, naming the actual cause
 and the fix.
 
-tests may hand :func:`build_report` a ``view_fn`` returning a :class:`~torchgpu_magic.gpumap.TorchView`
+tests may hand :func:`build_report` a ``view_fn`` returning a :class:`~torchgpu_magic.gpus.gpumap.TorchView`
 of their own, as torch would describe a GPU machine.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ import re
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Callable, Optional
 
+from ..errors import MagicInputError
+from ..render import Table, fmt_bytes, fmt_value, html_lines, is_na
 from . import nvml
-from .errors import MagicInputError
 from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, parse_cuda_visible_devices, torch_view
 from .nvml import NA
-from .render import Table, fmt_bytes, fmt_value, html_lines, is_na
 
 __all__ = [
     "TorchDevice",

@@ -1,0 +1,10 @@
+"""``%gpuinfo``'s core: which GPUs there are and whether torch can use them.
+
+- ``nvml``: the only importer of pynvml (lazy init under a lock, NA for what a GPU cannot say);
+- ``problems``: NVML's errors as short codes with a hint a person can act on;
+- ``gpumap``: torch's view of its GPUs, matched to NVML's by UUID under ``CUDA_VISIBLE_DEVICES``;
+- ``inventory``: the report, and the diagnosis of why torch cannot use a GPU.
+
+Importing this package imports none of them: callers name the module they need
+(``from torchgpu_magic.gpus import nvml``), so that ``%gpumem`` does not pay for the report's code.
+"""

@@ -1,0 +1,65 @@
+"""accelerate's offloading, read without running hooks: where the weights of a module dispatched with
+``dispatch_model`` / ``cpu_offload`` really are (cpu, disk) while its own tensors are on meta, and the device
+its forward runs on. A model without accelerate's hooks costs one dict lookup per module.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .accounting import device_str
+
+
+def _hooks(module: Any) -> list:
+    """The accelerate hooks on ``module`` (its ``_hf_hook``, a SequentialHook's parts), read from the
+    instance dict so that a module without one costs a dict lookup and no ``__getattr__`` miss."""
+    hook = module.__dict__.get("_hf_hook")
+    if hook is None:
+        return []
+    return list(getattr(hook, "hooks", None) or [hook])
+
+
+def offload_place(module: Any, name: str) -> Optional[str]:
+    """Where accelerate keeps the weights of ``module.<name>`` when they are offloaded (the module's
+    own tensor is then on meta and the hook loads the weights for each forward): 'cpu' (a state dict
+    in memory) or 'disk' (an offload folder); None when the module's hook does not offload."""
+    for hook in _hooks(module):
+        if not getattr(hook, "offload", False):
+            continue
+        weights = getattr(hook, "weights_map", None)
+        data = getattr(weights, "dataset", weights)
+        key = getattr(weights, "prefix", "") + name
+        if isinstance(data, dict):
+            return "cpu"
+        in_memory = getattr(data, "state_dict", None)
+        if isinstance(in_memory, dict) and key in in_memory:
+            return "cpu"
+        index = getattr(data, "index", None)
+        if isinstance(index, dict) and key in index:
+            return "disk"
+        return "cpu"
+    return None
+
+
+def offload_map(module: Any) -> dict:
+    """{id(tensor): 'cpu' | 'disk'} for the meta tensors of ``module``'s tree that stand in for weights
+    accelerate offloads; empty (one dict lookup per module) for a model without hooks."""
+    found: dict = {}
+    for mod in module.modules():
+        if "_hf_hook" not in mod.__dict__:
+            continue
+        for table in (mod._parameters, mod._buffers):
+            for name, tensor in table.items():
+                if tensor is not None and tensor.is_meta:
+                    place = offload_place(mod, name)
+                    if place is not None:
+                        found[id(tensor)] = place
+    return found
+
+
+def execution_device(module: Any) -> Optional[str]:
+    """The device accelerate runs ``module``'s forward on (its hook's execution device), or None."""
+    for hook in _hooks(module):
+        device = getattr(hook, "execution_device", None)
+        if device is not None:
+            return device_str(device) if not isinstance(device, int) else f"cuda:{device}"
+    return None

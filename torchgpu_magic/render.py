@@ -91,6 +91,26 @@ def fmt_percent(fraction: Any) -> str:
     return f"{'-' if value < 0 else ''}{_sig3(abs(value))} %"
 
 
+_SI_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def fmt_si(value: Any, unit: str) -> str:
+    """A rate or count in decimal SI units with three significant figures, never scaled below the unit:
+    612 TFLOP/s, 3.35 TB/s, 1.50 GFLOP, 0.33 FLOP/B."""
+    if is_na(value):
+        return "N/A"
+    number = float(value)
+    sign = "-" if number < 0 else ""
+    number = abs(number)
+    prefix = _SI_PREFIXES[0]
+    for prefix in _SI_PREFIXES:
+        if number < 999.5 or prefix == _SI_PREFIXES[-1]:
+            break
+        number /= 1000
+    shown = f"{number:.0f}" if not prefix and number.is_integer() else _sig3(number)
+    return f"{sign}{shown} {prefix}{unit}"
+
+
 def fmt_value(value: Any, unit: str = "") -> str:
     """Any scalar for a table cell: N/A for missing values, the unit appended otherwise."""
     if is_na(value):

@@ -11,7 +11,7 @@ from statistics import median
 from typing import Any, Sequence
 
 from ..render import Table, fmt_seconds, html_lines
-from ..timing import KernelRow, TimingComparison, TimingResult
+from ..timing import KernelRow, Roofline, TimingComparison, TimingResult
 
 STRAGGLER = 1.10
 """An engine whose median is this many times the cluster's median (or more) is a straggler: in a
@@ -24,6 +24,8 @@ def result_of(data: dict) -> TimingResult:
     fields["ci95"] = tuple(fields.get("ci95") or (None, None))
     if fields.get("kernels") is not None:
         fields["kernels"] = [KernelRow(**row) for row in fields["kernels"]]
+    if fields.get("roofline") is not None:
+        fields["roofline"] = Roofline.from_dict(fields["roofline"])
     return TimingResult(**fields)
 
 

@@ -215,6 +215,10 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
         memory = probe.stop()
         result = result_from(run, clock, device, memory, floor, opts, torch.get_num_threads(),
                              torch.__version__, device_name(device))
+        if opts.roofline:  # FLOPs and bytes, counted in one more run (untimed, after the samples)
+            from . import roofline
+
+            roofline.attach(result, lambda: cell.run(1), device, opts.peak, silence)
         if opts.kernels:
             result.kernels, result.kernels_empty = profile_kernels(cell, device, run.loops, silence)
     finally:

@@ -248,6 +248,9 @@ def test_devices_error_lists_only_devices_it_takes(tip):
     ("--devices cpu,,cpu", "--devices takes a comma-separated list"),
     ("--threads 0", "--threads takes whole numbers from 1 to 4096"),
     ("--threads 2,many", "got 'many'"),
+    ("--peak fast", "--peak takes FLOPS[,BYTES_PER_S]"),
+    ("--peak 1T,0", "got '1T,0'"),
+    ("--peak 1T --no-roofline", "--peak goes with the roofline: drop --no-roofline"),
 ])
 def test_bad_input_is_one_usage_error_before_anything_runs(tip, line, words):
     error = run_error(tip, f"%%cudatime {line}\nlog.append(1)")

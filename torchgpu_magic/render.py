@@ -107,7 +107,7 @@ def fmt_si(value: Any, unit: str) -> str:
         if number < 999.5 or prefix == _SI_PREFIXES[-1]:
             break
         number /= 1000
-    shown = f"{number:.0f}" if not prefix and number.is_integer() else _sig3(number)
+    shown = str(int(number)) if not prefix and isinstance(value, int) else _sig3(number)
     return f"{sign}{shown} {prefix}{unit}"
 
 

@@ -56,16 +56,19 @@ class ClusterTiming(TimingComparison):
 
     def table(self) -> Table:
         title = "%%cudatime --cluster (median per loop; each engine against the median of medians)"
+        counted = any(result.roofline is not None for _, result in self.rows)
         table = Table(["engine", "host", "device", "time per loop", "IQR", "samples x loops", "vs median",
-                       "clock"], align="lllrrrrl", title=title)
+                       "clock"] + ["achieved (% of peak)"] * counted, align="lllrrrrl" + "r" * counted,
+                      title=title)
         slow = set(self.stragglers())
         for label, result in self.rows:
             ratio = result.median / self.median if self.median else float("nan")
+            achieved = [result.roofline.short() if result.roofline is not None else "-"] * counted
             table.add(label, self.hosts.get(label, ""), result.device_name, fmt_seconds(result.median),
                       fmt_seconds(result.iqr), f"{result.n} x {result.loops:,}",
-                      f"{ratio:.2f}x" + (" straggler" if label in slow else ""), result.clock)
+                      f"{ratio:.2f}x" + (" straggler" if label in slow else ""), result.clock, *achieved)
         for label, problem in self.failed:
-            table.add(label, self.hosts.get(label, ""), "-", "-", "-", "-", "-", problem)
+            table.add(label, self.hosts.get(label, ""), "-", "-", "-", "-", "-", problem, *["-"] * counted)
         return table
 
     def summary(self) -> str:

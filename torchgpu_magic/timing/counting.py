@@ -64,7 +64,8 @@ _PRECISION.update({getattr(torch, n): "fp8" for n in ("float8_e4m3fn", "float8_e
 @dataclass
 class Counts:
     """One run's counts: ``flops`` by (device type, precision), ``bytes`` (lower bound) by device type,
-    how many aten ops ran, the arithmetic ops FlopCounterMode has no formula for (name -> calls),
+    how many aten ops ran, the arithmetic ops FlopCounterMode has no formula for (name -> calls), the
+    higher-order ops whose bytes are not seen (name -> calls),
     whether ``torch.compile`` has compiled code in this process (run eagerly for the count), and how
     long the counting run took (seconds)."""
 
@@ -72,6 +73,7 @@ class Counts:
     bytes: dict = field(default_factory=dict)
     ops: int = 0
     uncounted: dict = field(default_factory=dict)
+    opaque: dict = field(default_factory=dict)
     compiled: bool = False
     seconds: float = 0.0
 
@@ -125,12 +127,29 @@ class OpCounter(TorchDispatchMode):
         self.flop_counter = flop_counter
         self.counts = Counts()
 
+    supports_higher_order_operators = True  # cond, flex_attention...: passed on to FlopCounterMode
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         before = self.flop_counter.get_total_flops()
         out = func(*args, **kwargs)
-        self.add(func, args, kwargs, out, self.flop_counter.get_total_flops() - before)
+        flops = self.flop_counter.get_total_flops() - before
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            self.add_opaque(str(func.name()), _tensors((args, kwargs)), _tensors(out), flops)
+        else:
+            self.add(func, args, kwargs, out, flops)
         return out
+
+    def add_opaque(self, name: str, inputs: list, outputs: list, flops: int) -> None:
+        """A higher-order op (``torch.cond``, ``flex_attention``): its FLOPs as FlopCounterMode counted
+        them; the ops inside it are not seen, so its bytes are not counted."""
+        counts = self.counts
+        counts.ops += 1
+        counts.opaque[name] = counts.opaque.get(name, 0) + 1
+        if flops:
+            where = (outputs or inputs)[0].device.type if (outputs or inputs) else "cpu"
+            kind = _PRECISION.get(next((t.dtype for t in inputs if t.is_floating_point()), None), "other")
+            counts.flops[(where, kind)] = counts.flops.get((where, kind), 0) + flops
 
     def add(self, func: Any, args: Any, kwargs: dict, out: Any, flops: int) -> None:
         """Count one op that ran: ``flops`` as FlopCounterMode counted them, ``out`` what it returned."""

@@ -47,7 +47,8 @@ class Roofline:
     """The roofline of one measurement: per-loop ``flops`` and ``bytes`` (a lower bound) on the timed
     device, the per-loop ``seconds`` they took (the headline median), FLOPs by precision, the peaks held
     against them (FLOP/s per precision present, bandwidth, their name and source, the clock scaling),
-    the ops FlopCounterMode does not count, and ``error`` when the counting run failed."""
+    the ops FlopCounterMode does not count, the higher-order ops whose bytes are not seen, and ``error``
+    when the counting run failed."""
 
     seconds: float
     flops: Optional[int] = None
@@ -62,6 +63,7 @@ class Roofline:
     clock_scale: float = 1.0
     peak_labels: dict = field(default_factory=dict)
     uncounted: dict = field(default_factory=dict)
+    opaque: dict = field(default_factory=dict)
     other_devices: dict = field(default_factory=dict)
     compiled: bool = False
     count_seconds: Optional[float] = None
@@ -185,7 +187,8 @@ def analyse(counts: Any, device_type: str, seconds: float, peak: Optional[peaks.
     dropped, and the peak taken at the table's clock."""
     by_precision = {kind: n for (where, kind), n in counts.flops.items() if where == device_type}
     rl = Roofline(seconds, sum(by_precision.values()), counts.bytes.get(device_type, 0), by_precision,
-                  uncounted=dict(counts.uncounted), compiled=counts.compiled, count_seconds=counts.seconds)
+                  uncounted=dict(counts.uncounted), opaque=dict(counts.opaque), compiled=counts.compiled,
+                  count_seconds=counts.seconds)
     rl.other_devices = {where: {"bytes": counts.bytes.get(where, 0),
                                 "flops": sum(n for (w, _), n in counts.flops.items() if w == where)}
                         for where in {w for w, _ in counts.flops} | set(counts.bytes) if where != device_type}
@@ -226,6 +229,10 @@ def _count_notes(rl: Roofline, peak: Optional[peaks.Peak]) -> list:
         shown += f" and {more} more" if more > 0 else ""
         notes.append(f"roofline: FLOPs count matmuls, convolutions and attention (torch's FlopCounterMode); "
                      f"not counted: {shown}; the FLOP figure is a lower bound")
+    if rl.opaque:
+        ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.opaque.items()))
+        notes.append(f"roofline: the bytes inside {ops} are not counted (a higher-order op: the ops in it "
+                     "are not seen one by one)")
     if rl.compiled:
         notes.append("roofline: torch.compile'd code ran eagerly for the count: the figures are those of "
                      "the eager ops (fused kernels move fewer bytes)")

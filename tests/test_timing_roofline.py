@@ -92,7 +92,7 @@ def test_the_notes_say_what_the_counts_are_and_leave_out():
     assert ("roofline: FLOPs count matmuls, convolutions and attention (torch's FlopCounterMode); not "
             "counted: aten.op7 x7, aten.op6 x6, aten.op5 x5, aten.op4 x4, aten.op3 x3 and 2 more; the FLOP "
             "figure is a lower bound") in rl.notes
-    assert any("the bytes inside cond x2 are not counted" in n for n in rl.notes)
+    assert any("the FLOPs and bytes inside cond x2 are not counted" in n for n in rl.notes)
     assert any(n.startswith("roofline: torch.compile'd code ran eagerly for the count") for n in rl.notes)
 
 

@@ -1,20 +1,21 @@
 """What one run of a cell does, counted for the roofline: its FLOPs and a lower bound on the bytes it moves.
 
-One extra, untimed run of the cell (never a timing sample) runs under two dispatch modes. torch's own
-``FlopCounterMode`` counts FLOPs: matmuls, convolutions and attention, by torch's formulas (plus the CPU
-flash-attention kernel, for which torch has the formula but registers none). Above it, a
-``TorchDispatchMode`` of ours sees every aten op: it attributes each op's FLOPs to the op's device and
-precision, names the arithmetic ops FlopCounterMode has no formula for, and adds up the bytes each op
-reads (its tensor inputs) and writes (its tensor outputs). That sum is a lower bound on memory traffic:
-each tensor is counted once per op (``x + x`` reads ``x`` once), views, allocations and metadata ops are
+One extra, untimed run of the cell (never a timing sample) runs under :class:`OpCounter`, a
+``TorchDispatchMode`` that sees every aten op. FLOPs are those of torch's ``FlopCounterMode``: its table
+of formulas (matmuls, convolutions, attention; plus the CPU flash-attention ops, for which torch has the
+formula but registers none), applied the way its dispatch mode applies them. Each op's FLOPs are kept by
+device and precision, and an arithmetic op without a formula is named. Bytes are the sum of what each
+op reads (its tensor inputs) and writes (its tensor outputs): a lower bound on memory traffic. Each
+tensor is counted once per op (``x + x`` reads ``x`` once), views, allocations and metadata ops are
 free, an op that overwrites an argument (``copy_``, ``fill_``) does not read it, an indexed write
 (``index_put_``, ``scatter_``) is charged only for what it reads, and re-reads by tiled kernels, cache
 misses and spills are not seen.
 
-The run happens under ``torch.compiler.set_stance("force_eager")``: a ``torch.compile``'d function runs
-its eager ops for the count, so fused kernels are counted as the ops they fuse. Work outside torch's
-dispatcher (CUDA graph replays, hand-launched kernels) is not seen at all. Imports torch: import this
-module only to count.
+The run happens under ``torch.compiler.set_stance("force_eager")`` (where dynamo is loaded): a
+``torch.compile``'d function runs its eager ops for the count, so fused kernels are counted as the ops
+they fuse. A higher-order op (``torch.cond``, a Triton kernel) runs but is not looked into; work outside
+torch's dispatcher (CUDA graph replays, hand-launched kernels) is not seen at all. Imports torch: import
+this module only to count.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from torch.utils.flop_counter import FlopCounterMode
 
 aten = torch.ops.aten
 
@@ -55,6 +56,10 @@ MOVES = frozenset({
     "expand_copy", "permute_copy", "view_copy", "t_copy", "transpose_copy", "split_with_sizes_copy",
     "unbind_copy", "empty_like", "tril_indices", "triu_indices", "one_hot",
 }) | OVERWRITE | PARTIAL
+# Queries of sizes and strides (they reach a mode for tensor subclasses): passed on, as FlopCounterMode does.
+METADATA = frozenset({"sym_is_contiguous", "is_contiguous", "is_strides_like_format",
+                      "is_non_overlapping_and_dense", "size", "sym_size", "stride", "sym_stride",
+                      "storage_offset", "sym_storage_offset", "numel", "sym_numel", "dim", "layout"})
 CONVOLUTIONS = ("conv", "cudnn_convolution", "mkldnn_convolution")
 _PRECISION = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _PRECISION.update({getattr(torch, n): "fp8" for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
@@ -64,8 +69,8 @@ _PRECISION.update({getattr(torch, n): "fp8" for n in ("float8_e4m3fn", "float8_e
 @dataclass
 class Counts:
     """One run's counts: ``flops`` by (device type, precision), ``bytes`` (lower bound) by device type,
-    how many aten ops ran, the arithmetic ops FlopCounterMode has no formula for (name -> calls), the
-    higher-order ops whose bytes are not seen (name -> calls),
+    how many aten ops ran, the arithmetic ops without a FLOP formula (name -> calls), the higher-order
+    ops not looked into (name -> calls),
     whether ``torch.compile`` has compiled code in this process (run eagerly for the count), and how
     long the counting run took (seconds)."""
 
@@ -113,85 +118,129 @@ def _key(t: torch.Tensor) -> tuple:
         return (id(t),)
 
 
-def _tensors(value: Any) -> list:
-    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+def _tensors(*values: Any) -> list:
+    """The tensors among an op's arguments or results: aten schemas nest at most a list deep (Tensor[],
+    Tensor?[]); anything deeper is flattened by pytree."""
+    found = []
+    for value in values:
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) \
+            else (value,)
+        for item in items:
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            elif isinstance(item, (list, tuple, dict)):
+                found += [leaf for leaf in tree_leaves(item) if isinstance(leaf, torch.Tensor)]
+    return found
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What the counter needs to know of one op overload, worked out once per run."""
+
+    name: str
+    formula: Any
+    free: bool  # a view or metadata change: no bytes
+    allocates: bool  # empty*: its output is not written
+    mutable: tuple  # (position, name) of the arguments the schema says it writes
+    reads_mutated: bool  # an in-place op that reads what it writes (add_, not copy_ or index_put_)
+    partial: bool  # an indexed write: the written argument is charged nothing
+    named: bool  # arithmetic without a formula: named as uncounted
+
+    @classmethod
+    def of(cls, func: Any, formulas: dict) -> _Rule:
+        name = func.overloadpacket.__name__
+        formula = formulas.get(func.overloadpacket)
+        free = func.is_view or name in FREE
+        allocates = name.startswith(("empty", "new_empty", "_empty"))
+        mutable = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                        if a.alias_info is not None and a.alias_info.is_write)
+        reads = torch.Tag.inplace in func.tags and name not in OVERWRITE and name not in PARTIAL
+        named = formula is None and not free and not allocates and name not in MOVES
+        return cls(name, formula, free, allocates, mutable, reads, name in PARTIAL, named)
 
 
 class OpCounter(TorchDispatchMode):
-    """Sees every aten op of the counting run (above torch's ``FlopCounterMode``, ``flop_counter``) and
-    adds each to ``counts``: its FLOPs by device and precision, its bytes read and written, and its name
-    when it does arithmetic FlopCounterMode cannot count."""
+    """Sees every aten op of the counting run and adds each to ``counts``: its FLOPs by device and
+    precision (by ``formulas``: the op packet -> FLOP formula table of torch's ``FlopCounterMode``), its
+    bytes read and written, and its name when it does arithmetic no formula counts.
 
-    def __init__(self, flop_counter: FlopCounterMode) -> None:
+    Why not FlopCounterMode's own dispatch mode beside this one: torch wraps a TorchDispatchMode's
+    ``__torch_dispatch__`` in ``torch._disable_dynamo``, which imports ``torch._dynamo`` on first use,
+    4 to 7 s on a busy 2-core machine, paid by a notebook's first ``%%cudatime``; this class opts out
+    (``_should_skip_dynamo``), which is safe because the counting run never compiles (see :func:`count`).
+    The formulas and the rest of FlopCounterMode's dispatch (metadata ops passed on, composite ops
+    decomposed so their parts are counted) are the same."""
+
+    supports_higher_order_operators = True  # torch.cond, flex_attention...: run, and named as unseen
+
+    def __init__(self, formulas: dict) -> None:
         super().__init__()
-        self.flop_counter = flop_counter
+        self.formulas = formulas
         self.counts = Counts()
+        self.rules: dict = {}  # op overload -> _Rule
+        self.leaves: set = set()  # op overloads without a decomposition
 
-    supports_higher_order_operators = True  # cond, flex_attention...: passed on to FlopCounterMode
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        before = self.flop_counter.get_total_flops()
-        out = func(*args, **kwargs)
-        flops = self.flop_counter.get_total_flops() - before
         if isinstance(func, torch._ops.HigherOrderOperator):
-            self.add_opaque(str(func.name()), _tensors((args, kwargs)), _tensors(out), flops)
-        else:
-            self.add(func, args, kwargs, out, flops)
+            out = func(*args, **kwargs)
+            self.add_opaque(str(func.name()))
+            return out
+        if func.overloadpacket.__name__ in METADATA:
+            return NotImplemented
+        rule = self.rules.get(func)
+        if rule is None:
+            rule = self.rules[func] = _Rule.of(func, self.formulas)
+        if rule.formula is None and func not in self.leaves and func is not torch.ops.prim.device.default:
+            with self:  # a composite op: count the ops it is made of (as FlopCounterMode does)
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+            self.leaves.add(func)  # no decomposition: never try again in this run
+        out = func(*args, **kwargs)
+        self.add(func, rule, args, kwargs, out)
         return out
 
-    def add_opaque(self, name: str, inputs: list, outputs: list, flops: int) -> None:
-        """A higher-order op (``torch.cond``, ``flex_attention``): its FLOPs as FlopCounterMode counted
-        them; the ops inside it are not seen, so its bytes are not counted."""
-        counts = self.counts
-        counts.ops += 1
-        counts.opaque[name] = counts.opaque.get(name, 0) + 1
-        if flops:
-            where = (outputs or inputs)[0].device.type if (outputs or inputs) else "cpu"
-            kind = _PRECISION.get(next((t.dtype for t in inputs if t.is_floating_point()), None), "other")
-            counts.flops[(where, kind)] = counts.flops.get((where, kind), 0) + flops
+    def add_opaque(self, name: str) -> None:
+        """A higher-order op (``torch.cond``, ``flex_attention``, a Triton kernel): it runs, but the ops
+        inside it are not seen one by one, so neither its FLOPs nor its bytes are counted."""
+        self.counts.ops += 1
+        self.counts.opaque[name] = self.counts.opaque.get(name, 0) + 1
 
-    def add(self, func: Any, args: Any, kwargs: dict, out: Any, flops: int) -> None:
-        """Count one op that ran: ``flops`` as FlopCounterMode counted them, ``out`` what it returned."""
+    def add(self, func: Any, rule: _Rule, args: Any, kwargs: dict, out: Any) -> None:
+        """Count one op that ran (``out`` is what it returned): its FLOPs by its formula, its bytes."""
         counts = self.counts
         counts.ops += 1
-        name = func.overloadpacket.__name__
-        inputs, outputs = _tensors((args, kwargs)), _tensors(out)
+        inputs, outputs = _tensors(args, kwargs), _tensors(out)
+        flops = rule.formula(*args, **kwargs, out_val=out) if rule.formula is not None else 0
         if flops:
             where = (outputs or inputs)[0].device.type if (outputs or inputs) else "cpu"
             kind = precision(func, inputs, where == "cuda")
             counts.flops[(where, kind)] = counts.flops.get((where, kind), 0) + flops
-        elif func.overloadpacket not in flop_registry and name not in MOVES and name not in FREE \
-                and not func.is_view and not name.startswith(("empty", "new_empty", "_empty")) and inputs:
+        elif rule.named and inputs:
             label = str(func.overloadpacket)
             counts.uncounted[label] = counts.uncounted.get(label, 0) + 1
-        if func.is_view or name in FREE:
+        if rule.free:
             return
-        mutated = self._mutated(func, args, kwargs)
+        mutated = _tensors([args[i] if i < len(args) else kwargs.get(name) for i, name in rule.mutable])
         mutated_keys = {_key(t) for t in mutated}
-        reads_mutated = torch.Tag.inplace in func.tags and name not in OVERWRITE and name not in PARTIAL
-        reads = {}
+        moved: dict = {}
         for t in inputs:
-            if reads_mutated or _key(t) not in mutated_keys:
-                reads.setdefault(_key(t), t)
-        writes = {}
-        if not name.startswith(("empty", "new_empty", "_empty")):
+            key = _key(t)
+            if rule.reads_mutated or key not in mutated_keys:
+                moved.setdefault(("read",) + key, t)
+        if not rule.allocates:
             for t in outputs + mutated:
-                if name not in PARTIAL or _key(t) not in mutated_keys:
-                    writes.setdefault(_key(t), t)
-        for t in list(reads.values()) + list(writes.values()):
+                key = _key(t)
+                if not rule.partial or key not in mutated_keys:
+                    moved.setdefault(("write",) + key, t)
+        for t in moved.values():
             where = t.device.type
             counts.bytes[where] = counts.bytes.get(where, 0) + tensor_bytes(t)
-
-    @staticmethod
-    def _mutated(func: Any, args: Any, kwargs: dict) -> list:
-        """The tensors the op's schema says it writes to (``self`` of an in-place op, ``out=``)."""
-        found = []
-        for index, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                value = args[index] if index < len(args) else kwargs.get(arg.name)
-                found += _tensors(value)
-        return found
 
 
 def _attention_cpu(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
@@ -231,12 +280,12 @@ def _eager() -> ContextManager[Any]:
 
 
 def count(run: Callable[[], Any], silence: Callable[[], ContextManager[Any]]) -> Counts:
-    """Call ``run`` (one loop of the cell) once under the counters, silenced, with compiled functions
+    """Call ``run`` (one loop of the cell) once under the counter, silenced, with compiled functions
     running eagerly; return what it did. What ``run`` raises propagates."""
-    flop_counter = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas())
-    counter = OpCounter(flop_counter)
+    formulas = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas()).flop_registry
+    counter = OpCounter(formulas)
     start = time.perf_counter()
-    with silence(), _eager(), flop_counter, counter:
+    with silence(), _eager(), counter:
         run()
     counter.counts.seconds = time.perf_counter() - start
     counter.counts.compiled = compiled_code_exists()

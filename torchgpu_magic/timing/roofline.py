@@ -2,8 +2,8 @@
 the roofline bound (compute or memory) and the percentage of the peak.
 
 After the samples, :func:`attach` reads the device's peaks (:mod:`.peaks`: the datasheet table, the SM
-clock NVML reads, or ``--peak``), runs the cell once more, untimed, under the counters
-(:mod:`.counting`: FLOPs by torch's ``FlopCounterMode``, a lower bound on bytes), and puts a
+clock NVML reads, or ``--peak``), runs the cell once more, untimed, under the counter (:mod:`.counting`:
+FLOPs by the formulas of torch's ``FlopCounterMode``, a lower bound on bytes), and puts a
 :class:`Roofline` on the :class:`~.results.TimingResult` with its notes.
 
 With FLOPs of several precisions, the compute time at peak is the sum of each precision's FLOPs over
@@ -47,8 +47,8 @@ class Roofline:
     """The roofline of one measurement: per-loop ``flops`` and ``bytes`` (a lower bound) on the timed
     device, the per-loop ``seconds`` they took (the headline median), FLOPs by precision, the peaks held
     against them (FLOP/s per precision present, bandwidth, their name and source, the clock scaling),
-    the ops FlopCounterMode does not count, the higher-order ops whose bytes are not seen, and ``error``
-    when the counting run failed."""
+    the ops no FLOP formula counts, the higher-order ops not looked into, and ``error`` when the
+    counting run failed."""
 
     seconds: float
     flops: Optional[int] = None
@@ -231,8 +231,8 @@ def _count_notes(rl: Roofline, peak: Optional[peaks.Peak]) -> list:
                      f"not counted: {shown}; the FLOP figure is a lower bound")
     if rl.opaque:
         ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.opaque.items()))
-        notes.append(f"roofline: the bytes inside {ops} are not counted (a higher-order op: the ops in it "
-                     "are not seen one by one)")
+        notes.append(f"roofline: the FLOPs and bytes inside {ops} are not counted (a higher-order op: the "
+                     "ops in it are not seen one by one)")
     if rl.compiled:
         notes.append("roofline: torch.compile'd code ran eagerly for the count: the figures are those of "
                      "the eager ops (fused kernels move fewer bytes)")

@@ -154,3 +154,12 @@ def test_sm_clock_is_none_without_nvml_or_when_the_gpu_cannot_say(h100_visible, 
     assert peaks.sm_clock(0) is None
     fake_nvml(None)
     assert peaks.sm_clock(0) is None
+
+
+def test_the_readme_lists_every_entry_with_its_source():
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    for model in peaks.TABLE:
+        assert model.source.split()[0] in readme, model.name
+        assert f"{model.flops['fp32'] / 1e12:g}" in readme, model.name

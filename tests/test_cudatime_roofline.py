@@ -102,6 +102,21 @@ def test_a_counting_run_that_fails_becomes_a_note_and_the_timing_stands(tip):
     assert result.roofline.line() is None and "FLOP/s" not in result.to_text()
 
 
+def test_a_peak_lookup_that_fails_costs_the_percentage_not_the_report(tip, monkeypatch):
+    from torchgpu_magic.timing import peaks
+
+    def broken(device):
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    monkeypatch.setattr(peaks, "for_device", broken)
+    result = run(tip, f"%%cudatime -o -q {FAST}\ny = x @ x")
+    assert result.roofline.flops == 2 * 64 ** 3 and result.roofline.peak_name is None
+    assert ("roofline: no peak figures: asking torch about cpu failed (RuntimeError: CUDA error: unspecified "
+            "launch failure)") in result.notes
+    mine = run(tip, f"%%cudatime -o -q {FAST} --peak 1T,10G\ny = x @ x")  # both given: no lookup at all
+    assert mine.roofline.peak_bandwidth == 10e9 and not any("no peak figures" in n for n in mine.notes)
+
+
 # ---- on a real GPU -----------------------------------------------------------------------------------
 @pytest.fixture
 def gip(tip, monkeypatch):

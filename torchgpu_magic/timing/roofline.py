@@ -268,9 +268,15 @@ def attach(result: Any, run: Callable[[], Any], device: Any, peak: Optional[tupl
     through every sample."""
     from . import counting
 
-    table, notes = peaks.for_device(device)
+    flops, bandwidth = (list(peak) + [None])[:2] if peak is not None else (None, None)
+    table, notes = None, []
+    if bandwidth is None:  # the table has something --peak does not give
+        try:
+            table, notes = peaks.for_device(device)
+        except Exception as exc:  # noqa: BLE001 - a GPU that cannot say its name costs the peak, not the report
+            notes = [f"roofline: no peak figures: asking torch about {device} failed "
+                     f"({' '.join(f'{type(exc).__name__}: {exc}'.split())[:200]})"]
     if peak is not None:
-        flops, bandwidth = (list(peak) + [None])[:2]
         table, notes = peaks.user_peak(flops, bandwidth, table), []
     try:
         counts = counting.count(run, silence)

@@ -15,7 +15,10 @@ The run happens under ``torch.compiler.set_stance("force_eager")`` (where dynamo
 ``torch.compile``'d function runs its eager ops for the count, so fused kernels are counted as the ops
 they fuse. A higher-order op (``torch.cond``, a Triton kernel) runs but is not looked into; work outside
 torch's dispatcher (CUDA graph replays, hand-launched kernels) is not seen at all. Imports torch: import
-this module only to count.
+this module only to count. Written and tested against torch 2.13: besides the public dispatch-mode API it
+relies on ``FlopCounterMode(...).flop_registry``, ``torch.utils.flop_counter.sdpa_flop_count`` and
+``TorchDispatchMode._should_skip_dynamo``; a torch without them turns the count into a note (see
+:func:`~.roofline.attach`), never a failed measurement.
 """
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ import types
 from typing import Any, Mapping, Optional
 
 from ..errors import MagicInputError
+from .tracking import find_objects
 
 
 class CopyError(MagicInputError):
@@ -163,8 +164,9 @@ def fake_namespace(ns: Mapping[str, Any], names: list, fake_mode: Any, device: s
     """``(namespace, copies)``: a new namespace holding fake copies of ``ns[name]`` for ``names``, the
     tensors in them on ``device`` (``resize`` maps ``id(tensor)`` to a new first dimension, for
     ``--fit``); and ``[(name, copy)]`` of what was copied. Python modules, classes and builtins are
-    shared; notebook functions are rebound to the new namespace; anything ``deepcopy`` refuses is a
-    :class:`CopyError` naming it."""
+    shared; notebook functions are rebound to the new namespace; what ``deepcopy`` refuses is shared
+    when it holds no tensor, module or optimizer (a custom operator, a lock), else a :class:`CopyError`
+    naming it."""
     out: dict = {"__builtins__": ns.get("__builtins__", __builtins__),
                  "__name__": ns.get("__name__", "__main__")}
     copier = _Copier(fake_mode, device, resize or {})
@@ -183,23 +185,37 @@ def fake_namespace(ns: Mapping[str, Any], names: list, fake_mode: Any, device: s
                     out[name] = copy.deepcopy(ns[name], memo)
                 except MagicInputError as exc:
                     raise CopyError(f"cannot copy {name} for a prediction: {exc}") from None
-                except Exception as exc:  # noqa: BLE001 - whatever deepcopy refuses: one line naming it
-                    first = str(exc).splitlines()[0] if str(exc) else ""
-                    raise CopyError(f"cannot copy {name} for a prediction ({type(exc).__name__}: {first}); "
-                                    f"--predict copies the models, optimizers, tensors and plain values "
-                                    f"a cell uses") from None
+                except Exception as exc:  # noqa: BLE001 - whatever deepcopy refuses: shared, or one line
+                    if find_objects([(name, ns[name])]):
+                        first = str(exc).splitlines()[0] if str(exc) else ""
+                        raise CopyError(f"cannot copy {name} for a prediction ({type(exc).__name__}: "
+                                        f"{first}); --predict copies the models, optimizers, tensors and "
+                                        f"plain values a cell uses") from None
+                    out[name] = ns[name]  # holds no tensor (a custom op, a lock): shared as it is
                 copies.append((name, out[name]))
+            _copy_grads(memo, copier)
     finally:
         copier.made.clear()
     return out, copies
+
+
+def _copy_grads(memo: dict, copier: _Copier) -> None:
+    """Give each copied parameter its original's gradient: a Parameter's ``deepcopy`` copies its data
+    (through ``clone``, which gives the fake) but not its ``.grad``. ``deepcopy`` keeps the originals it
+    copied in ``memo[id(memo)]``."""
+    import torch
+
+    for original in memo.get(id(memo), []):
+        if isinstance(original, torch.Tensor) and original.is_leaf and original.grad is not None:
+            fake = memo.get(id(original))
+            if fake is not None and fake.grad is None:
+                fake.grad = copier.fake_of(original.grad)
 
 
 def mark_target(copies: list, foreach: bool) -> None:
     """Set ``foreach`` on every copied optimizer's parameter groups where the user left it to torch
     (None) and no fused or differentiable implementation was asked for: True where torch would use its
     foreach kernels on the target (a GPU), False elsewhere."""
-    from .tracking import find_objects
-
     for _, opt, kind in find_objects(copies):
         if kind != "optimizer" or "foreach" not in getattr(opt, "defaults", {}):
             continue

@@ -11,6 +11,8 @@ shape function) ends in one line saying why. :func:`fit` searches the largest ba
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 import time
 import traceback
 import warnings
@@ -90,8 +92,10 @@ def _why(exc: BaseException, kind: str) -> str:
     if name in _DATA_DEPENDENT or "data-dependent" in text or "_local_scalar_dense" in text:
         return ("it needs real values, which fake tensors do not have (.item(), .tolist(), printing a "
                 "tensor's values, nonzero, a boolean mask, a shape that depends on the data)")
-    if name == "UnsupportedOperatorException" or "has no meta" in text or "does not have a meta" in text:
-        return (f"operator {text.split(':')[-1].strip()} has no shape function, so it cannot run on fake "
+    if name == "UnsupportedOperatorException" or "fake impl" in text or "meta" in text and "kernel" in text:
+        found = re.search(r"([\w.]+::[\w.]+)", text)
+        op = found.group(1) if found else text.split(":")[-1].strip()
+        return (f"operator {op} has no shape function (fake or meta kernel), so it cannot run on fake "
                 f"tensors (custom CUDA extensions often lack one)")
     if "convert all Tensors to FakeTensors" in text:
         return ("it reached a real tensor that is not one of the copies (one a function or class defined "
@@ -121,7 +125,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
     """One run of ``code`` on fake copies; returns (ledgers, rows, fqns, workspaces, caught warnings)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .standin import StrayDeviceError, standing_in
+    from .standin import StrayDeviceError, guarded
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     workspaces = cublas_workspaces(cc) if target.kind == "cuda" else []
@@ -139,11 +143,14 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
         mark_target(copies, foreach=target.kind == "cuda")
         objects = find_objects(copies)
         del copies
-        stand_in = contextlib.nullcontext() if target.native else standing_in(target.kind, target.run_on, cc)
+        rules = guarded(target.kind, target.run_on, target.native, cc)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            logger = logging.getLogger("torch._subclasses.fake_tensor")
+            level = logger.level
+            logger.setLevel(logging.CRITICAL)  # its log of a failed op would print in the cell's output
             try:
-                with fake_mode, stand_in, _fake_module_moves():
+                with fake_mode, rules, _fake_module_moves():
                     result = run_tracked(lambda: exec(code, fake_ns), objects, _ledger_for(target),
                                          on_matmul if workspaces else None)
             except StrayDeviceError as exc:
@@ -155,6 +162,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
                                       f"{_where(exc, filename)}{_why(exc, target.kind)}; nothing of yours "
                                       f"was changed") from None
             finally:
+                logger.setLevel(level)
                 fake_ns.clear()
                 objects.clear()
     notes = sorted({f"warning during the prediction: {str(w.message).splitlines()[0]}" for w in caught

@@ -2,12 +2,14 @@
 without CUDA), and the target's kernel choices where they change what is allocated.
 
 On a build without CUDA the first autograd operation on a fake ``cuda`` tensor aborts the process, so a
-prediction for ``cuda`` runs on fake cpu tensors, and :func:`standing_in` makes sure no ``cuda`` tensor
+prediction for ``cuda`` runs on fake cpu tensors, and :func:`guarded` makes sure no ``cuda`` tensor
 is ever made: every device the cell names (``device='cuda'``, ``.to('cuda')``, ``.cuda()``,
 ``torch.device('cuda')``, ``torch.set_default_device('cuda')``) is read as the stand-in, at the level of
 Python calls (before torch would try to initialise CUDA) and again at the level of the operators they
 run; a ``cuda`` tensor that still appeared would stop the run with an exception before any operation
-used it. ``torch.autocast('cuda', ...)`` becomes autocast on the stand-in with the same dtype.
+used it. ``torch.autocast('cuda', ...)`` becomes autocast on the stand-in with the same dtype. Whatever
+the target, a device fake tensors cannot live on here (``cuda`` in a prediction for cpu) is refused the
+same way, in one line.
 
 Where cpu and CUDA kernels allocate differently, the CUDA choice is emulated (the emulated operators
 have shape functions, so they run on fake cpu tensors as on fake CUDA ones): dropout keeps a one-byte
@@ -23,7 +25,8 @@ from typing import Any, Iterator, Optional
 
 
 class StrayDeviceError(RuntimeError):
-    """A tensor of the target's device appeared in a stand-in run; raised before anything uses it."""
+    """A device fake tensors cannot live on here was named, or a tensor of one appeared; raised before
+    anything uses it."""
 
 
 def _tensors(values: Any) -> Iterator[Any]:
@@ -36,68 +39,99 @@ def _tensors(values: Any) -> Iterator[Any]:
             yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
-def _check(kind: str, values: Any, where: Any) -> None:
-    for tensor in _tensors(values):
-        if tensor.device.type == kind:
-            raise StrayDeviceError(f"a {kind} tensor appeared ({getattr(where, '__name__', where)}); "
-                                   f"--predict stops before anything uses it")
+class _Devices:
+    """The device rules of one fake run: ``remap`` (the target's type, when cpu stands in for it) is read
+    as ``run_on``; any other type but those ``allowed`` is refused before a tensor of it exists."""
+
+    def __init__(self, remap: Optional[str], run_on: str, allowed: set, target: str) -> None:
+        import torch
+
+        self.remap, self.run_on, self.allowed, self.target = remap, torch.device(run_on), allowed, target
+
+    def _refuse(self, kind: str, where: Any) -> None:
+        name = str(getattr(where, "__qualname__", where)).replace("TensorBase.", "Tensor.")
+        raise StrayDeviceError(
+            f"the cell puts tensors on {kind} ({name}), where fake tensors "
+            f"cannot live on this torch; predicting for {self.target}, it follows only {self.target}"
+            + ("" if kind == self.target else f" (predict for {kind} with --predict {kind})"))
+
+    def device(self, value: Any, where: Any, loose: bool = True) -> Any:
+        """``value`` with the remapped type read as ``run_on``; a refused type raises."""
+        kind = _kind_of(value, loose)
+        if kind is None:
+            return value
+        if kind == self.remap:
+            return self.run_on
+        if kind not in self.allowed:
+            self._refuse(kind, where)
+        return value
+
+    def check(self, values: Any, where: Any) -> None:
+        for tensor in _tensors(values):
+            kind = tensor.device.type
+            if kind not in self.allowed or kind == self.remap:
+                self._refuse(kind, where)
 
 
-def _names_kind(value: Any, kind: str, loose: bool = True) -> bool:
-    """Whether ``value`` names a device of type ``kind``: a torch.device, 'cuda', 'cuda:1' and, when
-    ``loose`` (an argument that can only be a device, as ``Tensor.to``'s first), an int (``to(0)``)."""
+def _kind_of(value: Any, loose: bool) -> Optional[str]:
+    """The device type ``value`` names: a torch.device, and, when ``loose`` (an argument that can only be
+    a device, as ``Tensor.to``'s first), a string ('cuda:1') or an int (``to(0)`` means cuda:0)."""
     import torch
 
     if isinstance(value, torch.device):
-        return value.type == kind
-    if isinstance(value, str) and loose:
-        return value.split(":")[0].strip().lower() == kind
-    return loose and isinstance(value, int) and not isinstance(value, bool)
+        return value.type
+    if loose and isinstance(value, str):
+        try:
+            return torch.device(value.strip()).type
+        except RuntimeError:
+            return None
+    if loose and isinstance(value, int) and not isinstance(value, bool):
+        return "cuda"
+    return None
 
 
-def _function_mode(kind: str, run_on: str, emulate: Optional[dict]) -> Any:
+def _function_mode(rules: _Devices, emulate: Optional[dict]) -> Any:
     import torch
     from torch.overrides import TorchFunctionMode
 
     emulated = dict(emulate or {})
-    device = torch.device(run_on)
 
     class StandIn(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = dict(kwargs or {})
-            if func is torch.Tensor.cuda or func is torch.Tensor.cpu:
-                return args[0]  # already where the target keeps it (or, for .cpu(), not on the target)
+            if func is torch.Tensor.cuda:
+                if rules.remap == "cuda":
+                    return args[0]  # already where the target keeps it
+                rules.device("cuda", func)
+            if func is torch.Tensor.cpu and rules.remap is not None:
+                return args[0]  # a copy to the host: not on the target, and cpu is the stand-in
             handler = emulated.get(func)
             if handler is not None:
-                _check(kind, args, func)
+                rules.check(args, func)
                 return handler(*args, **kwargs)
-            if "device" in kwargs and _names_kind(kwargs["device"], kind):
-                kwargs["device"] = device
+            if "device" in kwargs:
+                kwargs["device"] = rules.device(kwargs["device"], func)
             to = func is torch.Tensor.to
-            args = tuple(device if _names_kind(a, kind, loose=to and i == 1) else a
-                         for i, a in enumerate(args))
-            _check(kind, args, func)
+            args = tuple(rules.device(a, func, loose=to and i == 1) for i, a in enumerate(args))
+            rules.check(args, func)
             with torch._C.DisableTorchFunctionSubclass():
                 out = func(*args, **kwargs)
-            _check(kind, out if isinstance(out, (list, tuple)) else (out,), func)
+            rules.check(out if isinstance(out, (list, tuple)) else (out,), func)
             return out
 
     return StandIn()
 
 
-def _dispatch_mode(kind: str, run_on: str) -> Any:
-    import torch
+def _dispatch_mode(rules: _Devices) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    device = torch.device(run_on)
 
     class StandInOps(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = dict(kwargs or {})
-            if _names_kind(kwargs.get("device"), kind):
-                kwargs["device"] = device
+            if kwargs.get("device") is not None:
+                kwargs["device"] = rules.device(kwargs["device"], func)
             out = func(*args, **kwargs)
-            _check(kind, out if isinstance(out, (list, tuple)) else (out,), func)
+            rules.check(out if isinstance(out, (list, tuple)) else (out,), func)
             return out
 
     return StandInOps()
@@ -163,10 +197,19 @@ def cuda_kernels(run_on: str, cc: Optional[tuple]) -> dict:
 
 
 @contextlib.contextmanager
-def standing_in(kind: str, run_on: str, cc: Optional[tuple]) -> Iterator[None]:
-    """Run a block on fake ``run_on`` tensors standing in for ``kind``: the device names remapped at
-    both levels, autocast remapped, and for ``cuda`` the emulated kernels of :func:`cuda_kernels`. Enter
-    it inside the ``FakeTensorMode``, so its operator-level mode sits above fake mode."""
-    emulate = cuda_kernels(run_on, cc) if kind == "cuda" else None
-    with _autocast_as(kind, run_on), _function_mode(kind, run_on, emulate), _dispatch_mode(kind, run_on):
+def guarded(kind: str, run_on: str, native: bool, cc: Optional[tuple]) -> Iterator[None]:
+    """Run a block of a prediction for ``kind`` on fake ``run_on`` tensors. Fake tensors are allowed on
+    cpu and meta, and on the target where it runs natively; any other device the cell names is refused
+    in one line before a tensor of it exists. Where ``run_on`` stands in for the target (not
+    ``native``), the target's device names, autocast and, for ``cuda``, the kernels of
+    :func:`cuda_kernels` are remapped. Enter it inside the ``FakeTensorMode``, so that its
+    operator-level mode sits above fake mode."""
+    rules = _Devices(None if native else kind, run_on, {"cpu", "meta"} | ({kind} if native else set()),
+                     kind)
+    emulate = cuda_kernels(run_on, cc) if kind == "cuda" and not native else None
+    with contextlib.ExitStack() as stack:
+        if not native:
+            stack.enter_context(_autocast_as(kind, run_on))
+        stack.enter_context(_function_mode(rules, emulate))
+        stack.enter_context(_dispatch_mode(rules))
         yield

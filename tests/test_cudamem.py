@@ -382,3 +382,23 @@ def test_the_fitted_batch_runs_on_the_gpu_and_ten_percent_more_does_not_fit(ip):
     except torch.cuda.OutOfMemoryError:
         return
     assert result.at_best.needs >= 0.9 * result.capacity, (result.best, free, total)
+
+
+def test_a_prediction_leaves_no_mode_patch_or_setting_behind_however_it_ends(mip):
+    import logging
+
+    import torch
+    from torch.amp import autocast_mode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    def patched():
+        return (autocast_mode.autocast.__init__, torch.utils.swap_tensors,
+                logging.getLogger("torch._subclasses.fake_tensor").level, torch.UntypedStorage.resize_)
+
+    saved = patched()
+    for cell in (STEP, "model.cuda()(x).sum().backward()", "print(model(x).sum().item())",
+                 "torch.set_default_device('cuda')\nraise KeyError('late')"):
+        mip.run_cell(f"%%cudamem --predict cuda -q\n{cell}")
+        assert torch._C._len_torch_function_stack() == 0 and _get_current_dispatch_mode_stack() == []
+        assert patched() == saved
+        assert torch.empty(0).device.type == "cpu"

@@ -12,6 +12,7 @@ to let a cell call its model more than once (MemTracker refuses a second forward
 """
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from typing import Any, Callable, Iterable, Optional
@@ -23,7 +24,8 @@ from .cellmem import CellMemory, ModuleRow
 TESTED_TORCH = ((2, 11), (2, 12), (2, 13))
 """The torch releases whose MemTracker this module is tested with (its private hooks are used)."""
 
-_NEEDED = ("_update_snap", "_pre_fw_hook", "_mod_tracker", "_in_opt", "memory_tracking", "track_external")
+_NEEDED = ("_update_snap", "_pre_fw_hook", "_update_peak_stats", "_mod_tracker", "_in_opt", "memory_tracking",
+           "track_external", "_curr_mem_snap", "_peak_mem", "_peak_mem_snap")
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "addmv", "mv", "dot",
                       "vdot", "addr", "_scaled_mm", "_int_mm"})
 _WALK_DEPTH = 3
@@ -86,6 +88,7 @@ def _define(base: type) -> type:
             self._on_matmul = on_matmul
             self.ledgers: dict = {}
             self.started = False
+            self._stats_by_fqn: dict = {}  # module name -> its _ModMemStats, for _update_peak_stats
 
         def ledger(self, device: Any) -> Ledger:
             name = str(device)
@@ -139,6 +142,27 @@ def _define(base: type) -> type:
             finally:
                 if again:
                     self._mod_tracker.parents.discard("<next call>")
+            stats = self.memory_tracking.get(module)
+            if stats is not None:
+                self._stats_by_fqn.setdefault(stats.mod_fqn, {})[id(stats)] = stats
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            # MemTracker's own walks every module it has seen after every operator to find the running
+            # ones (a weak-reference lookup each): O(operators x modules), most of the time of a GPT-2
+            # prediction. The same update, visiting only the running modules through an index by name.
+            current = self._curr_mem_snap
+            for name in self._mod_tracker.parents:
+                for stats in self._stats_by_fqn.get(name, {}).values():
+                    if stats.mod_fqn != name or peak_state not in stats.snapshots:
+                        continue
+                    for device, snap in current.items():
+                        if stats.local_peak.get(device, 0) < snap["Total"]:
+                            stats.local_peak[device] = snap["Total"]
+                            stats.snapshots[peak_state][-1][device] = copy.deepcopy(snap)
+            for device, snap in current.items():
+                if self._peak_mem.get(device, 0) < snap["Total"]:
+                    self._peak_mem[device] = snap["Total"]
+                    self._peak_mem_snap[device] = copy.deepcopy(snap)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = super().__torch_dispatch__(func, types, args, kwargs)

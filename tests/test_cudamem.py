@@ -357,11 +357,11 @@ def test_predicted_peak_is_within_10_percent_of_torchs_own_on_the_gpu(ip):
     measured = run(ip, f"%%cudamem cuda -o -q\n{cell}")
     import torch
 
-    workspaces = predicted.categories["workspaces"]  # allocated before the cell in this process
+    # Everything on the GPU is the model, its optimizer state, the batch and cuBLAS's workspaces: torch's
+    # peak for the step is what the prediction counts.
     own = measured.torch_max_allocated
-    assert abs((predicted.peak - workspaces) / (own - measured.torch_allocated_before + measured.before)
-               - 1) < 0.10, (predicted.peak, own)
-    assert torch.cuda.max_memory_allocated() == own
+    assert abs(predicted.peak / own - 1) < 0.10, (predicted.peak, own)
+    assert abs(measured.peak / own - 1) < 0.10 and torch.cuda.max_memory_allocated() == own
 
 
 @pytest.mark.gpu

@@ -18,6 +18,23 @@ MIB = 2**20
 STEP = "loss = model(x).square().mean()\nloss.backward()\nopt.step()\n"
 
 
+@pytest.fixture(autouse=True)
+def _trimmed_heap():
+    """Give the memory these tests' real steps freed back to the system afterwards: glibc keeps large
+    freed blocks resident (its mmap threshold rises with them), and a later test that reads a cell's RSS
+    growth (%gpumem's) would then see an allocation served from them grow nothing."""
+    yield
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
 @pytest.fixture
 def mip(ip):
     """The shell with torch, a bias-free 2048 x 2048 linear model (16 MiB), AdamW and a 64 x 2048 batch."""

@@ -19,7 +19,7 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ..errors import MagicInputError
-from .allocator import CachingAllocatorModel, Ledger
+from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger
 from .cellmem import CellMemory, FitResult
 from .fakecopy import cell_names, fake_namespace, mark_target
 from .targets import Target, cublas_workspaces, cuda_context, describe_arch, device_facts, host_capacity
@@ -212,6 +212,7 @@ def predict(code: Any, filename: str, ns: Mapping[str, Any], names: list, target
         allowances.append(dict(what=context.what, nbytes=context.nbytes, source=context.source,
                                in_allocator=False))
         notes.insert(0, f"GPU generation: {describe_arch(cc, cc_source)}")
+        notes.insert(1, f"allocated and reserved: every tensor through a model of {ALLOCATOR_SOURCE}")
     version = version_note()
     if version:
         notes.append(version)

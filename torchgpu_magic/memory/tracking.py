@@ -18,7 +18,7 @@ import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from ..errors import MagicInputError
-from .allocator import CachingAllocatorModel, Ledger, category_of
+from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger, category_of
 from .cellmem import CellMemory, ModuleRow
 
 TESTED_TORCH = ((2, 11), (2, 12), (2, 13))
@@ -317,6 +317,9 @@ def measure(run: Callable[[], Any], values: list, device: Optional[str], top: in
     if chosen.startswith("cuda") and chosen in before:
         extra["torch_max_allocated"] = torch.cuda.max_memory_allocated(chosen)
         extra["torch_allocated_before"] = before[chosen]
+    if chosen.startswith("cuda"):
+        extra["notes"].insert(0, f"allocated and reserved: every tensor through a model of "
+                                 f"{ALLOCATOR_SOURCE}")
     extra["limits"] = ["memory the cell's objects held before it that the cell does not name; "
                        "what torch allocates outside tensors (cuBLAS/cuDNN workspaces, the CUDA context)"]
     how = f"torch's MemTracker on the real run ({torch.__version__})"

@@ -18,28 +18,14 @@ MIB = 2**20
 STEP = "loss = model(x).square().mean()\nloss.backward()\nopt.step()\n"
 
 
-@pytest.fixture(autouse=True)
-def _trimmed_heap():
-    """Give the memory these tests' real steps freed back to the system afterwards: glibc keeps large
-    freed blocks resident (its mmap threshold rises with them), and a later test that reads a cell's RSS
-    growth (%gpumem's) would then see an allocation served from them grow nothing."""
-    yield
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
-
-
+# The real tensors of these tests stay at 4 MiB or less. Freeing a larger one raises glibc's dynamic mmap
+# threshold for the rest of the test process, after which the large blocks other tests free stay resident
+# and %gpumem's RSS tests, later in the same process, see an allocation served from them grow nothing.
 @pytest.fixture
 def mip(ip):
-    """The shell with torch, a bias-free 2048 x 2048 linear model (16 MiB), AdamW and a 64 x 2048 batch."""
-    run(ip, "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(2048, 2048, bias=False)\n"
-            "opt = torch.optim.AdamW(model.parameters())\nx = torch.randn(64, 2048)")
+    """The shell with torch, a bias-free 1024 x 1024 linear model (4 MiB), AdamW and a 64 x 1024 batch."""
+    run(ip, "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(1024, 1024, bias=False)\n"
+            "opt = torch.optim.AdamW(model.parameters())\nx = torch.randn(64, 1024)")
     return ip
 
 
@@ -50,12 +36,12 @@ def test_a_training_step_by_category_with_its_peak_in_the_optimizer_step(mip, ho
     assert report.mode == ("predicted" if how else "measured") and report.device == "cpu"
     assert report.peak_phase == "optimizer step"
     at_peak, after = report.categories, report.after_categories
-    assert at_peak["parameters"] == after["parameters"] == 16 * MIB
-    assert at_peak["gradients"] == after["gradients"] == 16 * MIB
-    assert at_peak["other"] == after["other"] == 512 * 1024  # the batch x, which the cell uses
-    assert after["optimizer state"] == 2 * 16 * MIB + 4  # AdamW's two moments and its step counter
-    assert at_peak["optimizer state"] >= 32 * MIB
-    assert report.before == 16 * MIB + 512 * 1024
+    assert at_peak["parameters"] == after["parameters"] == 4 * MIB
+    assert at_peak["gradients"] == after["gradients"] == 4 * MIB
+    assert at_peak["other"] == after["other"] == 256 * 1024  # the batch x, which the cell uses
+    assert after["optimizer state"] == 2 * 4 * MIB + 4  # AdamW's two moments and its step counter
+    assert at_peak["optimizer state"] >= 8 * MIB
+    assert report.before == 4 * MIB + 256 * 1024
     assert report.peak == sum(at_peak.values()) and report.after == sum(after.values())
     assert list(report.phase_peaks) == ["before the cell", "forward", "outside modules", "backward",
                                         "optimizer step"]
@@ -71,18 +57,18 @@ def test_measured_and_predicted_agree_byte_for_byte_on_cpu(mip):
 
 
 def test_a_backward_peak_and_what_each_module_keeps(ip):
-    run(ip, "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(1024, 4096, bias=False), "
-            "torch.nn.ReLU(), torch.nn.Linear(4096, 1024, bias=False))\nx = torch.randn(512, 1024)")
+    run(ip, "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(256, 1024, bias=False), "
+            "torch.nn.ReLU(), torch.nn.Linear(1024, 256, bias=False))\nx = torch.randn(512, 256)")
     for how in ("", "--predict cpu"):
         report = run(ip, f"%%cudamem {how} --top 0 -o -q\nmodel(x).square().sum().backward()")
         assert report.peak_phase == "backward"
         rows = {row.name: row for row in report.modules}
         assert set(rows) == {"model", "model.0", "model.1", "model.2"}
-        assert rows["model.0"].forward_kept == 512 * 4096 * 4  # its output, which the ReLU reads
-        assert rows["model.2"].forward_kept == 512 * 1024 * 4
-        assert rows["model.0"].params == rows["model.2"].params == 16 * MIB and rows["model.1"].params == 0
+        assert rows["model.0"].forward_kept == 512 * 1024 * 4  # its output, which the ReLU reads
+        assert rows["model.2"].forward_kept == 512 * 256 * 4
+        assert rows["model.0"].params == rows["model.2"].params == 1 * MIB and rows["model.1"].params == 0
         assert rows["model.0"].type == "Linear" and rows["model"].calls == 1
-        assert report.after_categories["gradients"] == 32 * MIB
+        assert report.after_categories["gradients"] == 2 * MIB
         assert [r.name for r in report.top_modules()][0] in ("model.0", "model.2")
 
 
@@ -132,12 +118,12 @@ def test_predict_leaves_the_users_model_optimizer_names_and_torch_state_exactly_
         STEP + "opt.zero_grad(set_to_none=True)\nx.add_(1)\nnew_name = 1\ndel x",
         "model.to(torch.float64); model.double()(x.double()).sum().backward()",
         "torch.set_default_dtype(torch.float64); torch.manual_seed(123); torch.set_grad_enabled(False)\n"
-        "torch.set_num_threads(1); h = torch.randn(8, 2048, dtype=torch.float32)",
+        "torch.set_num_threads(1); h = torch.randn(8, 1024, dtype=torch.float32)",
     ]
     for_cuda = [
         "model.cuda(); x = x.cuda()\nwith torch.autocast('cuda', dtype=torch.bfloat16):\n"
         "    loss = model(x).square().mean()\nloss.backward(); opt.step()",
-        "torch.set_default_device('cuda'); h = torch.randn(8, 2048, requires_grad=True); model(h).sum()",
+        "torch.set_default_device('cuda'); h = torch.randn(8, 1024, requires_grad=True); model(h).sum()",
     ]
     for device, cell in [(d, c) for c in anywhere for d in ("cpu", "cuda")] + [("cuda", c) for c in for_cuda]:
         run(mip, f"%%cudamem --predict {device} -q\n{cell}")
@@ -146,12 +132,12 @@ def test_predict_leaves_the_users_model_optimizer_names_and_torch_state_exactly_
 
 
 def test_fit_finds_the_largest_batch_of_an_mlp_whose_peak_is_known(ip):
-    """Inference through Linear(1024, 4096) -> ReLU -> Linear(4096, 1024), no bias: the peak is the
-    weights (32 MiB) and, while the ReLU runs, the batch, the first layer's output and the ReLU's
-    (4 + 16 + 16 KiB per row). With room for exactly 1,000 rows, --fit must say 1,000."""
-    run(ip, "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(1024, 4096, bias=False), "
-            "torch.nn.ReLU(), torch.nn.Linear(4096, 1024, bias=False))\nx = torch.randn(100, 1024)")
-    capacity = 32 * MIB + 1000 * (4 + 16 + 16) * 1024 + 1024
+    """Inference through Linear(256, 1024) -> ReLU -> Linear(1024, 256), no bias: the peak is the
+    weights (2 MiB) and, while the ReLU runs, the batch, the first layer's output and the ReLU's
+    (1 + 4 + 4 KiB per row). With room for exactly 1,000 rows, --fit must say 1,000."""
+    run(ip, "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(256, 1024, bias=False), "
+            "torch.nn.ReLU(), torch.nn.Linear(1024, 256, bias=False))\nx = torch.randn(100, 256)")
+    capacity = 2 * MIB + 1000 * (1 + 4 + 4) * 1024 + 1024
     result = run(ip, f"%%cudamem --predict cpu --fit x --capacity {capacity} -o -q\n"
                      "with torch.no_grad():\n    y = model(x)")
     assert isinstance(result, FitResult)
@@ -160,16 +146,16 @@ def test_fit_finds_the_largest_batch_of_an_mlp_whose_peak_is_known(ip):
     assert len(result.predictions) <= 5 + 10  # doubling, then bisecting 800..1600
     assert result.at_best.peak == capacity - 1024 and result.at_best.fits
     assert all(fits == (needs <= capacity) for _, needs, fits in result.predictions)
-    assert ip.user_ns["x"].shape == (100, 1024) and "y" not in ip.user_ns
+    assert ip.user_ns["x"].shape == (100, 256) and "y" not in ip.user_ns
 
 
 def test_fit_of_a_training_step_is_confirmed_by_the_real_run(mip):
-    capacity = 120 * MIB
+    capacity = 26 * MIB
     result = run(mip, f"%%cudamem --fit x --predict cpu --capacity {capacity} -o -q\n{STEP}")
     assert result.best is not None and result.best > 64
     for size, fits in ((result.best, True), (result.best + 1, False)):
-        run(mip, "model = torch.nn.Linear(2048, 2048, bias=False)\n"
-                 f"opt = torch.optim.AdamW(model.parameters())\nx = torch.randn({size}, 2048)")
+        run(mip, "model = torch.nn.Linear(1024, 1024, bias=False)\n"
+                 f"opt = torch.optim.AdamW(model.parameters())\nx = torch.randn({size}, 1024)")
         assert (run(mip, f"%%cudamem -o -q\n{STEP}").peak <= capacity) is fits
 
 
@@ -178,7 +164,7 @@ def test_fit_when_even_one_row_does_not_fit_and_names_that_share_the_batch(mip):
     assert result.best is None and result.predictions[-1][0] == 1
     text = PlainTextFormatter()(result)
     assert "no first dimension of x fits cpu" in text
-    run(mip, "y = torch.randn(64, 2048)\nbatch = {'a': x, 'b': [1, 2]}")
+    run(mip, "y = torch.randn(64, 1024)\nbatch = {'a': x, 'b': [1, 2]}")
     both = run(mip, "%%cudamem --fit x,y --predict cpu --capacity 200MiB -o -q\n"
                     "(model(x) - y).square().mean()")
     assert both.best is not None and both.names == ["x", "y"]
@@ -195,7 +181,7 @@ def test_a_cell_fake_tensors_cannot_run_is_one_line_and_changes_nothing(mip, cel
     import types
 
     helper = types.ModuleType("helper")
-    exec("import torch\nSCALE = torch.ones(2048)\ndef scaled(t):\n    return t * SCALE", helper.__dict__)
+    exec("import torch\nSCALE = torch.ones(1024)\ndef scaled(t):\n    return t * SCALE", helper.__dict__)
     mip.user_ns["helper"] = helper
     before = _state(mip.user_ns)
     error = run_error(mip, f"%%cudamem --predict cpu\nx = x * 2\n{cell}")
@@ -245,7 +231,7 @@ def test_bad_options_are_one_line_errors_before_anything_runs(mip, line, says):
 
 
 def test_fit_names_with_different_first_dimensions_are_refused(mip):
-    run(mip, "y = torch.randn(3, 2048)")
+    run(mip, "y = torch.randn(3, 1024)")
     error = run_error(mip, "%%cudamem --fit x,y --predict cpu --capacity 1GiB\n(model(x) - y[0]).sum()")
     assert isinstance(error, UsageError) and "different first dimensions (3, 64)" in str(error)
 
@@ -286,8 +272,8 @@ def test_a_cuda_prediction_accounts_blocks_segments_workspaces_and_the_context(m
 
 
 def test_autocast_for_cuda_halves_what_the_forward_keeps(ip):
-    run(ip, "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), "
-            "torch.nn.Linear(4096, 1024))\nx = torch.randn(256, 1024)")
+    run(ip, "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), "
+            "torch.nn.Linear(1024, 256))\nx = torch.randn(256, 256)")
     full = run(ip, "%%cudamem --predict cuda --top 0 -o -q\nmodel(x).float().sum().backward()")
     half = run(ip, "%%cudamem --predict cuda --top 0 -o -q\n"
                    "with torch.autocast('cuda', dtype=torch.bfloat16):\n    y = model(x)\n"

@@ -25,7 +25,7 @@ class CUDAMemMagics(MagicsPart):
                    "allocated, moved or changed, and the figures are a prediction for DEVICE")
     @argument("--capacity", metavar="SIZE",
               help="the device memory to compare with, e.g. 80GiB, 24GB (default: the device's own when "
-                   "torch knows it; available RAM for cpu)")
+                   "torch knows it; total RAM for cpu)")
     @argument("--fit", metavar="NAME[,NAME...]",
               help="predict at several first dimensions of these tensors (the batch) and report the "
                    "largest that fits the capacity (implies --predict)")

@@ -179,11 +179,13 @@ def device_facts(target: Target) -> tuple:
 
 
 def host_capacity() -> tuple:
-    """``(available bytes, source)`` of this machine's memory, for a cpu target (psutil)."""
+    """``(total bytes, source)`` of this machine's memory, for a cpu target (psutil): the counterpart of
+    a GPU's ``total_memory``. Not what is free now, which leaves out the tensors the cell's objects
+    already hold and so would count them twice."""
     try:
         import psutil
 
-        return int(psutil.virtual_memory().available), "available RAM now (psutil)"
+        return int(psutil.virtual_memory().total), "total RAM (psutil)"
     except Exception:  # noqa: BLE001 - no psutil: no capacity, said in the report
         return None, None
 

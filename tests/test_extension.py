@@ -6,7 +6,7 @@ import sys
 
 from conftest import ROOT
 
-OUR_MAGICS = {"gpuinfo", "ontorch", "cudatime", "whereis", "gpumem"}
+OUR_MAGICS = {"gpuinfo", "ontorch", "cudatime", "whereis", "gpumem", "cudamem"}
 
 
 def _ours(shell):

@@ -300,7 +300,7 @@ def test_move_to_meta_is_refused_unless_asked_and_meta_cannot_move_back(tip):
     run(tip, "%%ontorch meta --move model --discard-data -q\npass")
     error, _ = failing(tip, "%%ontorch cpu --move model\nran = 1")
     assert str(error) == ("%%ontorch: --move: model is on meta, which holds no values to copy to cpu; create "
-                          "it there instead (a module: model.to_empty(device='cpu'), then load its weights)")
+                          "it there instead: model.to_empty(device='cpu'), then load its weights")
     assert ns["model"].weight.device.type == "meta" and "ran" not in ns
     error, _ = failing(tip, "%%ontorch cpu --discard-data\nran = 1")
     assert str(error) == "%%ontorch: --discard-data goes with --move NAME,..."
@@ -320,7 +320,8 @@ def test_move_with_an_optimizer_keeps_it_on_the_models_parameters(tip):
     assert ns["same"] is True
     state = ns["opt"].state[ns["model"].weight]
     assert state["exp_avg"].device.type == "meta" and len(ns["opt"].state) == 2
-    assert "opt (optimizer, 64 B)" in out  # exp_avg and exp_avg_sq; step stays on cpu, as torch keeps it
+    # exp_avg and exp_avg_sq moved; the two 4-byte steps stay on cpu, where torch keeps them
+    assert "opt (optimizer, 64 B; its 8 B of step counters stay on cpu, as torch keeps them)" in out
 
 
 def test_move_with_an_unknown_name_moves_nothing(tip):
@@ -487,3 +488,26 @@ def test_rebound_names_found_by_position_and_by_name():
     del ns["a"]  # no longer a prefix of the old names
     assert _rebound(keys, ids, ns) == {"b", "c"}
     assert _rebound(list(ns), list(map(id, ns.values())), ns) == set()
+
+
+def test_footer_says_what_is_on_the_cpu_by_design_apart_from_what_is_not(tip):
+    run(tip, "ds = torch.utils.data.TensorDataset(torch.ones(4, 2), torch.zeros(4))\n"
+             "it = iter(torch.utils.data.DataLoader(ds, batch_size=2))")
+    _, out = cell(tip, "%%ontorch meta\nrng = torch.get_rng_state()\na = torch.from_numpy(np.ones(3))\n"
+                       "xb, yb = next(it)\nh = torch.ones(2)")
+    assert out.startswith("%%ontorch: ran on meta; not on meta: a (cpu, float64 (3,)) (the default device "
+                          "skips")
+    assert "; on cpu by design: rng (an RNG state: torch keeps generator states on cpu" in out
+    assert ("xb, yb (a DataLoader's batch: made on cpu by its workers; move it in the loop with "
+            ".to(device))") in out
+    assert "h (" not in out
+
+
+def test_move_explains_that_a_gradscaler_needs_no_move(tip):
+    run(tip, "scaler = torch.amp.GradScaler('cpu')\nscaler.scale(torch.ones(2))")
+    error, _ = failing(tip, "%%ontorch meta --move scaler\nran = 1")
+    assert str(error) == ("%%ontorch: --move: scaler is a GradScaler, which needs no move: it copies its "
+                          "scale to each output's device when used; --move takes tensors, nn.Modules and "
+                          "optimizers")
+    rows = {r.name: r for r in tip.run_line_magic("whereis", "-o").rows}
+    assert "fine on any device" in rows["scaler._scale"].note

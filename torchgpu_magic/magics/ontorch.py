@@ -201,15 +201,14 @@ class OnTorchMagics(MagicsPart):
         for name in dict.fromkeys(names):
             kind = moves.movable_kind(ns[name])
             if kind is None:
-                raise UsageError(f"%ontorch: --move: {name} is a {type(ns[name]).__name__}; --move takes "
-                                 "tensors, nn.Modules and optimizers")
+                raise UsageError(f"%ontorch: --move: {moves.not_movable(name, ns[name])}")
             targets.append((name, kind))
         return targets
 
     def _move(self, targets: list, device: Any, discard_data: bool) -> list:
         """Move the validated targets, all or nothing (:func:`torchgpu_magic.placement.moves.move`), and
-        bind the new objects; [(name, kind, bytes)]. A refusal or failure raises MagicInputError, nothing
-        moved."""
+        bind the new objects; [(name, kind, bytes, note)]. A refusal or failure raises MagicInputError,
+        nothing moved."""
         from ..placement import moves
 
         if not targets:
@@ -217,9 +216,9 @@ class OnTorchMagics(MagicsPart):
         ns = self.shell.user_ns
         kinds = dict(targets)
         moved = moves.move([(name, ns[name]) for name, _ in targets], device, discard_data, ns)
-        for name, obj, _ in moved:
+        for name, obj, _, _ in moved:
             ns[name] = obj
-        return [(name, kinds[name], nbytes) for name, _, nbytes in moved]
+        return [(name, kinds[name], nbytes, note) for name, _, nbytes, note in moved]
 
     @staticmethod
     def _report_move(moved: list, device: Any, quiet: bool, magic: str) -> None:
@@ -228,9 +227,9 @@ class OnTorchMagics(MagicsPart):
 
         if not moved or quiet:
             return
-        parts = [f"{name} ({kind}, {fmt_bytes(nbytes)})" if nbytes else f"{name} (already there)"
-                 for name, kind, nbytes in moved]
-        total = sum(nbytes for _, _, nbytes in moved)
+        parts = [f"{name} ({kind}, {fmt_bytes(nbytes)}{'; ' + note if note else ''})" if nbytes
+                 else f"{name} (already there)" for name, kind, nbytes, note in moved]
+        total = sum(nbytes for _, _, nbytes, _ in moved)
         print(f"{magic}: moved to {device}: {', '.join(parts)}; {fmt_bytes(total)} in all")
 
     def _set_default(self, device: Any, dtype: Any, line: str) -> None:
@@ -295,7 +294,7 @@ class OnTorchMagics(MagicsPart):
             names.update(held)  # the names bound anew, and what may have changed in place
             touched = dict(compress(ns.items(), map(names.__contains__, ns)))
             after = placement.namespace_snapshot(touched)
-            print(self._footer(device, placement.changed(before, after)))
+            print(placement.footer_line(device, placement.changed(before, after), ns, cell))
         return value
 
     @staticmethod
@@ -369,14 +368,3 @@ class OnTorchMagics(MagicsPart):
         ns = shell.user_ns
         exec(shell.compile(tree, filename, "exec"), ns)
         return eval(shell.compile(last, filename, "eval"), ns) if last is not None else None
-
-    def _footer(self, device: Any, changed: list) -> str:
-        """One line: the device that ran the cell, and new or changed objects that are elsewhere."""
-        here = str(device)
-        elsewhere = [p for p in changed if p.devices and p.devices != (here,)]
-        if not elsewhere:
-            return f"%%ontorch: ran on {here}"
-        shown = [f"{p.name} ({'+'.join(p.devices)}, {p.summary})" for p in elsewhere[:5]]
-        more = f" and {len(elsewhere) - 5} more" if len(elsewhere) > 5 else ""
-        return (f"%%ontorch: ran on {here}; not on {here}: {', '.join(shown)}{more} (the default device "
-                "skips from_numpy, torch.Tensor(), torch.normal, device= and older objects)")

@@ -1,5 +1,5 @@
-"""The namespace scan: the per-cell snapshot behind ``--watch`` and ``%%ontorch``'s footer, and the
-``--watch`` line (the ``%whereis`` table is in :mod:`.namespace`).
+"""The namespace scan: the per-cell snapshot behind ``--watch`` and ``%%ontorch``'s footer, the
+``--watch`` line and the footer's line (the ``%whereis`` table is in :mod:`.table`).
 
 Snapshots and reports hold names, strings, numbers and ``id()`` values, never the objects, so keeping
 one around pins no GPU memory.
@@ -12,17 +12,9 @@ from itertools import compress
 from operator import ne
 from typing import Any, Mapping, Optional
 
-from .accounting import (
-    _module_tensors,
-    _optimizer_tensors,
-    device_str,
-    devices_of,
-    dtype_str,
-    kind_of,
-    module_totals,
-    storage_key,
-    tensor_nbytes,
-)
+from .accounting import account, device_str, dtype_str, kind_of, optimizer_tensors, tensor_nbytes
+from .bydesign import LOADER_WHY, loader_names, tensor_why
+from .names import resolve
 from .text import _sep, fmt_count, shape_str
 from .walk import IPYTHON_NAMES, _container_items
 
@@ -39,11 +31,14 @@ SNAPSHOT_CONTAINER_LIMIT = 64
 def _module_sig(module: Any) -> tuple:
     """A hashable summary of a module's placement that changes when any of its parameters or
     buffers moves, changes dtype or shape, or when tensors are added or removed."""
-    return tuple((t.device, t.dtype, t.shape) for _, t, _ in _module_tensors(module))
+    return tuple((t.device, t.dtype, t.shape) for mod in module.modules()
+                 for table in (mod._parameters, mod._buffers) for t in table.values() if t is not None)
 
 
 def _optimizer_sig(optimizer: Any) -> tuple:
-    return tuple((t.device, t.dtype, is_state) for t, is_state in _optimizer_tensors(optimizer))
+    """The same for an optimizer: its parameters' devices, then its state tensors' keys and devices."""
+    params = tuple(p.device for group in optimizer.param_groups for p in group.get("params", ()))
+    return params + tuple((key, t.device, t.dtype) for _, _, key, t in optimizer_tensors(optimizer))
 
 
 @dataclass(frozen=True)
@@ -62,24 +57,14 @@ class Placed:
 
 
 def _placed(name: str, obj: Any, kind: str, fingerprint: tuple) -> Placed:
-    if kind == "tensor":
+    if kind == "tensor":  # the hot path of the footer and --watch: the account's figures, read directly
         shape = tuple(obj.shape)
         summary = f"{dtype_str(obj.dtype)} {shape_str(shape)}"
         return Placed(name, kind, (device_str(obj.device),), summary, tensor_nbytes(obj), fingerprint)
-    if kind == "module":
-        numel, nbytes, _ = module_totals(obj)
-        summary = f"{type(obj).__name__} {fmt_count(numel)} params"
-        return Placed(name, kind, devices_of(obj), summary, nbytes, fingerprint)
-    seen = {}
-    n_params = 0
-    for tensor, is_state in _optimizer_tensors(obj):
-        if is_state:
-            key, size = storage_key(tensor)
-            seen[key] = size
-        else:
-            n_params += 1
-    summary = f"{type(obj).__name__} {n_params} params"
-    return Placed(name, kind, devices_of(obj), summary, sum(seen.values()), fingerprint)
+    acc = account(obj, gradients=False)
+    count = fmt_count(acc.tree.params) if kind == "module" else acc.params
+    summary = f"{type(obj).__name__} {count} params"
+    return Placed(name, kind, acc.devices, summary, acc.nbytes(), fingerprint)
 
 
 class SnapshotCache:
@@ -276,3 +261,43 @@ def watch_line(changes: list, before: Mapping[str, Placed]) -> str:
         else:
             parts.append(f"changed {placed.name} {where} {placed.summary}")
     return "whereis: " + sep.join(parts)
+
+
+FOOTER_SKIPS = "the default device skips from_numpy, torch.Tensor(), torch.normal, device= and older objects"
+
+
+def footer_line(device: Any, changes: list, ns: Mapping[str, Any], cell: str = "") -> str:
+    """``%%ontorch``'s footer: the device that ran the cell, and the new or changed objects (``changes``,
+    from :func:`changed`) that are not on it. Tensors on the cpu on purpose are said apart, as such: RNG
+    states, pinned host buffers, and the batches ``cell`` takes from a DataLoader (only these few
+    names are looked up again in ``ns``, and only when something is elsewhere)."""
+    here = str(device)
+    elsewhere: list = []
+    by_design: dict = {}  # why: [names]
+    loaders: Optional[set] = None
+    for placed in changes:
+        if not placed.devices or placed.devices == (here,):
+            continue
+        why = None
+        if placed.kind == "tensor" and placed.devices == ("cpu",):
+            try:
+                why = tensor_why(resolve(placed.name, ns), "cpu")
+            except Exception:  # noqa: BLE001 - a name gone or unreadable: said as it is
+                why = None
+            if why is None:
+                loaders = loader_names(cell, ns) if loaders is None else loaders
+                if placed.name.split("[")[0].split(".")[0] in loaders:
+                    why = LOADER_WHY
+        if why is None:
+            elsewhere.append(placed)
+        else:
+            by_design.setdefault(why, []).append(placed.name)
+    line = f"%%ontorch: ran on {here}"
+    if elsewhere:
+        shown = [f"{p.name} ({'+'.join(p.devices)}, {p.summary})" for p in elsewhere[:5]]
+        more = f" and {len(elsewhere) - 5} more" if len(elsewhere) > 5 else ""
+        line += f"; not on {here}: {', '.join(shown)}{more} ({FOOTER_SKIPS})"
+    if by_design:
+        line += "; on cpu by design: " + "; ".join(f"{', '.join(names)} ({why})"
+                                                  for why, names in by_design.items())
+    return line

@@ -47,6 +47,18 @@ def usage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def cell_number(shell: Any) -> int:
+    """The ``In[n]`` of the cell running now, as IPython itself names it (its traceback's "Cell In[n]",
+    its history, the ``Out[n]`` of the result). IPython 8 and 9 add one to ``execution_count`` *before* a
+    cell runs and 7.x after it, so ``execution_count`` names the next cell on one leg and this cell on the
+    other; IPython hands the running cell's ``ExecutionResult`` to its display hook on both, and its
+    ``execution_count`` is the number IPython uses. Outside a cell (``run_line_magic`` from code), or for
+    a cell run without history on 7.x, the shell's count, which names the cell it would be."""
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    number = getattr(result, "execution_count", None)
+    return number if isinstance(number, int) else shell.execution_count
+
+
 def ends_with_semicolon(source: str) -> bool:
     """True when the last code token of ``source`` is ``;``: IPython's rule for a cell whose value is
     not shown (``DisplayHook.semicolon_at_end_of_expression`` exists only from IPython 8)."""

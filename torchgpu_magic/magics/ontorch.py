@@ -11,7 +11,7 @@ from IPython.core.magic import line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..errors import MagicInputError
-from .base import MagicsPart, TorchGPUMagics, ends_with_semicolon, parse_args, usage_errors
+from .base import MagicsPart, TorchGPUMagics, cell_number, ends_with_semicolon, parse_args, usage_errors
 
 # type -> whether the footer watches its instances for in-place changes (modules, optimizers, containers)
 _HELD_TYPE: dict = {}
@@ -358,7 +358,7 @@ class OnTorchMagics(MagicsPart):
             # indented, or prompts pasted in: IPython's cleanup transforms decide, and report errors
             source = header + shell.transform_cell(cell)
             tree = shell.compile.ast_parse(source)
-        filename = shell.compile.cache(source, shell.execution_count)
+        filename = shell.compile.cache(source, cell_number(shell))
         tree = shell.transform_ast(tree)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):

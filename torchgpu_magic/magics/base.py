@@ -82,8 +82,11 @@ class TorchGPUMagics(Magics):
     that undo whatever those hooked into the shell (event callbacks, formatters, threads)."""
 
     def __init__(self, shell: Any, parts: Iterable[type[MagicsPart]]) -> None:
+        from .tracebacks import Tracebacks
+
         super().__init__(shell)
         self._closers: list[Callable[[], None]] = []
+        self.tracebacks = Tracebacks(shell)  # the user's cell first; parts add their explainers
         self.parts: list[MagicsPart] = [cls(shell, self) for cls in parts]
 
     def part(self, cls: type[P]) -> P:
@@ -91,7 +94,10 @@ class TorchGPUMagics(Magics):
         return next(part for part in self.parts if isinstance(part, cls))
 
     def start(self) -> None:
-        """Hook the always-on features of every part into the shell (called once, by ``load``)."""
+        """Hook the always-on features of every part into the shell (called once, by ``load``): the
+        traceback wrapper first, then each part's (a part may register an explainer with it)."""
+        self.tracebacks.install()
+        self.add_closer(self.tracebacks.uninstall)
         for part in self.parts:
             part.start()
 

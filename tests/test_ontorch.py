@@ -130,7 +130,8 @@ def test_error_shows_the_users_line_not_the_extensions_frames(tip):
     error, out = failing(tip, "%%ontorch meta\nfirst = 1\nraise ValueError('from the cell')\n")
     assert isinstance(error, ValueError)
     assert "----> 3 raise ValueError('from the cell')" in out
-    assert "torchgpu_magic" not in out  # no frame of the extension: magics/ontorch.py, base.py, devices.py
+    # no frame of the extension (magics/ontorch.py, base.py, devices.py): at most one line naming them
+    assert not any(name in out for name in ("ontorch.py", "base.py", "devices.py", "torchgpu_magic/"))
 
 
 def test_nested_cells_unwind_in_order(tip):
@@ -260,7 +261,10 @@ def test_fallback_runs_on_cpu_and_says_so_in_one_line(tip):
 
 def test_fallback_does_not_hide_typos_and_is_itself_validated(tip):
     error, _ = failing(tip, "%%ontorch cdua:0 --fallback cpu\nran = 1")
-    assert "Did you mean 'cuda:0'?" in str(error)
+    if devices._missing("cuda") is None:
+        assert "Did you mean 'cuda:0'?" in str(error)
+    else:  # a typo of a device absent here: torch's name and why, not a suggestion that fails next
+        assert "unknown device 'cdua:0'; torch calls it 'cuda:0', which is not available here" in str(error)
     error, _ = failing(tip, "%%ontorch meta --fallback mte\nran = 1")
     assert str(error).startswith("%%ontorch: --fallback: unknown device 'mte'. Did you mean 'meta'?")
     assert "ran" not in tip.user_ns
@@ -302,6 +306,11 @@ def test_move_to_meta_is_refused_unless_asked_and_meta_cannot_move_back(tip):
     assert str(error) == ("%%ontorch: --move: model is on meta, which holds no values to copy to cpu; create "
                           "it there instead: model.to_empty(device='cpu'), then load its weights")
     assert ns["model"].weight.device.type == "meta" and "ran" not in ns
+    run(tip, "%%ontorch meta --move x --discard-data -q\npass")
+    error, _ = failing(tip, "%%ontorch cpu --move x\nran = 1")
+    assert str(error) == ("%%ontorch: --move: x is on meta, which holds no values to copy to cpu; create it "
+                          "there instead: x = torch.empty(x.shape, dtype=x.dtype, device='cpu'), then fill "
+                          "it")
     error, _ = failing(tip, "%%ontorch cpu --discard-data\nran = 1")
     assert str(error) == "%%ontorch: --discard-data goes with --move NAME,..."
 

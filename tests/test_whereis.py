@@ -420,3 +420,12 @@ def test_training_notebook_diagnoses_each_forgotten_move():
             assert line in text, (line, text)
     shown = "\n".join(runner.cell_text(c) for c in nb.cells if c.source.startswith("%whereis --sort"))
     assert re.search(r"^model\s+Sequential\s+float32\s+178 params\s+712 B\s+712 B\s", shown, re.M), shown
+
+
+def test_help_speaks_to_the_user_not_of_the_implementation(ip):
+    from torchgpu_magic import placement
+    from torchgpu_magic.magics.whereis import WhereIsMagics
+
+    text = WhereIsMagics.whereis.__doc__ + WhereIsMagics.whereis.parser.format_help()
+    assert "imported" not in text and "placement." not in text
+    assert f"(default {placement.DEFAULT_TOP})" in " ".join(text.split())

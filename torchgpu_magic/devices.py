@@ -369,12 +369,41 @@ def shown(text: str, limit: int = 40) -> str:
     return text.encode("unicode_escape").decode("ascii")
 
 
+def without_device_list(message: str) -> str:
+    """A device error's message without its closing "Devices here: ..." list, for a caller that lists
+    the devices it takes itself (``%%cudatime --devices``, ``--fallback``)."""
+    return message.split(" Devices here:")[0].rstrip(".")
+
+
+def _missing(kind: str) -> Optional[str]:
+    """Why device type ``kind`` is not usable here, or None when it is."""
+    if kind in ("cpu", "meta", "auto"):
+        return None
+    if kind == "cuda":
+        return None if _cuda_count() else _cuda_missing()
+    if kind == "xpu":
+        return None if _xpu_count() else "torch sees no Intel XPU here"
+    if kind == "mps":
+        return None if _mps_available() else (
+            "this torch has no MPS support" if not _mps_built() else "no Apple-silicon GPU is usable")
+    return None
+
+
 def _unknown(text: str) -> str:
+    """A malformed or misspelt spec: a did-you-mean for a device that exists here; for one that does not
+    (``gpu`` on a machine without CUDA), torch's name for it and why it is not available, so the message
+    suggests nothing that would fail next."""
     shown_text = shown(text)
     kind, _, index = text.strip().lower().partition(":")
     close = difflib.get_close_matches(kind, KINDS + ("auto",), n=1, cutoff=0.5)
     guess = _HINTS.get(kind) or (close[0] if close else None)
     if guess and index.isdigit() and guess in ("cuda", "xpu"):
         guess = f"{guess}:{int(index)}"
-    hint = f" Did you mean '{guess}'?" if guess else ""
-    return f"unknown device '{shown_text}'.{hint} {_here()}"
+    missing = _missing(guess.split(":")[0]) if guess else None
+    if guess is None:
+        hint = "."
+    elif missing is None:
+        hint = f". Did you mean '{guess}'?"
+    else:
+        hint = f"; torch calls it '{guess}', which is not available here: {missing}."
+    return f"unknown device '{shown_text}'{hint} {_here()}"

@@ -178,7 +178,7 @@ class OnTorchMagics(MagicsPart):
         except devices.DeviceUnavailable as exc:
             if backup is None:
                 raise
-            reason = str(exc).split(". Devices here:")[0]
+            reason = devices.without_device_list(str(exc))
             return backup, f"{magic}: {reason}; running on {backup} instead (--fallback)"
 
     def _targets(self, move: Optional[str]) -> list:

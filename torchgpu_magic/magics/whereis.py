@@ -59,7 +59,7 @@ class WhereIsMagics(MagicsPart):
               help="the table: largest first (data + gradients), or by name; default: namespace order")
     @argument("--top", type=int, default=None, metavar="N",
               help="the table: the first N rows per device, then one line for the rest; 0: all "
-                   "(default 100: placement.DEFAULT_TOP, not imported here so that loading stays light)")
+                   "(default 100)")
     @argument("-o", dest="return_report", action="store_true",
               help="return the report object instead of displaying it")
     @argument("--cluster", nargs="?", const="", default=None, metavar="CLIENT",

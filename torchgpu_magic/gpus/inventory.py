@@ -21,6 +21,7 @@ from ..render import Table, fmt_bytes, fmt_value, html_lines, is_na
 from . import nvml
 from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, parse_cuda_visible_devices, torch_view
 from .nvml import NA
+from .problems import driver_fix
 
 __all__ = [
     "TorchDevice",
@@ -313,49 +314,6 @@ def _version_tuple(text: Any) -> Optional[tuple]:
 
 def _hides_all(value: Optional[str], gpus: list) -> bool:
     return value is not None and bool(gpus) and not parse_cuda_visible_devices(value, gpus)
-
-
-def in_container() -> bool:
-    """Whether this process runs in a container (Docker's /.dockerenv, Podman's /run/.containerenv, or a
-    container runtime's cgroup), where a missing driver usually means one not mounted in."""
-    if os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"):
-        return True
-    try:
-        with open("/proc/1/cgroup", encoding="utf-8") as cgroup:
-            text = cgroup.read()
-    except OSError:
-        return False
-    return any(word in text for word in ("docker", "kubepods", "containerd", "libpod", "lxc"))
-
-
-def driver_fix(system: Optional[str] = None, container: Optional[bool] = None,
-               wsl: Optional[bool] = None) -> str:
-    """What to do where no NVIDIA driver is installed, for this machine: ``system`` is
-    ``platform.system()`` ('Linux', 'Darwin', 'Windows'), ``container`` whether this runs in one, ``wsl``
-    whether Linux runs under Windows' WSL (each found out when not given)."""
-    import platform
-
-    system = platform.system() if system is None else system
-    if wsl is None:
-        wsl = system == "Linux" and "microsoft" in platform.release().lower()
-    if container is None:
-        container = system == "Linux" and in_container()
-    if system == "Darwin":
-        return ("macOS has no NVIDIA driver for current Macs; on Apple silicon torch uses the GPU as 'mps' "
-                "(%%ontorch mps)")
-    if system == "Windows":
-        return ("install the NVIDIA driver for your GPU (https://www.nvidia.com/Download/index.aspx, or the "
-                "NVIDIA App) and restart; `nvidia-smi` then lists the GPU")
-    if wsl:
-        return ("install the NVIDIA driver on Windows, not inside WSL: WSL 2 then provides it here "
-                "(/usr/lib/wsl/lib); `nvidia-smi` in WSL then lists the GPU")
-    if container:
-        return ("this runs in a container started without the driver: on a host with an NVIDIA GPU and "
-                "driver, start it with `docker run --gpus all` (the NVIDIA Container Toolkit), or "
-                "`apptainer run --nv`")
-    return ("install the NVIDIA driver for this Linux and reboot: `sudo ubuntu-drivers install` (Ubuntu), "
-            "`sudo apt install nvidia-driver` (Debian), `akmod-nvidia` from RPM Fusion (Fedora), or "
-            "https://www.nvidia.com/Download/index.aspx; `nvidia-smi` then lists the GPU")
 
 
 def diagnose(view: TorchView, problem: Any, gpus: list, env: dict) -> list:

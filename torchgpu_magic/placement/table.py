@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional
 
 from .accounting import account, dtype_str, kind_of, optimizer_tensors, tensor_facts
+from .kinds import gc_paused
 from .text import _device_order, _grad_state, _join, fmt_count, shape_str
 from .walk import Walk, _container_items
 
@@ -278,7 +279,13 @@ def namespace_report(
     """Everything placeable in ``ns`` (a shell's user namespace, with its ``Out`` cache), grouped by
     device; only ``device``'s table when given; rows by size (data + gradients) with ``sort='bytes'``,
     by name with ``sort='name'``, else in namespace order; ``top`` rows per device (None: all). Reads
-    only; keeps no reference."""
+    only; keeps no reference. The garbage collector is paused during the walk (:func:`.kinds.gc_paused`)."""
+    with gc_paused():
+        return _namespace_report(ns, device, sort, top)
+
+
+def _namespace_report(ns: Mapping[str, Any], device: Optional[str], sort: Optional[str],
+                      top: Optional[int]) -> NamespaceReport:
     rows: list = []
     tally = _Tally()
     user_ids: set = set()

@@ -520,3 +520,20 @@ def test_move_explains_that_a_gradscaler_needs_no_move(tip):
                           "optimizers")
     rows = {r.name: r for r in tip.run_line_magic("whereis", "-o").rows}
     assert "fine on any device" in rows["scaler._scale"].note
+
+
+def test_cuda_availability_is_asked_once_not_before_every_cell(tip, monkeypatch):
+    real = torch.cuda.is_available
+    asked = []
+
+    def counting():
+        asked.append(1)
+        return real()
+
+    monkeypatch.setattr(torch.cuda, "is_available", counting)
+    for _ in range(5):
+        cell(tip, "%%ontorch cpu\nx = torch.ones(2)")
+    assert len(asked) <= 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # before CUDA starts this changes what it sees
+    cell(tip, "%%ontorch cpu\nx = torch.ones(2)")
+    assert len(asked) == 2

@@ -15,6 +15,7 @@ from .base import MagicsPart, TorchGPUMagics, cell_number, ends_with_semicolon, 
 
 # type -> whether the footer watches its instances for in-place changes (modules, optimizers, containers)
 _HELD_TYPE: dict = {}
+_IPYTHON = frozenset({"In", "Out", "exit", "quit", "get_ipython"})  # IPython's own names: never the user's
 
 
 def _rebound(keys: list, ids: list, ns: dict) -> set:
@@ -43,6 +44,7 @@ class OnTorchMagics(MagicsPart):
         self._depth = 0  # how many %%ontorch cells are running (nested ones included)
         self._closer_added = False
         self._parsed: dict = {}  # parsed options by magic line: see _args
+        self._footer_caches: Any = None  # (before, after) placement.SnapshotCache of the footer
 
     @magic_arguments()
     @argument("spec", nargs="?", default=None,
@@ -277,7 +279,9 @@ class OnTorchMagics(MagicsPart):
         if not quiet:  # footer: what the cell binds anew, and the insides of models and containers
             keys, ids = list(ns), list(map(id, ns.values()))  # at C speed: the whole namespace
             held = self._held(ns)
-            before = placement.namespace_snapshot(held)
+            if self._footer_caches is None:  # one each: alternating mappings would make one start over
+                self._footer_caches = (placement.SnapshotCache(), placement.SnapshotCache())
+            before = placement.namespace_snapshot(held, self._footer_caches[0])
         self._depth += 1
         try:
             with devices.use_device(device, dtype):
@@ -292,8 +296,10 @@ class OnTorchMagics(MagicsPart):
         if not quiet:
             names = _rebound(keys, ids, ns)
             names.update(held)  # the names bound anew, and what may have changed in place
-            touched = dict(compress(ns.items(), map(names.__contains__, ns)))
-            after = placement.namespace_snapshot(touched)
+            touched = {name: ns[name] for name in ns.keys() & names}  # the few names, not the namespace
+            if len(touched) > 1:  # in the namespace's order, as the footer lists them
+                touched = dict(compress(ns.items(), map(touched.__contains__, ns)))
+            after = placement.namespace_snapshot(touched, self._footer_caches[1])
             print(placement.footer_line(device, placement.changed(before, after), ns, cell))
         return value
 
@@ -310,12 +316,16 @@ class OnTorchMagics(MagicsPart):
         kinds = (torch.nn.Module, torch.optim.Optimizer, list, tuple, dict)
         types = list(map(type, ns.values()))
         try:
-            for typ in set(types).difference(_HELD_TYPE):
-                _HELD_TYPE[typ] = issubclass(typ, kinds)
+            try:
+                flags = list(map(_HELD_TYPE.__getitem__, types))  # at C speed, per type cached
+            except KeyError:  # a type not seen yet
+                for typ in set(types).difference(_HELD_TYPE):
+                    _HELD_TYPE[typ] = issubclass(typ, kinds)
+                flags = list(map(_HELD_TYPE.__getitem__, types))
         except TypeError:  # an unhashable metaclass: ask each object
             return {name: obj for name, obj in ns.items() if name[:1] != "_" and isinstance(obj, kinds)}
-        found = compress(ns.items(), map(_HELD_TYPE.__getitem__, types))  # at C speed, per type cached
-        return {name: obj for name, obj in found if name[:1] != "_"}
+        found = compress(ns.items(), flags)
+        return {name: obj for name, obj in found if name[:1] != "_" and name not in _IPYTHON}
 
     def _stock(self, cell: str) -> bool:
         """True when IPython's transforms would leave ``cell`` as it is: no extension added transforms

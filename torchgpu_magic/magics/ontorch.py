@@ -277,8 +277,12 @@ class OnTorchMagics(MagicsPart):
 
         ns = self.shell.user_ns
         if not quiet:  # footer: what the cell binds anew, and the insides of models and containers
-            keys, ids = list(ns), list(map(id, ns.values()))  # at C speed: the whole namespace
-            held = self._held(ns)
+            # One pass over the namespace (each object touched once: after a busy cell they are out of
+            # the CPU's caches, and touching one costs more than the Python work on it), at C speed.
+            keys, values = list(ns), list(ns.values())
+            ids = list(map(id, values))
+            held = self._held(keys, values)
+            del values  # no reference kept while the cell runs
             if self._footer_caches is None:  # one each: alternating mappings would make one start over
                 self._footer_caches = (placement.SnapshotCache(), placement.SnapshotCache())
             before = placement.namespace_snapshot(held, self._footer_caches[0])
@@ -304,7 +308,7 @@ class OnTorchMagics(MagicsPart):
         return value
 
     @staticmethod
-    def _held(ns: dict) -> dict:
+    def _held(keys: list, values: list) -> dict:
         """Names bound to modules, optimizers or containers: objects a cell can change in place.
 
         The footer snapshots only these before the cell, and after it only these plus the names the
@@ -314,7 +318,7 @@ class OnTorchMagics(MagicsPart):
         import torch
 
         kinds = (torch.nn.Module, torch.optim.Optimizer, list, tuple, dict)
-        types = list(map(type, ns.values()))
+        types = list(map(type, values))
         try:
             try:
                 flags = list(map(_HELD_TYPE.__getitem__, types))  # at C speed, per type cached
@@ -323,8 +327,9 @@ class OnTorchMagics(MagicsPart):
                     _HELD_TYPE[typ] = issubclass(typ, kinds)
                 flags = list(map(_HELD_TYPE.__getitem__, types))
         except TypeError:  # an unhashable metaclass: ask each object
-            return {name: obj for name, obj in ns.items() if name[:1] != "_" and isinstance(obj, kinds)}
-        found = compress(ns.items(), flags)
+            return {name: obj for name, obj in zip(keys, values)
+                    if name[:1] != "_" and isinstance(obj, kinds)}
+        found = compress(zip(keys, values), flags)
         return {name: obj for name, obj in found if name[:1] != "_" and name not in _IPYTHON}
 
     def _stock(self, cell: str) -> bool:

@@ -7,10 +7,9 @@ one around pins no GPU memory.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 from itertools import compress
 from operator import ne
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 from .accounting import account, device_str, dtype_str, kind_of, optimizer_tensors, tensor_nbytes
 from .bydesign import LOADER_WHY, loader_names, tensor_why
@@ -41,12 +40,11 @@ def _optimizer_sig(optimizer: Any) -> tuple:
     return params + tuple((key, t.device, t.dtype) for _, _, key, t in optimizer_tensors(optimizer))
 
 
-@dataclass(frozen=True)
-class Placed:
+class Placed(NamedTuple):
     """What a name pointed to at snapshot time; holds no reference to the object itself.
 
-    ``fingerprint`` changes when the object is replaced, moved, reshaped or changes dtype.
-    """
+    ``fingerprint`` changes when the object is replaced, moved, reshaped or changes dtype. A named tuple:
+    one is made for each name a cell binds, before ``--watch``'s line and ``%%ontorch``'s footer."""
 
     name: str
     kind: str

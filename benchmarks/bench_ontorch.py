@@ -7,7 +7,11 @@ Rows:
 - for reference, the cell with torch's device mode forced on (`torch.set_default_device('cpu')`): the
   per-call cost of pytorch issue #92701, which `%%ontorch cpu` avoids by clearing the setting for cpu.
 
-Target (issue 12): `%%ontorch cpu` ≤ 1.05× the plain cell (median of per-pair ratios).
+Equal terms: every arm runs in the same shell, with the same 200 tensors bound to names, and builds the
+same tensors in its cell. `torch.cuda.is_available()` is asked once per process (devices._cuda_count),
+as a notebook's later cells would find it.
+
+Target (issues 12, 20): `%%ontorch cpu` ≤ 1.05× the plain cell (median of per-pair ratios).
 Run: `python benchmarks/bench_ontorch.py [--pairs N] [--tensors N]`.
 """
 from __future__ import annotations

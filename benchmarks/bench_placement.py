@@ -58,9 +58,13 @@ def _pairs(label: str, ours: Callable[[], Any], base: Callable[[], Any], base_la
 
 
 def _live_tensors() -> int:
+    import warnings
+
     import torch
 
-    return sum(1 for obj in gc.get_objects() if isinstance(obj, torch.Tensor))
+    with warnings.catch_warnings():  # isinstance on torch.distributed's deprecated aliases warns
+        warnings.simplefilter("ignore")
+        return sum(1 for obj in gc.get_objects() if isinstance(obj, torch.Tensor))
 
 
 def watch_row(pairs: int) -> None:
@@ -118,7 +122,10 @@ def memlab_row(pairs: int) -> None:
           f"namespace's), %whereis walks {seen_by_us:,}")
 
     def memlab() -> None:
-        with contextlib.redirect_stdout(io.StringIO()):
+        import warnings
+
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its isinstance over gc.get_objects() warns as above
             MemReporter().report()
 
     _pairs("%whereis table, 10,000 tensors", lambda: placement.namespace_report(ns).to_text(), memlab,

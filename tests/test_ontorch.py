@@ -537,3 +537,31 @@ def test_cuda_availability_is_asked_once_not_before_every_cell(tip, monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # before CUDA starts this changes what it sees
     cell(tip, "%%ontorch cpu\nx = torch.ones(2)")
     assert len(asked) == 2
+
+
+def test_footer_watches_what_the_cells_code_and_the_notebooks_helpers_can_bind(tip):
+    run(tip, "def load():\n    global data\n    data = torch.ones(2, device='cpu')\n"
+             "class Trainer:\n    def setup(self):\n        global weights\n"
+             "        weights = torch.zeros(1, device='cpu')\n"
+             "trainer = Trainer()")
+    _, out = cell(tip, "%%ontorch meta\nload()\ntrainer.setup()\nmine = torch.ones(1, device='cpu')")
+    assert "data (cpu, float32 (2,))" in out and "weights (cpu, float32 (1,))" in out
+    assert "mine (cpu, float32 (1,))" in out
+    _, out = cell(tip, "%%ontorch meta\nglobals()['hidden'] = torch.ones(3, device='cpu')")
+    assert "hidden (cpu, float32 (3,))" in out  # bound by a way the code does not name: all watched
+
+
+def test_cell_names_are_read_from_code_only():
+    import types
+
+    from torchgpu_magic import placement
+
+    def names(source, ns=None):
+        return placement.cell_names([compile(source, "<cell>", "exec")], source, ns or {})
+
+    assert {"x", "y", "np"} <= names("import numpy as np\nx = 1\nfor y in range(2): pass")
+    assert names("exec('z = 1')") is None and names("get_ipython().run_line_magic('time', '')") is None
+    assert names("from os import *") is None and names("import sys\nsys.modules['__main__'].k = 1") is None
+    ns = {"helper": types.FunctionType(compile("global g\ng = 1", "<h>", "exec"), {}, "helper")}
+    ns["helper"].__module__ = "__main__"
+    assert "g" in names("helper()", ns)

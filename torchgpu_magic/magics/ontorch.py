@@ -276,15 +276,14 @@ class OnTorchMagics(MagicsPart):
         from .. import devices, placement
 
         ns = self.shell.user_ns
+        compiled = self._compile(cell, line)  # first: a syntax error moves and changes nothing
         if not quiet:  # footer: what the cell binds anew, and the insides of models and containers
-            # One pass over the namespace (each object touched once: after a busy cell they are out of
-            # the CPU's caches, and touching one costs more than the Python work on it), at C speed.
-            keys, values = list(ns), list(ns.values())
-            ids = list(map(id, values))
-            held = self._held(keys, values)
-            del values  # no reference kept while the cell runs
             if self._footer_caches is None:  # one each: alternating mappings would make one start over
                 self._footer_caches = (placement.SnapshotCache(), placement.SnapshotCache())
+            watch = placement.cell_names([code for code in compiled[:2] if code is not None], compiled[2], ns)
+            if watch is not None:
+                watch.update(name for name, _ in targets)
+            keys, ids, held = self._watched(ns, watch)
             before = placement.namespace_snapshot(held, self._footer_caches[0])
         self._depth += 1
         try:
@@ -294,18 +293,39 @@ class OnTorchMagics(MagicsPart):
                 except MagicInputError as exc:
                     raise UsageError(f"%%ontorch: {exc}") from None
                 self._report_move(moved, device, quiet, "%%ontorch")
-                value = self._exec(cell, line)
+                value = self._run(*compiled[:2])
         finally:
             self._depth -= 1
         if not quiet:
-            names = _rebound(keys, ids, ns)
+            if watch is None:
+                names = _rebound(keys, ids, ns)
+            else:
+                names = {name for name, obj_id in zip(keys, ids) if name in ns and id(ns[name]) != obj_id}
             names.update(held)  # the names bound anew, and what may have changed in place
             touched = {name: ns[name] for name in ns.keys() & names}  # the few names, not the namespace
             if len(touched) > 1:  # in the namespace's order, as the footer lists them
                 touched = dict(compress(ns.items(), map(touched.__contains__, ns)))
-            after = placement.namespace_snapshot(touched, self._footer_caches[1])
-            print(placement.footer_line(device, placement.changed(before, after), ns, cell))
+            changes = placement.changed_elsewhere(before, touched, device, self._footer_caches[1])
+            print(placement.footer_line(device, changes, ns, cell))
         return value
+
+    def _watched(self, ns: dict, watch: Optional[set]) -> tuple:
+        """What the footer notes before the cell: (names, their objects' ids, the held ones by name).
+
+        ``watch`` (from :func:`~torchgpu_magic.placement.cell_names`) is the names the cell can bind or
+        change; None means any, and then the whole namespace is read, in one pass. After a busy cell the
+        namespace's objects are out of the CPU's caches, and touching one costs more than the Python
+        work on it (about 0.2 us a name, measured), which is why the few names a cell mentions are read
+        rather than all of them whenever that is enough. Names the cell binds that did not exist yet
+        have no id here, so they count as bound anew after it."""
+        if watch is None:
+            keys, values = list(ns), list(ns.values())
+        else:
+            keys = list(watch)
+            values = list(map(ns.get, keys))
+        ids = list(map(id, values))
+        held = self._held(keys, values)
+        return keys, ids, held
 
     @staticmethod
     def _held(keys: list, values: list) -> dict:
@@ -349,15 +369,15 @@ class OnTorchMagics(MagicsPart):
             )
         )
 
-    def _exec(self, cell: str, line: str) -> Any:
-        """Run ``cell`` in the user namespace the way a cell runs: IPython's transforms, tracebacks that
-        show the cell's own lines, and the value of a last expression returned for display.
+    def _compile(self, cell: str, line: str) -> tuple:
+        """Compile ``cell`` the way a cell is compiled: IPython's transforms, and tracebacks that show the
+        cell's own lines and number; (the body's code, the last expression's code or None when the cell
+        shows no value, the transformed source).
 
-        The body is compiled once and executed here rather than through a nested ``run_cell``, so an
-        exception propagates to the enclosing cell (which shows it as usual and stops "Run all"), and
-        so ``%%time`` / ``%%cudatime`` around or inside it work as they do on any cell.
+        The body is compiled once and executed by :meth:`_run` rather than through a nested ``run_cell``,
+        so an exception propagates to the enclosing cell (which shows it as usual and stops "Run all"),
+        and so ``%%time`` / ``%%cudatime`` around or inside it work as they do on any cell.
         """
-        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
         import ast
 
         shell = self.shell
@@ -379,7 +399,12 @@ class OnTorchMagics(MagicsPart):
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             tail = "\n".join(source.splitlines()[tree.body[-1].lineno - 1:])
             if not ends_with_semicolon(tail):
-                last = ast.Expression(tree.body.pop().value)
-        ns = shell.user_ns
-        exec(shell.compile(tree, filename, "exec"), ns)
-        return eval(shell.compile(last, filename, "eval"), ns) if last is not None else None
+                last = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
+        return shell.compile(tree, filename, "exec"), last, source
+
+    def _run(self, code: Any, last: Any) -> Any:
+        """Run the compiled cell in the user namespace; the last expression's value, or None."""
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        ns = self.shell.user_ns
+        exec(code, ns)
+        return eval(last, ns) if last is not None else None

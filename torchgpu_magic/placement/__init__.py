@@ -57,7 +57,9 @@ from .scan import (
     SNAPSHOT_CONTAINER_LIMIT,
     Placed,
     SnapshotCache,
+    cell_names,
     changed,
+    changed_elsewhere,
     footer_line,
     namespace_snapshot,
     watch_line,
@@ -69,7 +71,7 @@ from .walk import IPYTHON_NAMES
 __all__ = [
     "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "ROLES", "SNAPSHOT_CONTAINER_LIMIT", "Account",
     "Culprit", "Diagnosis", "Lines", "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport",
-    "Placed", "Row", "SnapshotCache", "account", "changed", "footer_line",
+    "Placed", "Row", "SnapshotCache", "account", "cell_names", "changed", "changed_elsewhere", "footer_line",
     "describe", "device_str", "devices_of", "diagnose", "dtype_str", "fmt_count", "is_floating", "kind_of",
     "mismatch_devices", "module_report", "namespace_report", "namespace_snapshot", "optimizer_report",
     "placement_line", "resolve", "shape_str", "storage_key", "tensor_line", "tensor_nbytes", "watch_line",

@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .base import MagicsPart, parse_args, usage_errors
+from .base import MagicsPart, cell_number, parse_args, usage_errors
 
 
 @magics_class
@@ -183,7 +183,7 @@ class CUDATimeMagics(MagicsPart):
         try:
             return devices.resolve(spec)
         except MagicInputError as exc:
-            reason = str(exc).split(". Devices here:")[0]
+            reason = devices.without_device_list(str(exc))
             takes = [d for d in devices.available_devices() if d != "meta"] + ["auto"]
             raise UsageError(f"%cudatime: --devices: {reason}; it takes: {', '.join(takes)}") from None
 
@@ -207,7 +207,7 @@ class CUDATimeMagics(MagicsPart):
         body_src = shell.transform_cell(body)
         offset = max(1, setup_src.count("\n")) if is_cell else 0
         source = (setup_src.rstrip("\n") + "\n" + body_src) if is_cell else body_src
-        filename = shell.compile.cache(source, shell.execution_count)
+        filename = shell.compile.cache(source, cell_number(shell))
         start = 0  # the line the part being parsed starts after: the setup, then the body
         try:
             setup_ast = shell.compile.ast_parse(setup_src or "pass", filename)

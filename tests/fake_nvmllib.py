@@ -315,7 +315,8 @@ _SCRIPTED: dict = {
     "nvmlDeviceGetMaxMigDeviceCount": _number(lambda gpu, mig: 7 if gpu.mig_mode[0] else 0),
     "nvmlDeviceGetMigDeviceHandleByIndex": _mig_handle,
     "nvmlDeviceGetGpuInstanceId": _number(lambda gpu, mig: mig.gpu_instance_id if mig else 0xFFFFFFFF),
-    "nvmlDeviceGetComputeInstanceId": _number(lambda gpu, mig: mig.compute_instance_id if mig else 0xFFFFFFFF),
+    "nvmlDeviceGetComputeInstanceId": _number(
+        lambda gpu, mig: mig.compute_instance_id if mig else 0xFFFFFFFF),
     "nvmlDeviceGetComputeRunningProcesses_v3": _processes("compute"),
     "nvmlDeviceGetComputeRunningProcesses_v2": _processes("compute"),
     "nvmlDeviceGetGraphicsRunningProcesses_v3": _processes("graphics"),

@@ -246,7 +246,8 @@ def test_the_stand_in_is_the_real_pynvml_over_a_fake_library(fake_nvml):
     assert not isinstance(info.value, module.NVMLError)
     with pytest.raises(module.NVMLError_FunctionNotFound):
         module.nvmlDeviceGetComputeRunningProcesses_v3(handle)
-    assert [p.pid for p in module.nvmlDeviceGetComputeRunningProcesses_v2(handle)] == [fake_pynvml.OTHER_PIDS[0]]
+    listed = module.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+    assert [p.pid for p in listed] == [fake_pynvml.OTHER_PIDS[0]]
     module.nvmlShutdown()
     with pytest.raises(module.NVMLError_Uninitialized):
         module.nvmlDeviceGetCount()

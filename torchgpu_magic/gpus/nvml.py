@@ -196,8 +196,8 @@ def _watts(milliwatts: Any) -> float:
 def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
     """All NVML says about GPU ``nvml_index`` now; never raises, NA for what it cannot say.
 
-    ``identity_only`` asks only what identifies the GPU (name, UUID, PCI bus id, MIG mode and
-    instances): the few calls that matching torch's devices to NVML's needs.
+    ``identity_only`` asks only what identifies the GPU (name, UUID, PCI bus id, compute capability, MIG
+    mode and instances): the few calls that matching torch's devices to NVML's, or naming them, needs.
     """
     snap = GPUSnapshot(index=nvml_index)
     module = _nvml()
@@ -211,11 +211,11 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
     snap.name = q("name", "nvmlDeviceGetName", handle)
     snap.uuid = q("UUID", "nvmlDeviceGetUUID", handle)
     snap.pci_bus_id = q("PCI bus id", "nvmlDeviceGetPciInfo", handle, convert=lambda p: _decode(p.busId))
+    snap.compute_capability = q("compute capability", "nvmlDeviceGetCudaComputeCapability", handle,
+                                convert=lambda cc: f"{cc[0]}.{cc[1]}")
     if identity_only:
         _mig_state(module, q, handle, snap)
         return snap
-    snap.compute_capability = q("compute capability", "nvmlDeviceGetCudaComputeCapability", handle,
-                                convert=lambda cc: f"{cc[0]}.{cc[1]}")
     mem = q("memory", memory_info, handle)
     if not isinstance(mem, _NAType):
         snap.memory_total, snap.memory_used, snap.memory_free = int(mem.total), int(mem.used), int(mem.free)

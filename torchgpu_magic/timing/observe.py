@@ -1,0 +1,179 @@
+"""Which device a cell is timed on, decided from what the cell did.
+
+"CUDA is initialised" is not "the cell used the GPU": ``%gpuinfo``, ``torch.cuda.get_device_name()`` or
+an earlier cell initialise CUDA, and a cell of cpu tensors timed with CUDA events gets a false figure (and,
+on a real GPU, a context it never asked for). So without ``--devices`` the setup and the first run are
+watched by a ``TorchDispatchMode`` that notes the device of every tensor their ops read or write
+(:func:`watch`), and :func:`choose_device` picks the device from that, from torch's default device, and
+from whether the cell itself initialised CUDA. The same watch sums the bytes of the distinct storages the
+ops touched per device: the working set the L2 note compares with the GPU's cache.
+
+The watch keeps numbers and strings only (no reference to a tensor), runs for the first run alone (a
+cell run under a Python dispatch mode is slower; the first run is excluded from the statistics anyway),
+and tells ``torch.compile`` to ignore it, so compiled regions still compile (their inner ops are then not
+seen). torch is imported lazily.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+ACCELERATORS = ("cuda", "xpu", "mps")
+
+
+@dataclass
+class Touched:
+    """What the watched code touched: ``devices`` in the order first seen ('cuda:0', 'cpu', 'meta'), the
+    bytes of distinct storages per device, and whether CUDA became initialised while watching."""
+
+    devices: list = field(default_factory=list)
+    nbytes: dict = field(default_factory=dict)
+    cuda_initialised: bool = False
+
+    def working_set(self, device: Any) -> Optional[int]:
+        """Bytes of the distinct storages touched on ``device``; None when none was seen there."""
+        return self.nbytes.get(str(device)) or None
+
+
+def cuda_initialised() -> bool:
+    """Whether torch has initialised CUDA in this process (False when torch is not even imported); asks
+    nothing that could initialise it."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a half-imported or broken torch has not initialised CUDA
+        return False
+
+
+_MODE: Any = None  # the TorchDispatchMode subclass, made once on first use
+
+
+def _mode_class() -> Any:
+    global _MODE
+    if _MODE is None:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        try:
+            from torch._subclasses.fake_tensor import FakeTensor
+        except ImportError:  # pragma: no cover - every torch this package supports has it
+            FakeTensor = ()  # noqa: N806
+
+        class Watch(TorchDispatchMode):
+            """Notes the device and storage of every tensor an op reads or writes (fake tensors, which
+            hold no memory and may claim devices this machine lacks, are left out)."""
+
+            def __init__(self, touched: Touched) -> None:
+                super().__init__()
+                self.touched = touched
+                self.seen: set = set()
+
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                return True  # torch.compile compiles as usual instead of falling back to eager
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                for group in (args, kwargs.values(), (out,)):
+                    for item in group:
+                        if isinstance(item, torch.Tensor):
+                            self.note(item)
+                        elif isinstance(item, (list, tuple)):
+                            for inner in item:
+                                if isinstance(inner, torch.Tensor):
+                                    self.note(inner)
+                return out
+
+            def note(self, tensor: Any) -> None:
+                if isinstance(tensor, FakeTensor):
+                    return
+                device = str(tensor.device)
+                touched = self.touched
+                if device not in touched.nbytes:
+                    touched.devices.append(device)
+                    touched.nbytes[device] = 0
+                if tensor.device.type == "meta":
+                    return
+                try:
+                    storage = tensor.untyped_storage()
+                    key = (device, storage.data_ptr())
+                    if key not in self.seen:
+                        self.seen.add(key)
+                        touched.nbytes[device] += int(storage.nbytes())
+                except (RuntimeError, NotImplementedError, TypeError):  # sparse and other storage-less kinds
+                    pass
+
+        _MODE = Watch
+    return _MODE
+
+
+@contextlib.contextmanager
+def watch() -> Iterator[Touched]:
+    """Watch the code in the block (the setup and the first run): yields the :class:`Touched` it fills."""
+    touched = Touched()
+    before = cuda_initialised()
+    try:
+        with _mode_class()(touched):
+            yield touched
+    finally:
+        touched.cuda_initialised = cuda_initialised() and not before
+
+
+def choose_device(default: Any, touched: Optional[Touched], current_cuda: int, usable: tuple) -> Any:
+    """The device ``%%cudatime`` times on without ``--devices``, as a pure function of its inputs.
+
+    torch's ``default`` device when it is not cpu (inside ``%%ontorch cuda``; plain ``cuda`` is the
+    current GPU, ``current_cuda``). For a cpu default, once the setup and first run were watched
+    (``touched``): the first accelerator their tensors were on that can be timed here (``usable``
+    kinds), else the current CUDA GPU if the cell itself initialised CUDA, else cpu. Before the watch
+    (``touched`` None) a cpu default gives cpu.
+    """
+    import torch
+
+    def indexed(device: Any) -> Any:
+        if device.type == "cuda" and device.index is None:
+            return torch.device("cuda", current_cuda)
+        return device
+
+    if default.type != "cpu":
+        return indexed(default)
+    if touched is None:
+        return default
+    for text in touched.devices:
+        device = torch.device(text)
+        if device.type in ACCELERATORS and device.type in usable:
+            return indexed(device)
+    if touched.cuda_initialised and "cuda" in usable:
+        return torch.device("cuda", current_cuda)
+    return default
+
+
+def timing_device(touched: Optional[Touched] = None) -> Any:
+    """:func:`choose_device` for this process now: torch's default device, the accelerators usable here
+    and, where it matters, the current CUDA GPU. Initialises nothing."""
+    import torch
+
+    from .. import devices
+
+    default = devices.default_device()
+    usable = tuple(kind for kind in ACCELERATORS if _usable(kind))
+    current = 0
+    if "cuda" in usable and (default.type == "cuda" or touched is not None):
+        current = torch.cuda.current_device() if cuda_initialised() else 0
+    return choose_device(default, touched, current, usable)
+
+
+def _usable(kind: str) -> bool:
+    import torch
+
+    try:
+        if kind == "cuda":
+            return bool(torch.cuda.is_available())
+        if kind == "mps":
+            return bool(torch.backends.mps.is_available())
+        return bool(getattr(torch, "xpu", None) is not None and torch.xpu.is_available())
+    except Exception:  # noqa: BLE001 - a backend that cannot say is not usable
+        return False

@@ -402,5 +402,9 @@ def test_gpu_a_cpu_cell_is_timed_on_the_host_and_one_that_initialises_cuda_on_th
         "assert not torch.cuda.is_initialized() and contexts() == []\n"
         "gpu = cell('%%cudatime -o -q -r 3 --max-time 1\\ntorch.ones(8, device=\"cuda\") * 2')\n"
         "assert gpu.kind == 'device' and gpu.device == 'cuda:0', gpu.device\n"
+        "assert gpu.working_set and gpu.l2_cache and any('L2 cache' in n for n in gpu.notes), gpu.notes\n"
+        "assert gpu.sm_clock is not None and gpu.sm_clock['max_mhz'], gpu.sm_clock\n"
+        "again = cell('%%cudatime -o -q -r 3 --max-time 1\\ntorch.ones(8) * 2')\n"  # CUDA in use now
+        "assert again.kind == 'host' and again.device == 'cpu', again.device\n"
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -158,10 +158,11 @@ class CudaClock(Clock):
     for the wall time after synchronizing the whole device (method step 5).
 
     The GPU is idle when a sample starts (it was synchronized), so the start event is queued behind a
-    short device-side spin (``torch.cuda._sleep`` of :data:`SPIN_S`, as nvbench queues its start behind a
-    blocking kernel): the event fires when the spin ends, by which time the cell's first kernels are
+    short device-side spin (``torch.cuda._sleep`` of :data:`SPIN_S`, as nvbench queues its start behind
+    a blocking kernel): the event fires when the spin ends, by which time the cell's first kernels are
     queued, and the first launch's latency stays out of the device time. The synchronized wall time
-    leaves the spin out too, so it compares with device time. ``--cold`` and ``--flush-l2`` record an
+    leaves the spin out too, so it compares with device time. A cell that waits for the GPU itself
+    (:meth:`count_syncs`) starts its samples without the spin. ``--cold`` and ``--flush-l2`` record an
     event pair per loop instead, so the host's synchronize and relaunch gaps between loops stay out of
     the device time; under ``--cold`` every loop's start event waits behind a spin.
     """
@@ -179,6 +180,7 @@ class CudaClock(Clock):
         self._end = torch.cuda.Event(enable_timing=True)
         self._pairs: list = []
         self.watch: Any = None  # a throttle.ClockWatch once watch_clocks() ran
+        self.hot_spin = True  # off once count_syncs found the cell waiting for the GPU
 
     def measure(self, cell: CompiledCell, loops: int, mode: Mode) -> Sample:
         torch, device, sync = self._torch, self.device, self._sync
@@ -209,7 +211,8 @@ class CudaClock(Clock):
                     sync(device)
         start, end = self._start, self._end
         sync(device)
-        if not per_loop:
+        hot_spin = not per_loop and self.hot_spin
+        if hot_spin:
             torch.cuda._sleep(spin)
         t0 = time.perf_counter()
         start.record(stream)
@@ -223,7 +226,8 @@ class CudaClock(Clock):
             return Sample(loops, host=t1 - t0, wall=t2 - t0, device=device_ms / 1e3)
         # the spin ran for about SPIN_S from t0 on, and the sample's work after it (never below device time)
         device_s = start.elapsed_time(end) / 1e3
-        return Sample(loops, host=t1 - t0, wall=max(t2 - t0 - SPIN_S, device_s), device=device_s)
+        wall = max(t2 - t0 - SPIN_S, device_s) if hot_spin else t2 - t0
+        return Sample(loops, host=t1 - t0, wall=wall, device=device_s)
 
     def count_syncs(self, cell: CompiledCell) -> Optional[int]:
         """One hot run of the cell (a warm-up run, after the first run, whose compilation and autotuning
@@ -231,7 +235,9 @@ class CudaClock(Clock):
         synchronizing operations torch's sync debug mode flags (``.item()``, ``.cpu()``, ``print(t)``,
         ``nonzero``...) and calls to ``torch.cuda.synchronize``. The spin is calibrated before counting;
         torch's notice that the debug mode is a prototype is dropped; the cell's own warnings are passed
-        on as they were, also when the run raises."""
+        on as they were, also when the run raises. A cell that waits for the GPU has its samples start
+        without the spin: the host would wait for the spin too (charging it to host enqueue), and every
+        wait leaves the GPU idle before the next launch anyway."""
         torch = self._torch
         self._spin_cycles()
         syncs = 0
@@ -262,6 +268,7 @@ class CudaClock(Clock):
                 elif not text.startswith(PROTOTYPE_WARNING):
                     warnings.warn_explicit(seen.message, seen.category, seen.filename, seen.lineno,
                                            source=seen.source)
+        self.hot_spin = not syncs
         return syncs
 
     def watch_clocks(self) -> None:

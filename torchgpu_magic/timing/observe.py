@@ -56,14 +56,18 @@ def _mode_class() -> Any:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        try:
-            from torch._subclasses.fake_tensor import FakeTensor
-        except ImportError:  # pragma: no cover - every torch this package supports has it
-            FakeTensor = ()  # noqa: N806
+        skip = _dynamo_skip()
 
         class Watch(TorchDispatchMode):
             """Notes the device and storage of every tensor an op reads or writes (fake tensors, which
             hold no memory and may claim devices this machine lacks, are left out)."""
+
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                # torch wraps __torch_dispatch__ so that torch.compile never traces into it, importing
+                # torch._dynamo at the first op (seconds, in the first run's figure); where torch lets
+                # us, its frames are marked skipped below instead
+                return skip is None
 
             def __init__(self, touched: Touched) -> None:
                 super().__init__()
@@ -88,7 +92,10 @@ def _mode_class() -> Any:
                 return out
 
             def note(self, tensor: Any) -> None:
-                if isinstance(tensor, FakeTensor):
+                # torch's fake tensors exist only once their module is imported (importing it here
+                # would cost seconds: it pulls in much of torch._dynamo's machinery)
+                fake = sys.modules.get("torch._subclasses.fake_tensor")
+                if fake is not None and isinstance(tensor, fake.FakeTensor):
                     return
                 device = str(tensor.device)
                 touched = self.touched
@@ -106,8 +113,24 @@ def _mode_class() -> Any:
                 except (RuntimeError, NotImplementedError, TypeError):  # sparse and other storage-less kinds
                     pass
 
+        if skip is not None:
+            for function in (Watch.__torch_dispatch__, Watch.note):
+                skip(function.__code__)
         _MODE = Watch
     return _MODE
+
+
+def _dynamo_skip() -> Any:
+    """A function marking a code object, and all it calls, as never compiled by torch.compile: what
+    ``torch._dynamo.disable`` does for a function, through torch's C layer, so that torch._dynamo is not
+    imported; None on a torch without that layer."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+        strategy = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return lambda code: set_code_exec_strategy(code, strategy)
 
 
 @contextlib.contextmanager

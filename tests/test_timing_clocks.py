@@ -107,3 +107,27 @@ def test_a_sample_without_device_time_falls_back_to_wall_then_host():
     assert timing.Clock.primary(sample, "device") == 2.0
     assert timing.Clock.primary(timing.Sample(1, host=1.0), "device") == 1.0
     assert timing.Clock.primary(timing.Sample(1, host=1.0, wall=2.0, device=3.0), "host") == 1.0
+
+
+def test_the_watch_costs_no_torch_dynamo_import_and_compiled_code_still_compiles():
+    """torch wraps a dispatch mode's __torch_dispatch__ in a lazy torch._dynamo import (seconds, charged to
+    the first run); the watch marks its frames as never compiled instead. A torch.compile'd function run
+    under the watch still compiles one graph, and its ops are seen."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import sys, torch\nfrom torchgpu_magic import timing\n"
+            "with timing.watch() as seen:\n    torch.ones(4) + 1\n"
+            "print('dynamo imported:', 'torch._dynamo' in sys.modules)\n"
+            "f = torch.compile(lambda x: (x.sin() * 2).cos(), backend='eager')\n"
+            "with timing.watch() as seen:\n    f(torch.ones(4))\n"
+            "from torch._dynamo.utils import counters\n"
+            "print('frames:', dict(counters['frames']), 'devices:', seen.devices)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "dynamo imported: False" in done.stdout
+    assert "frames: {'total': 1, 'ok': 1} devices: ['cpu']" in done.stdout, done.stdout

@@ -193,3 +193,20 @@ def test_tally_counts_torch_ops_and_kernels_not_runtime_rows_or_annotations():
     assert busy == 15 + 2  # the union of 10-25 and 30-32
     totals, ops, runtime, busy = engine.tally(events[2:4])
     assert (totals, ops, runtime, busy) == ({}, 0, 2, 0.0)
+
+
+def test_clock_lines_warn_under_75_percent_and_note_anything_below_the_max():
+    from torchgpu_magic.timing import throttle
+
+    readings = [(1980, ()), (1755, ("power cap",)), (345, ("idle",)), (None, None)]
+    summary = throttle.ClockWatch(1980, None, readings).summary()
+    # the idle reading (clocks already dropped) and the unreadable one say nothing about a sample
+    assert summary == {"max_mhz": 1980, "samples": 2, "below_max": 1, "below_75": 0, "lowest_mhz": 1755,
+                       "reasons": ["power cap"]}
+    warnings, notes = throttle.clock_lines(summary)
+    assert warnings == [] and notes == [
+        "SM clock below its max in 1 of 2 samples (lowest 1755 MHz, 88.6 % of 1980 MHz: power cap)"]
+    at_max = throttle.ClockWatch(1980, None, [(1980, ("sync boost",))] * 2).summary()
+    assert throttle.clock_lines(at_max) == (
+        [], ["SM clock at its max (1980 MHz) in all 2 samples, with clock reasons reported: sync boost"])
+    assert throttle.clock_lines(throttle.ClockWatch(None).summary()) == ([], [])

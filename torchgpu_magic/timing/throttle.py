@@ -88,5 +88,6 @@ def clock_lines(summary: Optional[dict]) -> tuple:
         return [], [f"SM clock below its max in {summary['below_max']} of {n} samples (lowest "
                     f"{summary['lowest_mhz']} MHz, {share} of {top} MHz{because})"]
     if why:
-        return [], [f"SM clock at its max ({top} MHz) in all {n} samples, with clock reasons reported: {why}"]
+        every = f"all {n} samples" if n > 1 else "its 1 sample"
+        return [], [f"SM clock at its max ({top} MHz) in {every}, with clock reasons reported: {why}"]
     return [], []

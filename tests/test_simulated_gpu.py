@@ -91,6 +91,17 @@ def test_a_cell_that_initialises_cuda_is_timed_on_the_gpu(ip, sim):
     assert result.median == pytest.approx(200e-6, rel=0.01)
 
 
+def test_a_cell_of_gpu_work_outside_torchs_dispatcher_is_timed_on_the_gpu(ip, sim):
+    """A bare torch.cuda._sleep (or a Triton kernel on tensors made earlier) touches no tensor through an
+    op: the cell names CUDA, and CUDA already in use is not enough without that."""
+    import torch
+
+    torch.cuda.init()
+    result = run(ip, f"%%cudatime -o -q -n 1 -r 3\ntorch.cuda._sleep({200 * CYCLES_PER_US})")
+    assert (result.device, result.kind) == ("cuda:0", "device")
+    assert result.median == pytest.approx(200e-6, rel=0.01)
+
+
 # ---- --cold's headline (item 2) -------------------------------------------------------------------------
 @pytest.mark.parametrize("us", [10, 50, 100])
 def test_cold_headline_is_the_kernels_device_time(ip, sim, us):

@@ -131,3 +131,24 @@ def test_the_watch_costs_no_torch_dynamo_import_and_compiled_code_still_compiles
     assert done.returncode == 0, done.stderr[-2000:]
     assert "dynamo imported: False" in done.stdout
     assert "frames: {'total': 1, 'ok': 1} devices: ['cpu']" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(("cell", "names"), [
+    ("torch.cuda._sleep(1000)", True),  # GPU work outside torch's dispatcher: nothing for the watch to see
+    ("with torch.cuda.stream(s):\n    pass", True),
+    ("y = x.cuda()", True),
+    ("y = torch.ones(2, device='cuda:1')", True),
+    ("def f():\n    return [torch.cuda.synchronize() for _ in range(2)]\nf()", True),  # nested code
+    ("y = gpu_tensor + 0 if False else 1", True),  # a name bound to a CUDA tensor
+    ("y = x @ x", False),
+    ("y = 'not a cuda device'", False),
+])
+def test_a_cell_that_names_cuda_is_told_from_one_that_does_not(cell, names):
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        gpu_tensor = torch.empty(2, device="cuda")  # a CUDA tensor without a GPU (no op is run on it)
+    namespace = {"torch": torch, "x": torch.ones(2), "gpu_tensor": gpu_tensor}
+    compiled = timing.compile_cell(cell, namespace)
+    assert timing.observe.names_cuda(compiled.code, compiled.namespace) is names

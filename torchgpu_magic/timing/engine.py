@@ -17,7 +17,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 
 from .cells import CompiledCell, compile_cell, silenced
 from .clocks import Clock, MemoryProbe, Mode, Sample, check_device, clock_for
-from .observe import Touched, cuda_initialised, timing_device, watch
+from .observe import Touched, cuda_initialised, names_cuda, timing_device, watch
 from .results import KernelRow, Run, TimingResult, device_name, result_from
 from .stats import (
     MAX_LOOPS,
@@ -259,8 +259,9 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
 
     ``follow_cuda`` (no ``--devices``): ``device`` was chosen before the cell ran from torch's default
     device alone; when it is cpu, the setup and the first run are watched on the host clock and the cell
-    is timed where their tensors were (:func:`~.observe.choose_device`): on the GPU when they were on it
-    or the cell initialised CUDA, else on the host, however initialised CUDA already was."""
+    is timed where their tensors were (:func:`~.observe.choose_device`): on the GPU when they were on it,
+    the cell initialised CUDA or its code names CUDA, else on the host, however initialised CUDA already
+    was."""
     import torch
 
     opts.check()
@@ -276,6 +277,7 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
                 started = time.perf_counter()
                 cell.run(1)
                 host = time.perf_counter() - started
+            touched.names_cuda = names_cuda(cell.code, cell.namespace)
             device = timing_device(touched)
             check_device(device, opts.flush_l2)
             first = _settled(device, started, host)

@@ -4,8 +4,9 @@
 an earlier cell initialise CUDA, and a cell of cpu tensors timed with CUDA events gets a false figure (and,
 on a real GPU, a context it never asked for). So without ``--devices`` the setup and the first run are
 watched by a ``TorchDispatchMode`` that notes the device of every tensor their ops read or write
-(:func:`watch`), and :func:`choose_device` picks the device from that, from torch's default device, and
-from whether the cell itself initialised CUDA. The same watch sums the bytes of the distinct storages the
+(:func:`watch`), and :func:`choose_device` picks the device from that, from torch's default device, from
+whether the cell itself initialised CUDA, and, for GPU work launched outside torch's dispatcher, from
+whether its code names CUDA (:func:`names_cuda`). The same watch sums the bytes of the distinct storages the
 ops touched per device: the working set the L2 note compares with the GPU's cache.
 
 The watch keeps numbers and strings only (no reference to a tensor), runs for the first run alone (a
@@ -26,11 +27,13 @@ ACCELERATORS = ("cuda", "xpu", "mps")
 @dataclass
 class Touched:
     """What the watched code touched: ``devices`` in the order first seen ('cuda:0', 'cpu', 'meta'), the
-    bytes of distinct storages per device, and whether CUDA became initialised while watching."""
+    bytes of distinct storages per device, whether CUDA became initialised while watching, and whether
+    the cell's code names CUDA."""
 
     devices: list = field(default_factory=list)
     nbytes: dict = field(default_factory=dict)
     cuda_initialised: bool = False
+    names_cuda: bool = False  # the cell's code names CUDA (see names_cuda), set by the caller
 
     def working_set(self, device: Any) -> Optional[int]:
         """Bytes of the distinct storages touched on ``device``; None when none was seen there."""
@@ -169,9 +172,34 @@ def choose_device(default: Any, touched: Optional[Touched], current_cuda: int, u
         device = torch.device(text)
         if device.type in ACCELERATORS and device.type in usable:
             return indexed(device)
-    if touched.cuda_initialised and "cuda" in usable:
+    if (touched.cuda_initialised or touched.names_cuda) and "cuda" in usable:
         return torch.device("cuda", current_cuda)
     return default
+
+
+def names_cuda(code: Any, namespace: dict) -> bool:
+    """Whether a cell's code names CUDA: reads an attribute or global called ``cuda`` (``torch.cuda...``,
+    ``x.cuda()``), holds a string constant naming a CUDA device (``'cuda'``, ``'cuda:1'``), or reads a name
+    bound to a CUDA tensor. GPU work launched outside torch's dispatcher (``torch.cuda._sleep``, a Triton
+    kernel called on tensors made before the cell) leaves the watch nothing else to see. Nested code
+    (comprehensions, functions defined in the cell) is read too; nothing is run or evaluated."""
+    import torch
+
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        if "cuda" in current.co_names:
+            return True
+        for const in current.co_consts:
+            if isinstance(const, str) and (const == "cuda" or const.startswith("cuda:")):
+                return True
+            if hasattr(const, "co_names"):
+                stack.append(const)
+        for name in current.co_names:
+            value = namespace.get(name)
+            if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+                return True
+    return False
 
 
 def timing_device(touched: Optional[Touched] = None) -> Any:

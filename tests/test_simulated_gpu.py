@@ -32,6 +32,22 @@ def timed(ip, options, body):
 
 
 # ---- the simulation itself ---------------------------------------------------------------------------
+def test_the_devices_seen_before_the_gpu_appears_are_asked_again_after(request, monkeypatch):
+    """The remembered CUDA count follows torch's C layer: a count taken without the GPU (as every earlier
+    test in the ordinary leg takes it) must not hide the simulated one, nor outlive it."""
+    import simulated_gpu
+
+    from torchgpu_magic import devices
+
+    if request.config._simulated_gpu is not None or simulated_gpu.usable():
+        pytest.skip("needs the CPU build without the session's simulation")
+    assert "cuda:0" not in devices.available_devices()
+    with monkeypatch.context() as patch:
+        simulated_gpu.install(patch)
+        assert "cuda:0" in devices.available_devices() and str(devices.resolve("cuda:0")) == "cuda:0"
+    assert "cuda:0" not in devices.available_devices()
+
+
 def test_the_simulation_answers_as_one_h100_with_cuda_13_before_any_kernel(simulated_gpu):
     import torch
 

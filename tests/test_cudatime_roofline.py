@@ -100,7 +100,7 @@ def test_a_counting_run_that_fails_becomes_a_note_and_the_timing_stands(tip):
 def test_a_peak_lookup_that_fails_costs_the_percentage_not_the_report(tip, monkeypatch):
     from torchgpu_magic.timing import peaks
 
-    def broken(device):
+    def broken(device, clock_mhz=None):
         raise RuntimeError("CUDA error: unspecified launch failure")
 
     monkeypatch.setattr(peaks, "for_device", broken)

@@ -182,6 +182,37 @@ def test_counting_does_not_import_dynamo():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def test_the_watch_and_the_counter_share_one_dispatch_base(monkeypatch):
+    """observe's first-run watch and the roofline's counter are one kind of mode (timing/dispatch.py): no
+    torch._dynamo import for either; on a torch without the C layer that marks their code as never
+    compiled, the watch keeps torch's wrapper (compiled code in the first run must not trace into it) and
+    the counter, whose run never compiles, still keeps out of it."""
+    from torchgpu_magic.timing import dispatch, observe
+
+    base = dispatch.mode_base()
+    assert issubclass(counting.OpCounter, base) and issubclass(observe._mode_class(), base)
+    assert not counting.OpCounter._should_skip_dynamo() and not observe._mode_class()._should_skip_dynamo()
+    monkeypatch.setattr(dispatch, "_BASE", None)
+    monkeypatch.setattr(dispatch, "dynamo_skip", lambda: None)
+    older = dispatch.mode_base()
+
+    class Watching(older):
+        pass
+
+    class Counting(older):
+        never_compiles = True
+
+    assert Watching._should_skip_dynamo() and not Counting._should_skip_dynamo()
+
+
+def test_an_ops_tensors_are_found_in_lists_dicts_and_deeper():
+    from torchgpu_magic.timing.dispatch import tensors_in
+
+    a, b, c, d = (torch.zeros(1) for _ in range(4))
+    found = tensors_in((a, [b, None], 3), {"weight": c, "nested": [(d,)]}, a)
+    assert [id(t) for t in found] == [id(a), id(b), id(c), id(d), id(a)]
+
+
 # ---- precision, names, compile ---------------------------------------------------------------------------
 @pytest.mark.parametrize(("dtype", "kind"), [(torch.bfloat16, "bf16"), (torch.float16, "fp16"),
                                              (torch.float64, "fp64"), (torch.float32, "fp32")])

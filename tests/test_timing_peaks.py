@@ -1,11 +1,11 @@
 """The peak table (timing/peaks.py): every model the roofline promises, matched by the names torch and NVML
 report, each entry with its source; unknown GPUs; the share of SMs and memory slices a MIG instance has;
-and the SM clock read through the NVML layer (fake at the pynvml boundary) for torch's device."""
+and the peaks scaled to an SM clock below the one the figures assume (the clock itself is the samples',
+tests/test_timing_clocks.py; the whole path on the simulated H100 is in tests/test_simulated_roofline.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import bare, cuda_view
 
 from torchgpu_magic.timing import peaks
 
@@ -121,39 +121,6 @@ def test_cpu_and_other_devices_have_no_peak_but_a_hint():
     assert peak is None
     assert notes == ["roofline: no peak figures for cpu (--peak FLOPS[,BYTES_PER_S] sets one, for a "
                      "percentage)"]
-
-
-# ---- the SM clock, through the NVML layer ---------------------------------------------------------------
-@pytest.fixture
-def h100_visible(fake_nvml, monkeypatch, fresh_env):
-    """torch sees cuda:0, NVML's H100 (matched by UUID)."""
-    from torchgpu_magic.gpus import gpumap
-
-    def install(scenario="h100_busy", edit=None):
-        module = fake_nvml(scenario, edit)
-        uuid = module.machine.gpus[0].uuid
-        monkeypatch.setattr(gpumap, "torch_view", lambda: cuda_view([bare(uuid)]))
-        return module
-
-    return install
-
-
-def test_sm_clock_is_what_nvml_reads_for_torchs_device(h100_visible):
-    h100_visible("h100_busy")
-    assert peaks.sm_clock(0) == 1980.0
-    assert peaks.sm_clock(1) is None  # torch has no cuda:1
-
-
-def test_sm_clock_is_none_without_nvml_or_when_the_gpu_cannot_say(h100_visible, fake_nvml):
-    import pynvml
-
-    def no_clock(machine):
-        machine.gpus[0].errors["nvmlDeviceGetClockInfo"] = pynvml.NVML_ERROR_NOT_SUPPORTED
-
-    h100_visible("h100_busy", no_clock)
-    assert peaks.sm_clock(0) is None
-    fake_nvml(None)
-    assert peaks.sm_clock(0) is None
 
 
 def test_the_readme_lists_every_entry_with_its_source():

@@ -64,22 +64,24 @@ def test_a_precision_the_table_lacks_gets_no_percentage_and_a_note():
     assert "roofline: no bf16 peak for V100 SXM2 in the table: no FLOP/s percentage" in rl.notes
 
 
-def test_the_peak_follows_the_sm_clock_nvml_read():
+def test_the_peak_follows_the_sm_clock_the_samples_ran_at_and_the_report_says_the_scaled_peak():
     h100 = peaks.resolve(peaks.lookup("NVIDIA H100 80GB HBM3"), "NVIDIA H100 80GB HBM3", 132, 1464.0)
     rl = roofline.analyse(counts(500_000_000, 1_000_000, kind="bf16", where="cuda"), "cuda", 1e-6, h100)
     assert rl.clock_scale == pytest.approx(0.8)
     assert rl.flops_fraction == pytest.approx(500e12 / (989.5e12 * 0.8))
-    assert ("roofline: FLOP/s peaks scaled to the SM clock NVML read after the samples, 1,464 of the "
-            "1,830 MHz the table's figures assume") in rl.notes
+    assert ("roofline: FLOP/s peaks scaled to the SM clock the samples ran at, 1,464 of the 1,830 MHz the "
+            "table's figures assume (the median of NVML's readings after each sample): bf16 792 TFLOP/s"
+            ) in rl.notes
+    assert "(63.2 % of H100 SXM bf16 dense at 1,464 MHz)" in rl.line()
 
 
 def test_a_clock_the_achieved_flops_prove_wrong_is_dropped():
-    """An idle GPU drops to ~345 MHz; 800 TFLOP/s cannot have run at that clock."""
+    """A GPU that slowed down between a sample and its reading: 800 TFLOP/s cannot have run at 345 MHz."""
     h100 = peaks.resolve(peaks.lookup("NVIDIA H100 80GB HBM3"), "NVIDIA H100 80GB HBM3", 132, 345.0)
     rl = roofline.analyse(counts(800_000_000, 1_000_000, kind="bf16", where="cuda"), "cuda", 1e-6, h100)
     assert rl.clock_scale == 1.0 and rl.flops_fraction == pytest.approx(800 / 989.5)
-    assert any(n.startswith("roofline: the SM clock NVML read (345 MHz) is below what the achieved")
-               for n in rl.notes)
+    assert any(n.startswith("roofline: the SM clock NVML read after the samples (345 MHz, their median) is "
+                            "below what the achieved") for n in rl.notes)
     assert "(80.8 % of H100 SXM bf16 dense)" in rl.line()
 
 

@@ -17,7 +17,8 @@ they fuse. A higher-order op (``torch.cond``, a Triton kernel) runs but is not l
 torch's dispatcher (CUDA graph replays, hand-launched kernels) is not seen at all. Imports torch: import
 this module only to count. Written and tested against torch 2.13: besides the public dispatch-mode API it
 relies on ``FlopCounterMode(...).flop_registry``, ``torch.utils.flop_counter.sdpa_flop_count`` and
-``TorchDispatchMode._should_skip_dynamo``; a torch without them turns the count into a note (see
+``TorchDispatchMode._should_skip_dynamo`` (through :mod:`.dispatch`, whose base class and reading of an
+op's tensors the first-run watch shares); a torch without them turns the count into a note (see
 :func:`~.roofline.attach`), never a failed measurement.
 """
 from __future__ import annotations
@@ -29,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
+
+from .dispatch import mode_base, tensors_in
 
 aten = torch.ops.aten
 
@@ -121,21 +122,6 @@ def _key(t: torch.Tensor) -> tuple:
         return (id(t),)
 
 
-def _tensors(*values: Any) -> list:
-    """The tensors among an op's arguments or results: aten schemas nest at most a list deep (Tensor[],
-    Tensor?[]); anything deeper is flattened by pytree."""
-    found = []
-    for value in values:
-        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) \
-            else (value,)
-        for item in items:
-            if isinstance(item, torch.Tensor):
-                found.append(item)
-            elif isinstance(item, (list, tuple, dict)):
-                found += [leaf for leaf in tree_leaves(item) if isinstance(leaf, torch.Tensor)]
-    return found
-
-
 @dataclass(frozen=True)
 class _Rule:
     """What the counter needs to know of one op overload, worked out once per run."""
@@ -162,19 +148,20 @@ class _Rule:
         return cls(name, formula, free, allocates, mutable, reads, name in PARTIAL, named)
 
 
-class OpCounter(TorchDispatchMode):
+class OpCounter(mode_base()):
     """Sees every aten op of the counting run and adds each to ``counts``: its FLOPs by device and
     precision (by ``formulas``: the op packet -> FLOP formula table of torch's ``FlopCounterMode``), its
     bytes read and written, and its name when it does arithmetic no formula counts.
 
     Why not FlopCounterMode's own dispatch mode beside this one: torch wraps a TorchDispatchMode's
     ``__torch_dispatch__`` in ``torch._disable_dynamo``, which imports ``torch._dynamo`` on first use,
-    4 to 7 s on a busy 2-core machine, paid by a notebook's first ``%%cudatime``; this class opts out
-    (``_should_skip_dynamo``), which is safe because the counting run never compiles (see :func:`count`).
-    The formulas and the rest of FlopCounterMode's dispatch (metadata ops passed on, composite ops
-    decomposed so their parts are counted) are the same."""
+    4 to 7 s on a busy 2-core machine, paid by a notebook's first ``%%cudatime``; this class keeps out of
+    that wrapper (:func:`~.dispatch.mode_base`, shared with the first-run watch), on any torch, because
+    the counting run never compiles (see :func:`count`). The formulas and the rest of FlopCounterMode's
+    dispatch (metadata ops passed on, composite ops decomposed so their parts are counted) are the same."""
 
     supports_higher_order_operators = True  # torch.cond, flex_attention...: run, and named as unseen
+    never_compiles = True  # the counting run runs compiled code eagerly
 
     def __init__(self, formulas: dict) -> None:
         super().__init__()
@@ -182,10 +169,6 @@ class OpCounter(TorchDispatchMode):
         self.counts = Counts()
         self.rules: dict = {}  # op overload -> _Rule
         self.leaves: set = set()  # op overloads without a decomposition
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -218,7 +201,7 @@ class OpCounter(TorchDispatchMode):
         """Count one op that ran (``out`` is what it returned): its FLOPs by its formula, its bytes."""
         counts = self.counts
         counts.ops += 1
-        inputs, outputs = _tensors(args, kwargs), _tensors(out)
+        inputs, outputs = tensors_in(args, kwargs), tensors_in(out)
         flops = rule.formula(*args, **kwargs, out_val=out) if rule.formula is not None else 0
         if flops:
             where = (outputs or inputs)[0].device.type if (outputs or inputs) else "cpu"
@@ -229,7 +212,7 @@ class OpCounter(TorchDispatchMode):
             counts.uncounted[label] = counts.uncounted.get(label, 0) + 1
         if rule.free:
             return
-        mutated = _tensors([args[i] if i < len(args) else kwargs.get(name) for i, name in rule.mutable])
+        mutated = tensors_in([args[i] if i < len(args) else kwargs.get(name) for i, name in rule.mutable])
         mutated_keys = {_key(t) for t in mutated}
         moved: dict = {}
         for t in inputs:

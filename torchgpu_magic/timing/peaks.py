@@ -1,6 +1,7 @@
 """The hardware's limits for ``%%cudatime``'s roofline: datasheet peaks of NVIDIA GPUs, per precision, and
 their memory bandwidth; which entry a device is, by the name torch and NVML report; and the peak scaled
-to the SM clock NVML reads and to the SMs the device really has (a MIG instance has a share of them).
+to the SM clock the samples ran at and to the SMs the device really has (a MIG instance has a share of
+them).
 
 Figures are dense (NVIDIA's datasheets print tensor figures "with sparsity": those are halved here) and
 in FLOP/s and bytes/s. Per precision: ``fp64`` is the FP64 Tensor Core figure where the GPU has one
@@ -11,10 +12,11 @@ entry, and a FLOP of it gets no percentage.
 
 Each entry's ``clock_mhz`` is the SM clock its tensor figures assume: the H100 whitepaper's 1830 MHz
 (SXM) and 1620 MHz (PCIe), elsewhere the boost clock, or the clock the figure implies (figure / (SMs x
-tensor FLOP per SM per clock)) where NVIDIA states none. When NVML reads a lower SM clock, every peak is
-scaled by clock / ``clock_mhz``, and the report says so.
+tensor FLOP per SM per clock)) where NVIDIA states none. When the samples ran at a lower SM clock (the
+median of what NVML read after each of them, :mod:`.throttle`), every FLOP/s peak is scaled by clock /
+``clock_mhz``, and the report says so.
 
-Nothing here imports torch or NVML at import time; both are asked only for a CUDA device.
+Nothing here imports torch at import time; it is asked only for a CUDA device.
 """
 from __future__ import annotations
 
@@ -116,8 +118,8 @@ def lookup(name: str) -> Optional[GPUModel]:
 @dataclass(repr=False)
 class Peak:
     """The limits one measurement is held against: FLOP/s per precision (after the device's share of
-    SMs, before clock scaling), memory bandwidth, where they come from, and the SM clock NVML read
-    (``clock_mhz``) against the clock the figures assume (``reference_mhz``)."""
+    SMs, before clock scaling), memory bandwidth, where they come from, and the SM clock the samples ran
+    at (``clock_mhz``) against the clock the figures assume (``reference_mhz``)."""
 
     name: str
     flops: dict
@@ -160,11 +162,11 @@ def user_peak(flops: Optional[float], bandwidth: Optional[float], table: Optiona
     return Peak("--peak", {ANY: flops}, bandwidth, "--peak")
 
 
-def for_device(device: Any) -> tuple:
+def for_device(device: Any, clock_mhz: Optional[float] = None) -> tuple:
     """``(Peak or None, notes)`` for the device a cell was timed on: the table's entry for a CUDA GPU,
-    scaled to its SMs and memory slices (MIG) and carrying the SM clock NVML reads now (call it right
-    after the samples, while the GPU still runs at their clock). Elsewhere, or for a GPU not in the
-    table, None and a note saying how to give a peak."""
+    scaled to its SMs and memory slices (MIG), carrying ``clock_mhz``, the SM clock the samples ran at
+    (the median of NVML's readings after each sample, :class:`~.throttle.ClockWatch`; None where NVML
+    read none). Elsewhere, or for a GPU not in the table, None and a note saying how to give a peak."""
     kind = getattr(device, "type", str(device))
     hint = "--peak FLOPS[,BYTES_PER_S] sets one, for a percentage"
     if kind != "cuda":
@@ -180,7 +182,7 @@ def for_device(device: Any) -> tuple:
         sms = int(torch.cuda.get_device_properties(index).multi_processor_count)
     except (AttributeError, RuntimeError, TypeError, ValueError):
         sms = model.sms
-    return resolve(model, name, sms, sm_clock(index)), []
+    return resolve(model, name, sms, clock_mhz), []
 
 
 def resolve(model: GPUModel, name: str, sms: int, clock_mhz: Optional[float]) -> Peak:
@@ -199,16 +201,3 @@ def resolve(model: GPUModel, name: str, sms: int, clock_mhz: Optional[float]) ->
         notes.append(f"roofline: bandwidth scaled to the MIG instance's {mig.group(2)} of "
                      f"{model.memory_gb:g} GB memory slices")
     return Peak(model.name, flops, bandwidth, model.source, clock_mhz, model.clock_mhz, notes)
-
-
-def sm_clock(torch_index: int) -> Optional[float]:
-    """The SM clock (MHz) NVML reads now for torch's ``cuda:torch_index``, matched to NVML's GPU by UUID;
-    None where NVML cannot say."""
-    from ..gpus import gpumap, nvml
-    from ..render import is_na
-
-    for mapping in gpumap.gpu_map():
-        if mapping.torch_index == torch_index and mapping.nvml_index is not None:
-            clock = nvml.gpu_snapshot(mapping.nvml_index).clock_sm
-            return None if is_na(clock) else float(clock)
-    return None

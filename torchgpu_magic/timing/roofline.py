@@ -1,8 +1,9 @@
 """How close a timed cell runs to the hardware's limit: achieved FLOP/s and bytes/s, arithmetic intensity,
 the roofline bound (compute or memory) and the percentage of the peak.
 
-After the samples, :func:`attach` reads the device's peaks (:mod:`.peaks`: the datasheet table, the SM
-clock NVML reads, or ``--peak``), runs the cell once more, untimed, under the counter (:mod:`.counting`:
+After the samples, :func:`attach` reads the device's peaks (:mod:`.peaks`: the datasheet table scaled to
+the SM clock the samples ran at, from the result's per-sample clock readings (:mod:`.throttle`), or
+``--peak``), runs the cell once more, untimed, under the counter (:mod:`.counting`:
 FLOPs by the formulas of torch's ``FlopCounterMode``, a lower bound on bytes), and puts a
 :class:`Roofline` on the :class:`~.results.TimingResult` with its notes.
 
@@ -131,10 +132,11 @@ class Roofline:
     # -- text ---------------------------------------------------------------------------------------------
     def _peak_label(self) -> str:
         counted = [k for k, v in self.flops_by_precision.items() if v]
+        clocked = f" at {self.clock_mhz:,.0f} MHz" if self.clock_scale < 1 and self.clock_mhz else ""
         if len(counted) == 1:
-            return self.peak_labels.get(counted[0], self.peak_name or "")
+            return self.peak_labels.get(counted[0], self.peak_name or "") + clocked
         mix = ", ".join(f"{k} {fmt_percent(self.flops_by_precision[k] / self.flops)}" for k in counted)
-        return f"{self.peak_name} peaks for this mix ({mix} of FLOPs)"
+        return f"{self.peak_name} peaks{clocked} for this mix ({mix} of FLOPs)"
 
     def line(self) -> Optional[str]:
         """'612 TFLOP/s (62 % of H100 SXM bf16 dense), 905 GB/s (27 % of 3.35 TB/s); compute-bound
@@ -183,8 +185,8 @@ class Roofline:
 def analyse(counts: Any, device_type: str, seconds: float, peak: Optional[peaks.Peak]) -> Roofline:
     """The :class:`Roofline` of ``counts`` (:class:`~.counting.Counts`) for a cell timed on a
     ``device_type`` device at ``seconds`` per loop, against ``peak`` (None: achieved figures only).
-    A clock NVML read that the achieved FLOP/s prove wrong (the GPU had idled before it was read) is
-    dropped, and the peak taken at the table's clock."""
+    A clock (the samples' median reading) that the achieved FLOP/s prove wrong (the GPU slowed down
+    between a sample and its reading) is dropped, and the peak taken at the table's clock."""
     by_precision = {kind: n for (where, kind), n in counts.flops.items() if where == device_type}
     rl = Roofline(seconds, sum(by_precision.values()), counts.bytes.get(device_type, 0), by_precision,
                   uncounted=dict(counts.uncounted), opaque=dict(counts.opaque), compiled=counts.compiled,
@@ -199,13 +201,16 @@ def analyse(counts: Any, device_type: str, seconds: float, peak: Optional[peaks.
         if rl.clock_scale < 1 and (rl.flops_fraction or 0) > 1:
             rl.clock_scale = 1.0
             _hold_against(rl, peak, clocked=False)
-            rl.notes.append(f"roofline: the SM clock NVML read ({rl.clock_mhz:,.0f} MHz) is below what the "
-                            "achieved FLOP/s need (the GPU idled before it was read): peaks at the table's "
-                            f"{rl.reference_mhz:,.0f} MHz")
+            rl.notes.append(f"roofline: the SM clock NVML read after the samples ({rl.clock_mhz:,.0f} MHz, "
+                            "their median) is below what the achieved FLOP/s need (the GPU slowed down "
+                            f"before it was read): peaks at the table's {rl.reference_mhz:,.0f} MHz")
         elif rl.clock_scale < 1:
-            rl.notes.append(f"roofline: FLOP/s peaks scaled to the SM clock NVML read after the samples, "
+            scaled = ", ".join(f"{kind} {fmt_si(value, 'FLOP/s')}" for kind, value in rl.peak_flops.items()
+                               if value and rl.flops_by_precision.get(kind))
+            rl.notes.append(f"roofline: FLOP/s peaks scaled to the SM clock the samples ran at, "
                             f"{rl.clock_mhz:,.0f} of the {rl.reference_mhz:,.0f} MHz the table's figures "
-                            "assume")
+                            "assume (the median of NVML's readings after each sample)"
+                            + (f": {scaled}" if scaled else ""))
         rl.notes += peak.notes
     rl.notes[:0] = _count_notes(rl, peak)
     return rl
@@ -263,16 +268,16 @@ def attach(result: Any, run: Callable[[], Any], device: Any, peak: Optional[tupl
            silence: Callable[[], ContextManager[Any]]) -> None:
     """Count one more run of the cell (``run``) and put its :class:`Roofline` and notes on ``result``
     (a :class:`~.results.TimingResult` timed on ``device``); ``peak`` is ``--peak`` as
-    ``(flops, bytes_per_s or None)``. The device's peaks are read first, while the GPU still runs at the
-    samples' clock. What the counting run raises becomes a note, never the cell's error: the cell ran
-    through every sample."""
+    ``(flops, bytes_per_s or None)``. The device's peaks are scaled to the SM clock the samples ran at
+    (``result.sm_clock``: NVML's readings after each sample). What the counting run raises becomes a note,
+    never the cell's error: the cell ran through every sample."""
     from . import counting
 
     flops, bandwidth = (list(peak) + [None])[:2] if peak is not None else (None, None)
     table, notes = None, []
     if bandwidth is None:  # the table has something --peak does not give
         try:
-            table, notes = peaks.for_device(device)
+            table, notes = peaks.for_device(device, (result.sm_clock or {}).get("median_mhz"))
         except Exception as exc:  # noqa: BLE001 - a GPU that cannot say its name costs the peak, not the report
             notes = [f"roofline: no peak figures: asking torch about {device} failed "
                      f"({' '.join(f'{type(exc).__name__}: {exc}'.split())[:200]})"]

@@ -17,11 +17,14 @@ it took to *queue* kernels. This package follows ``docs/timing-method.md``, one 
   streams, the L2 note).
 - :mod:`.results`: :class:`TimingResult`, :class:`TimingComparison` and the kernel table.
 - :mod:`.roofline`: achieved FLOP/s and bytes/s, the bound and the % of peak, from :mod:`.counting`
-  (FLOPs and bytes of one extra, untimed run) and :mod:`.peaks` (the datasheet table, the SM clock).
+  (FLOPs and bytes of one extra, untimed run) and :mod:`.peaks` (the datasheet table, scaled to the SM
+  clock :mod:`.throttle` read after the samples).
+- :mod:`.dispatch`: what the first-run watch and the counter share (their ``TorchDispatchMode`` base,
+  which imports no ``torch._dynamo``, and the tensors of an op).
 
 The arrows point one way: engine imports the others, results imports clocks, flags, stats and
-throttle, clocks imports cells (and throttle, lazily), flags imports stats; roofline imports peaks and
-(lazily) counting. Nothing here imports IPython; torch is imported lazily, at the top only by
+throttle, clocks imports cells (and throttle, lazily), flags imports stats, throttle imports stats;
+roofline imports peaks and (lazily) counting; observe and counting import dispatch. Nothing here imports IPython; torch is imported lazily, at the top only by
 counting. The names callers use are re-exported here.
 """
 from __future__ import annotations

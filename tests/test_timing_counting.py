@@ -182,6 +182,21 @@ def test_counting_does_not_import_dynamo():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def test_a_cuda_build_without_triton_gets_no_triton_warning_from_the_counter():
+    """torch's flop counter logs "triton not found" at import on a CUDA build without triton (Windows):
+    the counter never looks into Triton kernels, so the user's first %%cudatime must not show it."""
+    import subprocess
+    import sys
+
+    code = ("import logging, sys, torch\nsys.modules['triton'] = None  # not importable, as on Windows\n"
+            "torch.version.cuda = '13.0'\nfrom torchgpu_magic.timing import counting\n"
+            "assert logging.getLogger('torch.utils.flop_counter').level == logging.NOTSET\n"
+            "print('imported')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-2000:]
+    assert "triton" not in done.stderr, done.stderr
+
+
 def test_the_watch_and_the_counter_share_one_dispatch_base(monkeypatch):
     """observe's first-run watch and the roofline's counter are one kind of mode (timing/dispatch.py): no
     torch._dynamo import for either; on a torch without the C layer that marks their code as never

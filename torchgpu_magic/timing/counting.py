@@ -24,15 +24,26 @@ op's tensors the first-run watch shares); a torch without them turns the count i
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from .dispatch import mode_base, tensors_in
+
+# A CUDA build without triton (Windows, some containers) logs "triton not found; flop counting will not
+# work for triton kernels" when this module is first imported: into the user's first %%cudatime. The
+# counter never looks into a Triton kernel (a higher-order op, named in a note), so it is not passed on.
+_LOG = logging.getLogger("torch.utils.flop_counter")
+_level = _LOG.level
+_LOG.setLevel(logging.ERROR)
+try:
+    from torch.utils.flop_counter import FlopCounterMode
+finally:
+    _LOG.setLevel(_level)
 
 aten = torch.ops.aten
 

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.formatters import PlainTextFormatter
 from IPython.utils.capture import capture_output
 
-from torchgpu_magic.memory import CellMemory, FitResult
+from torchgpu_magic.memory import CellMemory, FitResult, targets
 
 MIB = 2**20
 STEP = "loss = model(x).square().mean()\nloss.backward()\nopt.step()\n"
@@ -183,7 +183,13 @@ def test_a_cell_fake_tensors_cannot_run_is_one_line_and_changes_nothing(mip, cel
     helper = types.ModuleType("helper")
     exec("import torch\nSCALE = torch.ones(1024)\ndef scaled(t):\n    return t * SCALE", helper.__dict__)
     mip.user_ns["helper"] = helper
+    import torch
+
     before = _state(mip.user_ns)
+    if "torch.cuda" in cell and torch.cuda.is_available():  # a GPU here (real or --simulate-gpu's)
+        run(mip, f"%%cudamem --predict cpu -q\nx = x * 2\n{cell}")  # the call runs, as in a real run
+        assert _same(_state(mip.user_ns), before)
+        return
     error = run_error(mip, f"%%cudamem --predict cpu\nx = x * 2\n{cell}")
     line = 1 + len(cell.splitlines())  # the cell's last line, where it fails
     assert isinstance(error, UsageError) and "\n" not in str(error)
@@ -299,14 +305,20 @@ def test_dropout_and_attention_for_cuda_keep_what_cuda_kernels_keep(ip):
 
 
 def test_the_report_as_text_html_and_dict(mip):
+    import torch
+
     report = run(mip, f"%%cudamem --predict cuda --capacity 80GiB -o -q\n{STEP}")
     text = PlainTextFormatter()(report)
     assert text.startswith("%%cudamem predicted for cuda: FakeTensorMode on fake")
     for line in ("peak ", "during optimizer step", "highest by phase: before the cell",
                  "reserved by the caching", "CUDA context", "By category", "parameters", "optimizer state",
-                 "workspaces", "after the cell", "By module", "cuBLAS workspace:", "not counted:",
-                 "GPU generation: unknown"):
+                 "workspaces", "after the cell", "By module", "cuBLAS workspace:", "not counted:"):
         assert line in text, line
+    if torch.cuda.is_available():  # a GPU here (real or --simulate-gpu's): it predicts for its generation
+        major, minor = torch.cuda.get_device_capability()
+        assert f"GPU generation: {targets.generation((major, minor))} (sm_{major}{minor}, this GPU)" in text
+    else:
+        assert "GPU generation: unknown (name it with --arch)" in text
     assert "<table" in report._repr_html_() and "By category" in report._repr_html_()
     data = report.to_dict()
     json.dumps(data)

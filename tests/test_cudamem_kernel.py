@@ -66,9 +66,11 @@ def _cases() -> list:
 
 
 def _cuda_capacity_known() -> bool:
+    """Whether the kernel or fresh process these cases run in knows a GPU's capacity: a real CUDA GPU only
+    (the --simulate-gpu leg's simulated H100 lives in this process alone, on a CPU build of torch)."""
     import torch
 
-    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+    return _cuda_build() and torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
 @pytest.mark.notebook

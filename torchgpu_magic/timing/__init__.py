@@ -24,8 +24,9 @@ it took to *queue* kernels. This package follows ``docs/timing-method.md``, one 
 
 The arrows point one way: engine imports the others, results imports clocks, flags, stats and
 throttle, clocks imports cells (and throttle, lazily), flags imports stats, throttle imports stats;
-roofline imports peaks and (lazily) counting; observe and counting import dispatch. Nothing here imports IPython; torch is imported lazily, at the top only by
-counting. The names callers use are re-exported here.
+roofline imports peaks and (lazily) counting; observe and counting import dispatch. Nothing here
+imports IPython; torch is imported lazily, at the top only by counting. The names callers use are
+re-exported here.
 """
 from __future__ import annotations
 

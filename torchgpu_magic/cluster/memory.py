@@ -73,38 +73,45 @@ class ClusterMemory:
                 f"{len(self.gpus)} GPU{'s' * (len(self.gpus) != 1)}")
 
     def table(self) -> Table:
-        table = Table(["host", "GPU / engine", "used / total (NVML)", "", "util", "torch alloc / reserved",
-                       "process RSS", "recent", "status"], align="llrlrrrll",
-                      title=self.headline() + " (GPUs by host and UUID; engines under the GPU they use)")
+        """One row per GPU (by host and UUID) with the engines using it indented under it, then each
+        host's engines on no GPU; without any GPU (a CPU cluster, or before NVML answers), the engines
+        alone, without the NVML columns."""
+        rows: list = []
         placed = set()
-        hosts = sorted({r["host"] for r in self.rows} | {g["host"] for g in self.gpus})
-        for host in hosts:
+        for host in sorted({r["host"] for r in self.rows} | {g["host"] for g in self.gpus}):
             gpus = [g for g in self.gpus if g["host"] == host]
             for gpu in gpus:
-                table.add(host, f"GPU {gpu['index']}  {gpu['name'] or ''}".rstrip(),
-                          f"{fmt_bytes(gpu['used'])} / {fmt_bytes(gpu['total'])}" if gpu["total"] else "-",
-                          bar(gpu["used"], gpu["total"]), fmt_value(gpu["util"], "%"), "", "",
-                          sparkline(gpu["history"], gpu["total"]),
-                          "" if gpu["engines"] else "stale: its reporter did not answer" if gpu["stale"]
-                          else "idle")
+                rows.append([host, f"GPU {gpu['index']}  {gpu['name'] or ''}".rstrip(),
+                             f"{fmt_bytes(gpu['used'])} / {fmt_bytes(gpu['total'])}" if gpu["total"] else "-",
+                             bar(gpu["used"], gpu["total"]), fmt_value(gpu["util"], "%"), "", "",
+                             sparkline(gpu["history"], gpu["total"]),
+                             "" if gpu["engines"] else "stale: its reporter did not answer" if gpu["stale"]
+                             else "idle"])
                 for row in self.rows:
                     if gpu["key"] in row["gpus"]:
-                        self._engine(table, row, "  ", gpu["key"])
+                        rows.append(self._engine(row, "  ", gpu["key"]))
                         placed.add(row["engine"])
             rest = [r for r in self.rows if r["host"] == host and r["engine"] not in placed]
             if rest and gpus:
-                table.add(host, "not on a GPU", "", "", "", "", "", "", "")
-            for row in rest:
-                self._engine(table, row, "  " if gpus else "", None)
+                rows.append([host, "not on a GPU"] + [""] * 7)
+            rows += [self._engine(row, "  " if gpus else "", None) for row in rest]
+        headers = ["host", "GPU / engine" if self.gpus else "engine", "used / total (NVML)", "", "util",
+                   "torch alloc / reserved", "process RSS", "recent", "status"]
+        keep = range(9) if self.gpus else (0, 1, 5, 6, 7, 8)
+        title = self.headline() + (" (GPUs by host and UUID; engines under the GPU they use)" if self.gpus
+                                   else "")
+        table = Table([headers[i] for i in keep], align="".join("llrlrrrll"[i] for i in keep), title=title)
+        for row in rows:
+            table.add(*(row[i] for i in keep))
         return table
 
     @staticmethod
-    def _engine(table: Table, row: dict, indent: str, key: Any) -> None:
+    def _engine(row: dict, indent: str, key: Any) -> list:
         figures = row["gpus"].get(key) if key is not None else next(
             (v for v in row["gpus"].values() if v), None)
         torch = (f"{fmt_bytes(figures[0])} / {fmt_bytes(figures[1])}" if figures else "-")
-        table.add(row["host"] or "-", indent + row["engine"], "", "", "", torch, fmt_bytes(row["rss"]),
-                  sparkline(row["history"], None), row["status"])
+        return [row["host"] or "-", indent + row["engine"], "", "", "", torch, fmt_bytes(row["rss"]),
+                sparkline(row["history"], None), row["status"]]
 
     def cell_table(self) -> Optional[Table]:
         if not self.cells:

@@ -1,28 +1,45 @@
-"""What the cluster forms cost, measured side by side in one run on a local ipyparallel cluster.
+"""What the cluster forms cost, measured side by side in one run on local clusters (ipyparallel engines and
+a Dask ``LocalCluster`` whose scheduler runs in this process, as when a notebook starts one).
 
-Rows (arms interleaved, round by round, medians reported; the machine is shared and noisy):
-- ``%gpuinfo --cluster`` on N engines against one bare round trip to all N (``remote.ping``) plus the
-  single-engine report time (``inventory.build_report`` timed on an engine): target ratio <= 1.5;
-- ``%gpumem --cluster`` at 1 Hz with N engines: this process's CPU time over wall time while the main
-  thread sleeps, minus an idle window: target <= 1 % of one core; the bridge as it is (one apply to all
-  engines per tick) against the one it replaced (one apply per engine, kept here as the 'before' arm);
-- ``%%cudatime --cluster`` (the cell timed on all N at once, fixed loops and samples) against the same
-  ``%%cudatime`` on one engine: target <= 5 % added; also on 2 engines, since on a 2-core machine N > 2
-  engines share the cores and time each other's CPU work.
+Rows (arms interleaved round by round, medians reported; the machine is shared and noisy):
 
-Run: ``PYTHONPATH=$PWD python benchmarks/bench_cluster.py [--engines 8] [--rounds 5] [--window 10]``.
-The engines need this package importable: they inherit this process's PYTHONPATH.
+ipyparallel, N engines:
+- ``%gpuinfo --cluster`` against one bare round trip to all N (``remote.ping``) plus the single-engine
+  report time: target ratio <= 1.5;
+- ``%gpumem --cluster`` at 1 Hz: this process's CPU time over wall time while the main thread sleeps,
+  minus an idle window (target <= 1 % of one core), for the sampler as it is on all N engines and on half
+  of them (the difference is the cost per engine), and for the 'before' arm (one apply per engine);
+- a tick with one engine busy (a long task) against a tick with all idle: target ratio ~1 (the busy
+  engine is not asked);
+- bytes per engine per tick: what our request and reply carry (pickled arguments, the reply's value)
+  and what ipyparallel's messages add (headers, metadata): target < 1 KB of ours;
+- ``%%cudatime --cluster`` on all N at once against the same on one engine (and on 2).
+
+Dask, W workers:
+- ``%gpumem --cluster`` at 1 Hz, notebook-side CPU with the scheduler in this process: one
+  ``Client.run`` to all workers per tick (now) against one ``Client.run`` per worker, each from its own
+  thread (before issue 23);
+- a tick against a bare ``Client.run`` of an empty function to all workers (before: 1.8-3.7x);
+- bytes per worker per tick (pickled request arguments and reply).
+
+Run: ``PYTHONPATH=$PWD python benchmarks/bench_cluster.py [--engines 8] [--workers 4] [--rounds 5]
+[--window 8]``. The engines and workers need this package importable: they inherit this process's
+PYTHONPATH.
 """
 from __future__ import annotations
 
 import argparse
+import functools
+import pickle
 import statistics
+import threading
 import time
-
-import ipyparallel as ipp
+from typing import Any, Callable
 
 from torchgpu_magic import cluster
-from torchgpu_magic.cluster.bridge import IPyParallelBridge
+from torchgpu_magic.cluster import remote
+from torchgpu_magic.cluster.dask_bridge import DaskBridge
+from torchgpu_magic.cluster.ipp_bridge import IPyParallelBridge
 from torchgpu_magic.cluster.memory import ClusterSampler
 
 CELL = "time.sleep(0.002)"
@@ -30,12 +47,41 @@ OPTIONS = {"loops": 5, "samples": 9, "warmup": 1, "max_time": 10.0}
 
 
 class PerEngineBridge(IPyParallelBridge):
-    """The 'before' arm: one ``apply_async`` per engine, as the bridge sent before issue 14's follow-up."""
+    """The ipyparallel 'before' arm: one ``apply_async`` per engine, as the bridge sent before issue 14's
+    follow-up."""
 
     def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict) -> list:
-        from torchgpu_magic.cluster import remote
+        return [([key], self.client[[key]].apply_async(functools.partial(remote.call), target, args, kwargs))
+                for key in live]
 
-        return [([key], self.client[[key]].apply_async(remote.call, target, args, kwargs)) for key in live]
+
+class ThreadPerWorkerBridge(DaskBridge):
+    """The Dask 'before' arm: ``Client.run`` on each worker from its own daemon thread, joined with a
+    deadline, as the bridge did before issue 23."""
+
+    def run(self, target: str, *args: Any, timeout: float = 30.0, keys: Any = None, **kwargs: Any) -> list:
+        from torchgpu_magic.cluster.bridge import Reply, envelope
+
+        keys = self.engines() if keys is None else list(keys)
+        done: dict = {}
+
+        def ask(key: Any) -> None:
+            try:
+                done[key] = self.obj.run(remote.call, target, args, kwargs, workers=[key],
+                                         on_error="return").get(key)
+            except BaseException as exc:  # noqa: BLE001 - the arm reports it as its reply
+                done[key] = exc
+
+        threads = [threading.Thread(target=ask, args=(key,), daemon=True) for key in keys]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout
+        replies = []
+        for key, thread in zip(keys, threads):
+            thread.join(max(0.0, deadline - time.monotonic()))
+            reply = Reply(self.label(key), key, False)
+            replies.append(envelope(reply, done[key]) if isinstance(done.get(key), dict) else reply)
+        return replies
 
 
 def _report_time() -> float:
@@ -58,12 +104,59 @@ def _warm() -> None:
     remote.namespace()["time"] = __import__("time")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--engines", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--window", type=float, default=10.0)
-    args = parser.parse_args()
+def _hold(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+def _noop() -> None:
+    return None
+
+
+def cpu_share(make: Callable[[], Any], window: float) -> float:
+    """This process's CPU time over wall time for ``window`` seconds while a sampler made by ``make``
+    (None: nothing) runs at 1 Hz and the main thread sleeps."""
+    sampler = make()
+    if sampler is not None:
+        sampler.tick(60)
+        sampler.start()
+    cpu, wall = time.process_time(), time.perf_counter()
+    time.sleep(window)
+    share = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    if sampler is not None:
+        sampler.stop()
+    return share
+
+
+def ipp_bytes(rc: Any, replies: list, args: tuple) -> tuple:
+    """(ours in, ours out, ipyparallel's in, ipyparallel's out) bytes per engine for one tick: the
+    serialised call and reply as ipyparallel frames them (its own serialisation of the function, the
+    arguments and the answer; the session's header, parent header and metadata)."""
+    from ipyparallel.serialize import pack_apply_message, serialize_object
+
+    session = rc.session
+    request = pack_apply_message(functools.partial(remote.call), ("memory_tick", args, {}), {})
+    ours_in = len(pickle.dumps(args))
+    msg = session.msg("apply_request", content={}, metadata={"targets": [0], "engine": "x" * 36})
+    frames_in = sum(len(session.pack(msg[part])) for part in ("header", "parent_header", "metadata",
+                                                               "content")) + 64  # + signature, delimiter
+    outs, frames_out = [], []
+    for reply in replies:
+        data = {"host": reply.host, "pid": reply.pid, "ok": reply.ok, "cpus": reply.cpus,
+                "threads": reply.threads, "value": reply.value}
+        outs.append(len(pickle.dumps(data)))
+        answer = session.msg("apply_reply", content={"status": "ok"}, parent=msg,
+                             metadata={"engine": "x" * 36, "started": "2026-01-01T00:00:00.000000Z"})
+        frames_out.append(sum(len(b) for b in serialize_object(data)) + 64 + sum(
+            len(session.pack(answer[part])) for part in ("header", "parent_header", "metadata", "content")))
+    return (ours_in, statistics.mean(outs), frames_in + sum(len(b) for b in request) - ours_in,
+            statistics.mean(frames_out) - statistics.mean(outs))
+
+
+def bench_ipyparallel(args: argparse.Namespace) -> None:
+    import ipyparallel as ipp
+
     ipc = ipp.Cluster(n=args.engines, log_level=40)
     rc = ipc.start_and_connect_sync()
     try:
@@ -82,28 +175,50 @@ def main() -> None:
             cluster.gpu_report(bridge)
             full.append(time.perf_counter() - start)
         p, s, f = (statistics.median(x) for x in (ping, single, full))
-        print(f"%gpuinfo --cluster, {args.engines} engines: {f * 1e3:.1f} ms; bare round trip "
-              f"{p * 1e3:.1f} ms + one engine's report {s * 1e3:.1f} ms = {(p + s) * 1e3:.1f} ms; "
-              f"ratio {f / (p + s):.2f} (target <= 1.5)")
+        print(f"ipyparallel, {args.engines} engines")
+        print(f"  %gpuinfo --cluster: {f * 1e3:.1f} ms; bare round trip {p * 1e3:.1f} ms + one engine's "
+              f"report {s * 1e3:.1f} ms = {(p + s) * 1e3:.1f} ms; ratio {f / (p + s):.2f} (target <= 1.5)")
 
-        before = PerEngineBridge("rc", rc)
-        arms = {"idle": None, "per engine": before, "one apply": bridge}
+        half = rc[: args.engines // 2]
+        arms = {"idle": lambda: None,
+                "per engine (before)": lambda: ClusterSampler(PerEngineBridge("rc", rc), 1.0),
+                f"now, {len(half)} engines": lambda: ClusterSampler(IPyParallelBridge("half", half), 1.0),
+                f"now, {args.engines} engines": lambda: ClusterSampler(IPyParallelBridge("rc", rc), 1.0)}
         shares: dict = {arm: [] for arm in arms}
         for _ in range(max(2, args.rounds // 2)):
-            for arm, through in arms.items():
-                sampler = None if through is None else ClusterSampler(through, 1.0)
-                if sampler is not None:
-                    sampler.start()
-                cpu, wall = time.process_time(), time.perf_counter()
-                time.sleep(args.window)
-                share = (time.process_time() - cpu) / (time.perf_counter() - wall)
-                if sampler is not None:
-                    sampler.stop()
-                shares[arm].append(share)
-        idle, old, new = (statistics.median(shares[arm]) for arm in shares)
-        print(f"%gpumem --cluster at 1 Hz, {args.engines} engines: notebook-side CPU, idle "
-              f"{idle * 100:.3f} % of one core; per-engine applies before: +{(old - idle) * 100:.3f} %; "
-              f"one apply to all now: +{(new - idle) * 100:.3f} % (target <= 1 %)")
+            for arm, make in arms.items():
+                shares[arm].append(cpu_share(make, args.window))
+        idle = statistics.median(shares.pop("idle"))
+        said = "; ".join(f"{arm} +{(statistics.median(v) - idle) * 100:.2f} %" for arm, v in shares.items())
+        values = [statistics.median(v) - idle for v in shares.values()]
+        slope = (values[2] - values[1]) / (args.engines - len(half))
+        print(f"  %gpumem --cluster at 1 Hz, notebook-side CPU over idle ({idle * 100:.2f} %): {said} of one "
+              f"core; per engine {slope * 1e3:.2f} ms per tick (target <= 1 % in all)")
+
+        sampler = ClusterSampler(IPyParallelBridge("rc", rc), 1.0)
+        sampler.tick(60)
+        calm, busy = [], []
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            sampler.tick()
+            calm.append(time.perf_counter() - start)
+            task = rc[0].apply_async(_hold, 3.0)
+            while not rc.queue_status()[0]["queue"]:
+                time.sleep(0.01)
+            start = time.perf_counter()
+            sampler.tick()
+            busy.append(time.perf_counter() - start)
+            task.get()
+        c, b = statistics.median(calm), statistics.median(busy)
+        print(f"  a tick with engine 0 busy: {b * 1e3:.1f} ms; all idle {c * 1e3:.1f} ms; ratio {b / c:.2f} "
+              f"(target ~1: the busy engine is not asked)")
+
+        host = rc[0].apply_sync(__import__("socket").gethostname)
+        tick_args = ({host: rc[0].apply_sync(__import__("os").getpid)}, [sampler._token, 0])
+        replies = bridge.run("memory_tick", *tick_args)
+        ours_in, ours_out, theirs_in, theirs_out = ipp_bytes(rc, replies, tick_args)
+        print(f"  bytes per engine per tick: ours {ours_in} in + {ours_out:.0f} out; ipyparallel's framing "
+              f"{theirs_in:.0f} in + {theirs_out:.0f} out (target < 1 KB of ours)")
 
         two = cluster.connect({"two": rc[:2]}, "two")
         alone, pair, everywhere = [], [], []
@@ -113,11 +228,79 @@ def main() -> None:
                 cluster.time_cell(arm, "", CELL, OPTIONS)
                 out.append(time.perf_counter() - start)
         a, t, e = statistics.median(alone), statistics.median(pair), statistics.median(everywhere)
-        print(f"%%cudatime --cluster: one engine {a * 1e3:.0f} ms; 2 engines {t * 1e3:.0f} ms "
+        print(f"  %%cudatime --cluster: one engine {a * 1e3:.0f} ms; 2 engines {t * 1e3:.0f} ms "
               f"({(t / a - 1) * 100:+.1f} %); {args.engines} engines {e * 1e3:.0f} ms "
               f"({(e / a - 1) * 100:+.1f} %) (target <= +5 %; engines beyond the cores share them)")
     finally:
         ipc.stop_cluster_sync()
+
+
+def bench_dask(args: argparse.Namespace) -> None:
+    import distributed
+
+    local = distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                                     dashboard_address=None, silence_logs=40)
+    client = distributed.Client(local)
+    try:
+        client.run(_warm)
+        bridge = DaskBridge("client", client)
+        before = ThreadPerWorkerBridge("client", client)
+        bridge.run("memory_tick", None, None)
+        before.run("memory_tick", None, None)
+        arms = {"idle": lambda: None,
+                "a thread and a Client.run per worker (before)": lambda: ClusterSampler(before, 1.0),
+                "one Client.run to all (now)": lambda: ClusterSampler(bridge, 1.0)}
+        shares: dict = {arm: [] for arm in arms}
+        for _ in range(max(2, args.rounds // 2)):
+            for arm, make in arms.items():
+                shares[arm].append(cpu_share(make, args.window))
+        idle = statistics.median(shares.pop("idle"))
+        said = "; ".join(f"{arm} +{(statistics.median(v) - idle) * 100:.2f} %" for arm, v in shares.items())
+        print(f"Dask, {args.workers} workers (scheduler in this process)")
+        print(f"  %gpumem --cluster at 1 Hz, notebook-side CPU over idle ({idle * 100:.2f} %): {said} of one "
+              f"core (target <= 1 %)")
+
+        sampler = ClusterSampler(bridge, 1.0)
+        sampler.tick(60)
+        bare, now, old = [], [], []
+        for _ in range(args.rounds * 2):
+            for arm, out in ((lambda: client.run(_noop), bare), (sampler.tick, now),
+                             (lambda: before.run("memory_tick", None, None), old)):
+                start = time.perf_counter()
+                arm()
+                out.append(time.perf_counter() - start)
+        b, n, o = statistics.median(bare), statistics.median(now), statistics.median(old)
+        print(f"  a tick: {n * 1e3:.1f} ms, {n / b:.2f}x a bare Client.run to all ({b * 1e3:.1f} ms); "
+              f"before {o * 1e3:.1f} ms, {o / b:.2f}x")
+
+        replies = bridge.run("memory_tick", None, [sampler._token, 0])
+        sent = len(pickle.dumps((remote.dask_call, "memory_tick", (None, [sampler._token, 0]), {}, 4.0,
+                                 "0" * 32)))
+        back = statistics.mean(len(pickle.dumps({"host": r.host, "pid": r.pid, "ok": r.ok, "cpus": r.cpus,
+                                                 "threads": r.threads, "value": r.value})) for r in replies)
+        print(f"  bytes per worker per tick: {sent} in (the function by reference and its arguments), "
+              f"{back:.0f} out (target < 1 KB)")
+    finally:
+        client.close()
+        local.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--engines", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--window", type=float, default=8.0)
+    parser.add_argument("--only", choices=("ipyparallel", "dask"), default=None)
+    args = parser.parse_args()
+    import os
+
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    if args.only in (None, "ipyparallel"):
+        bench_ipyparallel(args)
+    if args.only in (None, "dask"):
+        bench_dask(args)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

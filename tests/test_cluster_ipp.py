@@ -296,7 +296,8 @@ def test_one_engine_per_host_reports_its_gpus(sh, rc):
         one = bridge.run("memory_tick", {host: pids[1]}, None)
     finally:
         rc[:].apply_sync(_remove_fake_nvml)
-    assert all(len(r.value["gpus"]) == 8 for r in every)
+    assert all(r.ok and len(r.value["gpus"]) == 8 for r in every), [r.error_text() for r in every]
+    assert all(r.ok for r in one), [r.error_text() for r in one]
     assert ["gpus" in r.value for r in one] == [False, True, False]
     assert all(len(repr(r.value)) < 1024 for r in one if "gpus" not in r.value)
 

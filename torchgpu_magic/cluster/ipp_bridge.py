@@ -142,15 +142,20 @@ class IPyParallelBridge(Bridge):
         """Send the call to every engine in ``live``: ``[(keys, AsyncResult)]``. One DirectView apply;
         should it fail (an engine gone between the check and the send), one apply per engine, so that
         only the engine at fault gets the error."""
+        import functools
+
         from . import remote
 
+        # ipyparallel ships a plain function by value (its code, some 2.7 KB, serialised for every engine
+        # at every call); a partial of it is pickled by reference: the module and name, ~60 bytes
+        call = functools.partial(remote.call)
         try:
-            sent = [(live, self.client[live].apply_async(remote.call, target, args, kwargs))]
+            sent = [(live, self.client[live].apply_async(call, target, args, kwargs))]
         except Exception:  # noqa: BLE001 - retried per engine below, where each failure is that engine's
             sent = []
             for key in live:
                 try:
-                    sent.append(([key], self.client[[key]].apply_async(remote.call, target, args, kwargs)))
+                    sent.append(([key], self.client[[key]].apply_async(call, target, args, kwargs)))
                 except Exception as exc:  # noqa: BLE001 - one engine's failure is its reply, not ours
                     from_exception(replies[key], type(exc).__name__, str(exc))
         epoch, mono = time.time(), time.monotonic()

@@ -29,7 +29,6 @@ PYTHONPATH.
 from __future__ import annotations
 
 import argparse
-import functools
 import pickle
 import statistics
 import threading
@@ -47,12 +46,11 @@ OPTIONS = {"loops": 5, "samples": 9, "warmup": 1, "max_time": 10.0}
 
 
 class PerEngineBridge(IPyParallelBridge):
-    """The ipyparallel 'before' arm: one ``apply_async`` per engine, as the bridge sent before issue 14's
-    follow-up."""
+    """The ipyparallel 'before' arm: one ``apply_async`` per engine with the function itself (shipped by
+    value), as the bridge sent before issue 14's follow-up."""
 
     def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict) -> list:
-        return [([key], self.client[[key]].apply_async(functools.partial(remote.call), target, args, kwargs))
-                for key in live]
+        return [([key], self.client[[key]].apply_async(remote.call, target, args, kwargs)) for key in live]
 
 
 class ThreadPerWorkerBridge(DaskBridge):
@@ -136,7 +134,7 @@ def ipp_bytes(rc: Any, replies: list, args: tuple) -> tuple:
     from ipyparallel.serialize import pack_apply_message, serialize_object
 
     session = rc.session
-    request = pack_apply_message(functools.partial(remote.call), ("memory_tick", args, {}), {})
+    request = pack_apply_message(remote.Entry(), ("memory_tick", args, {}), {})
     ours_in = len(pickle.dumps(args))
     msg = session.msg("apply_request", content={}, metadata={"targets": [0], "engine": "x" * 36})
     frames_in = sum(len(session.pack(msg[part])) for part in ("header", "parent_header", "metadata",

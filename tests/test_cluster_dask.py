@@ -302,11 +302,13 @@ def test_worker_without_the_package_says_what_to_install_where(sh, client):
         client.run(_block_package, False, workers=[worker])
     rows = {e["label"]: e for e in report.engines}
     assert rows["worker 0"]["ok"] and rows["worker 1"]["problem"] == "no_package", rows["worker 1"]
-    message = rows["worker 1"]["message"]
+    message, fix = rows["worker 1"]["message"], rows["worker 1"]["fix"]
     assert message.startswith("No module named 'torchgpu_magic' (on ")
     assert f"Python {sys.executable}" in message
-    assert "pip install torchgpu-magic" in message and "PipInstall(['torchgpu-magic'])" in message
+    assert "pip install torchgpu-magic" in fix and "PipInstall(['torchgpu-magic'])" in fix
     assert "Exception: ModuleNotFoundError" not in message
+    flag = next(f for f in report.flags if f.cause == "engine_no_package")
+    assert flag.fix == fix
 
 
 # ---- the names --cluster takes ------------------------------------------------------------------------

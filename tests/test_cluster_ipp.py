@@ -353,6 +353,29 @@ def _fake_torch_version(version):
     return None
 
 
+def test_torch_distributed_ranks_beside_their_gpus(sh, rc):
+    """The torch.distributed route: engines joined into a process group (gloo on loopback, as the
+    notebook does) show their ranks in %gpuinfo --cluster."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    rc[:].scatter("rank", list(range(len(rc.ids))), flatten=True, block=True)
+    rc[:].push({"world": len(rc.ids), "port": port}, block=True)
+    rc[:].execute("import torch.distributed as dist\n"
+                  "dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, "
+                  "world_size=world)", block=True)
+    try:
+        report = run(sh, "%gpuinfo --cluster rc -o")
+    finally:
+        rc[:].execute("dist.destroy_process_group(); del rank, world, port", block=True)
+    assert [e["report"]["dist"] for e in report.engines] == [
+        {"rank": r, "world_size": 3, "backend": "gloo"} for r in range(3)]
+    text = report.to_text()
+    assert "rank" in text.split("Engines")[1].splitlines()[1] and "2 of 3 (gloo)" in text
+
+
 # ---- %whereis --cluster --------------------------------------------------------------------------
 
 def test_whereis_cluster_merges_by_name_and_flags_device_types(sh, rc):
@@ -673,7 +696,10 @@ def test_engine_without_the_package(sh, rc):
     rows = {e["label"]: e for e in report.engines}
     assert rows["engine 0"]["ok"] and rows["engine 2"]["ok"]
     assert not rows["engine 1"]["ok"] and rows["engine 1"]["problem"] == "no_package"
-    assert "pip install torchgpu-magic" in rows["engine 1"]["message"]
+    assert rows["engine 1"]["message"].startswith("No module named 'torchgpu_magic' (on ")
+    assert "pip install torchgpu-magic" in rows["engine 1"]["fix"]
+    flag = next(f for f in report.flags if f.cause == "engine_no_package")
+    assert "pip install torchgpu-magic" in flag.fix and "pip install" not in flag.message
     assert any(f.cause == "engine_no_package" for f in report.flags)
     assert "did not report" in report.headline()
 

@@ -39,7 +39,7 @@ PROBLEMS = {
 FIX_PACKAGE = ("install it on every engine (pip install torchgpu-magic), or start the engines with this "
                "package on their PYTHONPATH")
 FIX_TORCH = "install torch in the engine's environment (the one its python runs from)"
-FIX_DASK_PACKAGE = ("or, from the notebook, on every worker at once: client.register_plugin("
+FIX_DASK_PACKAGE = ("; or, from the notebook, on every worker at once: client.register_plugin("
                     "distributed.diagnostics.plugin.PipInstall(['torchgpu-magic']))")
 
 MAGICS = {"gpuinfo": "%gpuinfo", "whereis": "%whereis", "cudatime": "%%cudatime",
@@ -97,20 +97,23 @@ class Reply:
     since: Optional[float] = None
     cpus: Optional[int] = None  # the CPUs the engine's process may run on
     threads: Optional[int] = None  # torch's intra-op threads there
-
+    fix: str = ""  # what to do about ``problem``, where the reply knows better than its code
     def to_dict(self) -> dict:
         return {"engine": self.engine, "key": self.key, "ok": self.ok, "value": self.value,
                 "problem": self.problem, "message": self.message, "host": self.host, "pid": self.pid,
-                "seconds": self.seconds, "since": self.since, "cpus": self.cpus, "threads": self.threads}
+                "seconds": self.seconds, "since": self.since, "cpus": self.cpus, "threads": self.threads,
+                "fix": self.fix}
 
     def error_text(self) -> str:
-        """'timeout: no answer in 5 s' / 'busy since 19:40:12 (...)': one line for a table cell."""
+        """'timeout: no answer in 5 s' / 'busy since 19:40:12 (...)' / 'no_package: No module named
+        ...: install it ...': one line for a table cell, with the fix where the reply has one."""
         if self.problem in ("busy", "stuck"):
             return self.message
-        return f"{self.problem}: {self.message}" if self.message else self.problem
+        text = f"{self.problem}: {self.message}" if self.message else self.problem
+        return f"{text}: {self.fix}" if self.fix else text
 
-    def fail(self, problem: str, message: str, since: Optional[float] = None) -> Reply:
-        self.ok, self.problem, self.message, self.since = False, problem, message, since
+    def fail(self, problem: str, message: str, since: Optional[float] = None, fix: str = "") -> Reply:
+        self.ok, self.problem, self.message, self.since, self.fix = False, problem, message, since, fix
         return self
 
 
@@ -123,7 +126,8 @@ def envelope(reply: Reply, data: Any) -> Reply:
     if data["ok"]:
         reply.ok, reply.value = True, data.get("value")
     else:
-        reply.fail(data.get("problem", "error"), data.get("message", ""))
+        problem = data.get("problem", "error")
+        reply.fail(problem, data.get("message", ""), fix=FIX_TORCH if problem == "no_torch" else "")
     return reply
 
 
@@ -144,12 +148,12 @@ def from_exception(reply: Reply, name: str, text: str, where: str = "") -> Reply
     module = missing_module(f"{name}: {text}")
     place = f" (on {where})" if where else ""
     if module == "torchgpu_magic":
-        return reply.fail("no_package", f"No module named 'torchgpu_magic'{place}: {FIX_PACKAGE}")
+        return reply.fail("no_package", f"No module named 'torchgpu_magic'{place}", fix=FIX_PACKAGE)
     if module == "torch":
-        return reply.fail("no_torch", f"No module named 'torch'{place}: {FIX_TORCH}")
+        return reply.fail("no_torch", f"No module named 'torch'{place}", fix=FIX_TORCH)
     if module:
-        return reply.fail("error", f"No module named {module!r}{place}: pip install it in the engine's "
-                                   f"environment (our function needs it there)")
+        return reply.fail("error", f"No module named {module!r}{place}",
+                          fix="pip install it in the engine's environment (our function needs it there)")
     if name in ("EngineError", "CommClosedError", "KilledWorker") or "died" in text or "not found" in text:
         return reply.fail("dead", f"{name}: {text}")
     return reply.fail("error", f"{name}: {text}")

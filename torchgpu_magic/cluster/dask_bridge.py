@@ -201,7 +201,7 @@ class DaskBridge(Bridge):
                 continue
             if isinstance(answer, BaseException):
                 from_exception(reply, type(answer).__name__, str(answer))
-                if reply.problem in ("no_package", "no_torch") or "No module named" in reply.message:
+                if reply.message.startswith("No module named"):
                     missing.append(key)
             else:
                 envelope(reply, answer)
@@ -229,8 +229,8 @@ class DaskBridge(Bridge):
             where = (f"{host}, Python {os.fsdecode(python)}" if isinstance(host, str)
                      and isinstance(python, (str, bytes)) else "")
             reply.host = host if isinstance(host, str) else reply.host
-            head, _, fix = reply.message.partition(": ")
-            reply.message = f"{head}{f' (on {where})' if where else ''}: {fix}; {FIX_DASK_PACKAGE}"
+            reply.message += f" (on {where})" if where else ""
+            reply.fix += FIX_DASK_PACKAGE if reply.problem == "no_package" else ""
 
 
 def heartbeat_figures(record: dict) -> dict:

@@ -87,7 +87,8 @@ class ClusterGPUReport:
             torch = torch_build(env) if env else "-"
             devices = ", ".join(f"cuda:{t} -> GPU {n}" for t, n in e.get("map", [])) or "-"
             on = ", ".join(f"GPU {i}" for i in e.get("on", [])) or "-"
-            status = "ok" if e["ok"] else f"{e['problem']}: {e['message']}"
+            status = "ok" if e["ok"] else e["message"] if e["problem"] in ("busy", "stuck") \
+                else f"{e['problem']}: {e['message']}"  # the fix is in the flags below
             if e["ok"] and report.get("diagnosis"):
                 status = "torch cannot use a GPU"
             dist = report.get("dist")
@@ -142,7 +143,8 @@ def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
     pid_engine = {(r.host, r.pid): r.engine for r in replies if r.ok}
     for reply in replies:
         row = {"label": reply.engine, "host": reply.host, "pid": reply.pid, "ok": reply.ok,
-               "problem": reply.problem, "message": reply.message, "report": reply.value, "map": [], "on": []}
+               "problem": reply.problem, "message": reply.message, "fix": reply.fix, "report": reply.value,
+               "map": [], "on": []}
         engines.append(row)
         if not reply.ok:
             continue
@@ -270,7 +272,7 @@ def _flags(report: ClusterGPUReport) -> list:
     for e in report.engines:
         if not e["ok"]:
             flags.append(Flag(f"engine_{e['problem']}", f"{e['label']} did not report: {e['message']}",
-                              _engine_fix(e["problem"])))
+                              e.get("fix") or _engine_fix(e["problem"])))
     return flags
 
 
@@ -280,4 +282,8 @@ def _engine_fix(problem: str) -> str:
         "no_torch": FIX_TORCH,
         "dead": "restart the engine (ipcluster / your launcher); the other engines' rows are current",
         "timeout": "the engine is busy (a long %px cell?) or stuck: wait, interrupt it, or raise --timeout",
+        "busy": "wait for it to finish, or stop it as %px would (Ctrl-C in the %px cell, or "
+                "rc.send_signal('SIGINT', targets=[N])); the other engines' rows are current",
+        "stuck": "restart the engine if it does not recover (ipcluster / your launcher); the other engines' "
+                 "rows are current",
     }.get(problem, "see the message; the other engines' rows are current")

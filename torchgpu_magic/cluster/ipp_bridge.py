@@ -54,14 +54,23 @@ class IPyParallelBridge(Bridge):
 
     # ---- the controller's view of the queues ----------------------------------------------------------
     def queues(self, keys: Sequence[Any]) -> dict:
-        """``{engine: [msg_id, ...]}``: the requests queued or running on each engine, oldest first,
-        from the controller. ``Client.queue_status`` has no time limit (a stopped controller would hold
-        the notebook for ever), so its request goes through the client's own sender with one."""
+        """``{engine: requests queued or running there}`` from the controller (counts: its lists of
+        message ids would bring every request an engine ever completed). ``Client.queue_status`` has no
+        time limit (a stopped controller would hold the notebook for ever), so the request goes through
+        the client's own sender with one. The controller drops a request a moment after its reply
+        reaches us: where it counts more than this client knows to be pending, it is asked once more."""
+        counts = self._ask_queues(keys)
+        if any(counts[key] > len(self._waiting(key)) for key in keys):
+            time.sleep(0.05)
+            counts = self._ask_queues(keys)
+        return counts
+
+    def _ask_queues(self, keys: Sequence[Any]) -> dict:
         client = self.client
         if getattr(client, "_closed", False):
             raise ClusterGone(f"--cluster {self.name}: this ipyparallel Client was closed; {FIX_STALE}")
         future = client._send(client._query_stream, "queue_request",
-                              content={"targets": list(keys), "verbose": True})
+                              content={"targets": list(keys), "verbose": False})
         if not future.wait(ASK_TIMEOUT):
             where = (getattr(client, "_config", None) or {}).get("registration", "")
             at = f" at {where}" if where else ""
@@ -72,33 +81,33 @@ class IPyParallelBridge(Bridge):
         if content.get("status") != "ok":
             raise ClusterGone(f"--cluster {self.name}: the controller refused the queue request "
                               f"({content.get('ename', '')}: {content.get('evalue', '')}); {FIX_STALE}")
-        done = client.results  # answered here already: the controller's queue lags the reply by a moment
-        out = {}
-        for key in keys:
-            entry = content.get(str(key)) or {}
-            pending = list(entry.get("queue") or []) + list(entry.get("tasks") or [])
-            out[key] = [msg_id for msg_id in pending if msg_id not in done]
-        return out
+        return {key: int((content.get(str(key)) or {}).get("queue", 0))
+                + int((content.get(str(key)) or {}).get("tasks", 0)) for key in keys}
 
-    def _busy(self, reply: Reply, pending: list, now: float) -> None:
-        """Fill the reply of an engine with work queued: 'stuck' when all of it is ours (an earlier
-        request of ours never answered), else 'busy' since the oldest request's submission."""
-        ours = [self._ours[m] for m in pending if m in self._ours]
-        if len(ours) == len(pending):
+    def _waiting(self, key: Any) -> list:
+        """This client's requests to engine ``key`` not answered yet (the user's ``%px`` cells and ours),
+        from the client's own record."""
+        uuid = self.client._engines.get(key)
+        return list(self.client._outstanding_dict.get(uuid, ())) if uuid is not None else []
+
+    def _busy(self, reply: Reply, count: int, now: float) -> None:
+        """Fill the reply of an engine with ``count`` requests queued: 'stuck' when they are all ours
+        (an earlier request of ours never answered), else 'busy' since the oldest request's submission
+        this client knows of (else since this bridge first saw it busy: 'at least')."""
+        waiting = self._waiting(reply.key)
+        ours = [self._ours[m] for m in waiting if m in self._ours]
+        if ours and len(ours) >= count:
             since = min(epoch for _, _, epoch in ours)
             reply.fail("stuck", f"not answering since {when(since, now)}: our request from then is still "
                                 "queued there (the engine is stopped, blocked in C code, or overloaded)",
                        since)
             return
-        submitted = []
-        for msg_id in pending:
-            stamp = self.client.metadata[msg_id].get("submitted") if msg_id in self.client.metadata else None
-            if stamp is not None:
-                submitted.append(stamp.timestamp())
-        first_seen = self._seen_busy.setdefault(reply.key, now)
-        since = min(submitted) if submitted else first_seen
-        known = "" if submitted else "at least "
-        more = f"; {len(pending) - 1} more queued" if len(pending) > 1 else ""
+        submitted = [self.client.metadata[m].get("submitted") for m in waiting
+                     if m not in self._ours and m in self.client.metadata]
+        stamps = [stamp.timestamp() for stamp in submitted if stamp is not None]
+        since = min(stamps) if stamps else self._seen_busy.setdefault(reply.key, now)
+        known = "" if stamps else "at least "
+        more = f"; {count - 1} more queued" if count > 1 else ""
         reply.fail("busy", f"busy since {known}{when(since, now)}: a %px cell or task runs there{more}; not "
                            "asked, so nothing queues behind it", since)
 
@@ -112,14 +121,14 @@ class IPyParallelBridge(Bridge):
         for key in keys:
             if key not in alive:
                 replies[key].fail("dead", "the controller no longer lists this engine")
+        outstanding = self.client.outstanding
+        for msg_id in [m for m in self._ours if m not in outstanding]:
+            del self._ours[msg_id]  # answered late, aborted or interrupted: no longer ours to wait on
         queued = self.queues([key for key in keys if key in alive]) if alive & set(keys) else {}
-        for msg_id, (key, _, _) in list(self._ours.items()):
-            if key in queued and msg_id not in queued[key]:
-                del self._ours[msg_id]  # answered late, aborted or interrupted: no longer ours to wait on
         live = []
-        for key, pending in queued.items():
-            if pending:
-                self._busy(replies[key], pending, now)
+        for key, count in queued.items():
+            if count:
+                self._busy(replies[key], count, now)
             else:
                 self._seen_busy.pop(key, None)
                 live.append(key)
@@ -142,13 +151,9 @@ class IPyParallelBridge(Bridge):
         """Send the call to every engine in ``live``: ``[(keys, AsyncResult)]``. One DirectView apply;
         should it fail (an engine gone between the check and the send), one apply per engine, so that
         only the engine at fault gets the error."""
-        import functools
-
         from . import remote
 
-        # ipyparallel ships a plain function by value (its code, some 2.7 KB, serialised for every engine
-        # at every call); a partial of it is pickled by reference: the module and name, ~60 bytes
-        call = functools.partial(remote.call)
+        call = remote.Entry()  # by reference: ipyparallel would ship remote.call's code every time
         try:
             sent = [(live, self.client[live].apply_async(call, target, args, kwargs))]
         except Exception:  # noqa: BLE001 - retried per engine below, where each failure is that engine's
@@ -217,12 +222,11 @@ class IPyParallelBridge(Bridge):
 
     # ---- stopping our calls -----------------------------------------------------------------------------
     def _stop(self, sent: list, wait: bool, signal: bool) -> tuple:
-        """Abort our requests still queued and, with ``signal``, SIGINT the engines running one (only
-        where ours is the request running: the oldest in the engine's queue); with ``wait`` (Ctrl-C),
-        wait a little for them to give up. Returns (engines interrupted, engines still running our call).
-        Past a time limit nothing waits: a stopped engine keeps our request queued, and the next call
-        finds it 'stuck' from the controller's queue. A quick call past its limit is not signalled: it
-        ends by itself, and a signal arriving just after it would hit the user's next request."""
+        """Abort our requests still queued and, with ``signal``, SIGINT the engines running one; with
+        ``wait`` (Ctrl-C), wait a little for them to give up. Returns (engines interrupted, engines still
+        running our call). Past a time limit nothing waits: a stopped engine keeps our request queued,
+        and the next call finds it 'stuck' from the controller's queue. A quick call past its limit is
+        not signalled: it ends by itself, and a signal arriving just after would hit the next request."""
         waiting = {}
         for part, result in sent:
             for key, part_result in zip(part, result.split() if len(part) > 1 else [result]):
@@ -234,10 +238,11 @@ class IPyParallelBridge(Bridge):
         ours = {result.msg_ids[0] for result in waiting.values()}
         try:
             client.abort(jobs=sorted(ours), targets=sorted(waiting), block=False)
-            queued = self.queues(sorted(waiting))
         except Exception:  # noqa: BLE001 - a controller gone now: nothing more to stop
             return [], sorted(waiting)
-        running = [key for key in waiting if signal and queued.get(key) and queued[key][0] in ours]
+        # ours was sent to an idle engine, and this kernel was busy in the magic since: what runs there
+        # is ours (aborting it does nothing once it runs; the signal stops it)
+        running = sorted(waiting) if signal else []
         if running:
             client.send_signal("SIGINT", targets=running, block=False)
         if not wait:

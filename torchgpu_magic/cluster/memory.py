@@ -78,7 +78,8 @@ class ClusterMemory:
         alone, without the NVML columns."""
         rows: list = []
         placed = set()
-        for host in sorted({r["host"] for r in self.rows} | {g["host"] for g in self.gpus}):
+        hosts = {r["host"] for r in self.rows} | {g["host"] for g in self.gpus}
+        for host in sorted(hosts, key=lambda h: (not h, h)):  # engines of unknown host (busy at once) last
             gpus = [g for g in self.gpus if g["host"] == host]
             for gpu in gpus:
                 rows.append([host, f"GPU {gpu['index']}  {gpu['name'] or ''}".rstrip(),

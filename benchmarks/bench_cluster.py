@@ -6,9 +6,10 @@ Rows (arms interleaved round by round, medians reported; the machine is shared a
 ipyparallel, N engines:
 - ``%gpuinfo --cluster`` against one bare round trip to all N (``remote.ping``) plus the single-engine
   report time: target ratio <= 1.5;
-- ``%gpumem --cluster`` at 1 Hz: this process's CPU time over wall time while the main thread sleeps,
-  minus an idle window (target <= 1 % of one core), for the sampler as it is on all N engines and on half
-  of them (the difference is the cost per engine), and for the 'before' arm (one apply per engine);
+- ``%gpumem --cluster``: this process's CPU time per tick (every thread: the sampler's and ipyparallel's
+  I/O thread), less what it spends idle meanwhile; at 1 Hz, ms per tick / 10 is the % of one core (target
+  <= 1 %). For the sampler as it is on all N engines and on half of them (the difference is the cost per
+  engine), and for the 'before' arm (one apply per engine, the function shipped by value);
 - a tick with one engine busy (a long task) against a tick with all idle: target ratio ~1 (the busy
   engine is not asked);
 - bytes per engine per tick: what our request and reply carry (pickled arguments, the reply's value)
@@ -16,14 +17,14 @@ ipyparallel, N engines:
 - ``%%cudatime --cluster`` on all N at once against the same on one engine (and on 2).
 
 Dask, W workers:
-- ``%gpumem --cluster`` at 1 Hz, notebook-side CPU with the scheduler in this process: one
+- ``%gpumem --cluster``, notebook-side CPU per tick with the scheduler in this process: one
   ``Client.run`` to all workers per tick (now) against one ``Client.run`` per worker, each from its own
   thread (before issue 23);
 - a tick against a bare ``Client.run`` of an empty function to all workers (before: 1.8-3.7x);
 - bytes per worker per tick (pickled request arguments and reply).
 
 Run: ``PYTHONPATH=$PWD python benchmarks/bench_cluster.py [--engines 8] [--workers 4] [--rounds 5]
-[--window 8]``. The engines and workers need this package importable: they inherit this process's
+[--only ipyparallel|dask]``. The engines and workers need this package importable: they inherit this process's
 PYTHONPATH.
 """
 from __future__ import annotations
@@ -112,19 +113,32 @@ def _noop() -> None:
     return None
 
 
-def cpu_share(make: Callable[[], Any], window: float) -> float:
-    """This process's CPU time over wall time for ``window`` seconds while a sampler made by ``make``
-    (None: nothing) runs at 1 Hz and the main thread sleeps."""
-    sampler = make()
-    if sampler is not None:
-        sampler.tick(60)
-        sampler.start()
+def idle_rate(seconds: float = 2.0) -> float:
+    """This process's CPU time over wall time while it sleeps (its own threads: the clients' I/O, an
+    in-process scheduler's heartbeats)."""
     cpu, wall = time.process_time(), time.perf_counter()
-    time.sleep(window)
-    share = (time.process_time() - cpu) / (time.perf_counter() - wall)
-    if sampler is not None:
-        sampler.stop()
-    return share
+    time.sleep(seconds)
+    return (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
+def cpu_per_tick(tick: Callable[[], Any], idle: float, ticks: int = 20) -> float:
+    """CPU seconds this process spends per call of ``tick`` (all its threads: process time), less what
+    it spends idle over the same wall time; ticks 50 ms apart, as a sampler's are apart."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(ticks):
+        tick()
+        time.sleep(0.05)
+    return ((time.process_time() - cpu) - idle * (time.perf_counter() - wall)) / ticks
+
+
+def per_tick(arms: dict, rounds: int) -> dict:
+    """Median CPU seconds per tick of each arm, the arms interleaved round by round."""
+    out: dict = {arm: [] for arm in arms}
+    for _ in range(rounds):
+        idle = idle_rate()
+        for arm, tick in arms.items():
+            out[arm].append(cpu_per_tick(tick, idle))
+    return {arm: statistics.median(values) for arm, values in out.items()}
 
 
 def ipp_bytes(rc: Any, replies: list, args: tuple) -> tuple:
@@ -178,20 +192,17 @@ def bench_ipyparallel(args: argparse.Namespace) -> None:
               f"report {s * 1e3:.1f} ms = {(p + s) * 1e3:.1f} ms; ratio {f / (p + s):.2f} (target <= 1.5)")
 
         half = rc[: args.engines // 2]
-        arms = {"idle": lambda: None,
-                "per engine (before)": lambda: ClusterSampler(PerEngineBridge("rc", rc), 1.0),
-                f"now, {len(half)} engines": lambda: ClusterSampler(IPyParallelBridge("half", half), 1.0),
-                f"now, {args.engines} engines": lambda: ClusterSampler(IPyParallelBridge("rc", rc), 1.0)}
-        shares: dict = {arm: [] for arm in arms}
-        for _ in range(max(2, args.rounds // 2)):
-            for arm, make in arms.items():
-                shares[arm].append(cpu_share(make, args.window))
-        idle = statistics.median(shares.pop("idle"))
-        said = "; ".join(f"{arm} +{(statistics.median(v) - idle) * 100:.2f} %" for arm, v in shares.items())
-        values = [statistics.median(v) - idle for v in shares.values()]
+        samplers = {"one apply per engine (before)": ClusterSampler(PerEngineBridge("rc", rc), 1.0),
+                    f"now, {len(half)} engines": ClusterSampler(IPyParallelBridge("half", half), 1.0),
+                    f"now, {args.engines} engines": ClusterSampler(IPyParallelBridge("rc", rc), 1.0)}
+        for sampler in samplers.values():
+            sampler.tick(60)
+        costs = per_tick({arm: sampler.tick for arm, sampler in samplers.items()}, args.rounds)
+        said = "; ".join(f"{arm} {cost * 1e3:.1f} ms" for arm, cost in costs.items())
+        values = list(costs.values())
         slope = (values[2] - values[1]) / (args.engines - len(half))
-        print(f"  %gpumem --cluster at 1 Hz, notebook-side CPU over idle ({idle * 100:.2f} %): {said} of one "
-              f"core; per engine {slope * 1e3:.2f} ms per tick (target <= 1 % in all)")
+        print(f"  %gpumem --cluster, notebook-side CPU per tick (all threads, less idle): {said}; per engine "
+              f"{slope * 1e3:.2f} ms; at 1 Hz now {values[2] * 100:.2f} % of one core (target <= 1 %)")
 
         sampler = ClusterSampler(IPyParallelBridge("rc", rc), 1.0)
         sampler.tick(60)
@@ -243,20 +254,15 @@ def bench_dask(args: argparse.Namespace) -> None:
         client.run(_warm)
         bridge = DaskBridge("client", client)
         before = ThreadPerWorkerBridge("client", client)
-        bridge.run("memory_tick", None, None)
-        before.run("memory_tick", None, None)
-        arms = {"idle": lambda: None,
-                "a thread and a Client.run per worker (before)": lambda: ClusterSampler(before, 1.0),
-                "one Client.run to all (now)": lambda: ClusterSampler(bridge, 1.0)}
-        shares: dict = {arm: [] for arm in arms}
-        for _ in range(max(2, args.rounds // 2)):
-            for arm, make in arms.items():
-                shares[arm].append(cpu_share(make, args.window))
-        idle = statistics.median(shares.pop("idle"))
-        said = "; ".join(f"{arm} +{(statistics.median(v) - idle) * 100:.2f} %" for arm, v in shares.items())
-        print(f"Dask, {args.workers} workers (scheduler in this process)")
-        print(f"  %gpumem --cluster at 1 Hz, notebook-side CPU over idle ({idle * 100:.2f} %): {said} of one "
-              f"core (target <= 1 %)")
+        samplers = {"a thread and a Client.run per worker (before)": ClusterSampler(before, 1.0),
+                    "one Client.run to all (now)": ClusterSampler(bridge, 1.0)}
+        for sampler in samplers.values():
+            sampler.tick(60)
+        costs = per_tick({arm: sampler.tick for arm, sampler in samplers.items()}, args.rounds)
+        said = "; ".join(f"{arm} {cost * 1e3:.1f} ms" for arm, cost in costs.items())
+        print(f"Dask, {args.workers} workers (scheduler in this process: its work for our calls counts)")
+        print(f"  %gpumem --cluster, notebook-side CPU per tick (all threads, less idle): {said}; at 1 Hz "
+              f"now {list(costs.values())[1] * 100:.2f} % of one core (target <= 1 %)")
 
         sampler = ClusterSampler(bridge, 1.0)
         sampler.tick(60)
@@ -288,7 +294,6 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--window", type=float, default=8.0)
     parser.add_argument("--only", choices=("ipyparallel", "dask"), default=None)
     args = parser.parse_args()
     import os

@@ -160,16 +160,17 @@ def test_cudatime_leaves_the_workers_event_loop_free(client):
 
 
 def test_hung_worker_one_client_run_per_tick_and_no_thread_per_worker(client):
-    """A worker whose process is stopped (no heartbeat, no answer): the first tick waits out its
-    deadline once, then the worker is left out, its row says since when it is silent, the other row
-    refreshes, each tick is one Client.run, and no thread is started for it."""
+    """The worker that reports its host for the panel is stopped (no heartbeat, no answer): the first
+    tick waits out its deadline once, then the worker is left out, its row says since when it is
+    silent, the other worker reports the host, each tick is one Client.run, and no thread is started."""
     from torchgpu_magic import cluster
     from torchgpu_magic.cluster.memory import ClusterSampler
 
     bridge = cluster.connect({"client": client}, "client")
     sampler = ClusterSampler(bridge, 0.5)
     sampler.tick(30)
-    stopped = client.run(os.getpid, workers=[_workers(client)[1]]).popitem()[1]
+    stopped = next(iter(sampler._reporters.values()))
+    label = next(r["engine"] for r in sampler._engines.values() if r["pid"] == stopped)
     calls = []
     real_run = client.run
 
@@ -191,13 +192,15 @@ def test_hung_worker_one_client_run_per_tick_and_no_thread_per_worker(client):
         os.kill(stopped, signal.SIGCONT)
         bridge.obj = client
     assert threads() == before
-    assert calls == ["dask_call"] * 3  # one Client.run per tick, to the workers that can answer
+    assert calls == ["dask_call"] * 3  # one Client.run per tick, to the worker now reporting the host
     assert elapsed < 1.5
     for snap in (first, *ticks):
         rows = {r["engine"]: r for r in snap.rows}
-        assert rows["worker 1"]["status"].startswith("silent since "), rows
-        assert "figures from its last heartbeat" in rows["worker 1"]["status"]
-        assert rows["worker 1"]["rss"] and rows["worker 0"]["status"] == ""
+        other = next(name for name in rows if name != label)
+        assert rows[label]["status"].startswith("silent since "), rows
+        assert "figures from its last heartbeat" in rows[label]["status"]
+        assert rows[label]["rss"] and rows[other]["status"] == ""
+    assert stopped not in sampler._reporters.values()  # the other worker reports the host now
     time.sleep(1.0)  # let the worker catch up with its heartbeats
 
 
@@ -209,6 +212,29 @@ class _Counting:
 
     def __getattr__(self, name):
         return getattr(self._client, name)
+
+
+def _sleep(seconds):
+    import time
+
+    time.sleep(seconds)
+
+
+def test_cudatime_leaves_out_workers_running_tasks(sh, client):
+    """A worker running a task (its heartbeat says so) is not timed: the timing would measure both."""
+    client.run(_define, "import time")
+    task = client.submit(_sleep, 4.0, pure=False, workers=[_workers(client)[0]])
+    try:
+        deadline = time.monotonic() + 10
+        while not client.processing()[_workers(client)[0]] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.5)  # a heartbeat or two: the scheduler's record of the worker shows the task
+        result = run(sh, "%%cudatime --cluster client -n 1 -r 3 --warmup 0 -o\ntime.sleep(0.001)")
+    finally:
+        task.result()
+    assert [label for label, _ in result.rows] == ["worker 1"]
+    (label, problem), = result.failed
+    assert label == "worker 0" and problem.startswith("busy: 1 task(s) running there")
 
 
 # ---- where memory is: worker.data, distributed's own GPU monitoring ------------------------------------

@@ -574,12 +574,14 @@ def test_busy_engine_is_not_asked_and_says_since_when(sh, rc):
 
 
 def test_panel_refreshes_the_others_while_one_engine_works_and_keeps_its_peaks(sh, rc, capsys):
-    """%gpumem --cluster while engine 1 runs a long task: the other rows refresh at the interval, engine
-    1's row says busy since when, no sample request queues on it, and a notebook cell's peak on engine 1
-    arrives once it is free, under that cell."""
+    """%gpumem --cluster while engine 1 runs a long task: the rows refresh at the interval (engine 1's
+    too: its process memory is read by another engine of its host), engine 1's row says busy since when,
+    no sample request queues on it, and a notebook cell's peak on engine 1 arrives once it is free,
+    under that cell."""
     run(sh, "%gpumem --cluster rc --widget --interval 0.25")
     try:
         live = sh.magics_manager.registry["GPUMemMagics"]._cluster_live
+        base = {r["engine"]: r["rss"] for r in live[0].latest.rows}["engine 1"]
         busy = rc[1].apply_async(_hold, 4.0)
         _wait_busy(rc, 1)
         time.sleep(live[0].deadline)  # a tick sent just as the task arrived waits this long, once
@@ -590,6 +592,7 @@ def test_panel_refreshes_the_others_while_one_engine_works_and_keeps_its_peaks(s
         assert len(ticks) >= 4, "the panel waited on the busy engine"
         rows = {r["engine"]: r for r in live[0].latest.rows}
         assert rows["engine 1"]["status"].startswith("busy since") and rows["engine 0"]["status"] == ""
+        assert rows["engine 1"]["rss"] >= base + 40 * 2**20  # its row live while it works: the task's 48 MiB
         # the task, and at most the one request of ours sent as it arrived (aborted: it will not run);
         # not one per tick
         assert rc.queue_status()[1]["queue"] <= 2
@@ -602,7 +605,7 @@ def test_panel_refreshes_the_others_while_one_engine_works_and_keeps_its_peaks(s
         cells = [(lb, per) for lb, per in live[0].latest.cells if label in lb]
         assert any("engine 0" in per and "engine 2" in per for _, per in cells), cells
         (peak,) = [per["engine 1"] for _, per in cells if "engine 1" in per]
-        assert peak["peak_rss"] >= rows["engine 1"]["rss"] + 40 * 2**20  # the task's 48 MiB, kept
+        assert peak["peak_rss"] >= base + 40 * 2**20  # the task's 48 MiB, kept for the cell
         busy.get(10)
     finally:
         run(sh, "%gpumem stop")

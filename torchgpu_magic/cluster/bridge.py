@@ -177,12 +177,14 @@ class Bridge:
         return self.labels.get(key, str(key))
 
     def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
-            keys: Optional[Sequence[Any]] = None, **kwargs: Any) -> list:
+            keys: Optional[Sequence[Any]] = None, only: Optional[Sequence[Any]] = None,
+            **kwargs: Any) -> list:
         """Run ``torchgpu_magic.cluster.remote.<target>(*args, **kwargs)`` on every engine (or those in
         ``keys``) at once; one :class:`Reply` per engine, in engine order, within ``timeout`` seconds.
         Busy engines are not asked (their reply says since when they are busy); Ctrl-C interrupts the
         engines too and raises :class:`ClusterInterrupted`; a cluster that is gone raises
-        :class:`ClusterGone`."""
+        :class:`ClusterGone`. With ``only``, just those engines are asked: the others' replies say
+        whether they are free (``ok``, value None) or why not (busy, silent, gone)."""
         raise NotImplementedError
 
     def interrupted(self, target: str, labels: Sequence[str], left: Sequence[str]) -> ClusterInterrupted:

@@ -114,14 +114,19 @@ class DaskBridge(Bridge):
 
     # ---- running our function ---------------------------------------------------------------------------
     def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
-            keys: Optional[Sequence[Any]] = None, **kwargs: Any) -> list:
+            keys: Optional[Sequence[Any]] = None, only: Optional[Sequence[Any]] = None,
+            **kwargs: Any) -> list:
         self.check()
         every = self.engines()
         if self._held or self.silent():
             self.identity()  # a worker looks silent: see whether its heartbeats came back
         keys = every if keys is None else list(keys)
         replies = {key: Reply(self.label(key), key, False) for key in keys}
-        live = self._triage(target, keys, replies)
+        live = self._triage(target, keys, replies, strict=only is not None)  # unasked: no cost to say
+        if only is not None:
+            for key in live:
+                replies[key].ok = key not in only
+            live = [key for key in live if key in set(only)]
         answers = self._ask(target, live, args, kwargs, timeout) if live else {}
         if answers is None:  # past the deadline: find the workers that stopped heartbeating, ask the rest
             self.identity()

@@ -113,7 +113,8 @@ class IPyParallelBridge(Bridge):
 
     # ---- running our function ---------------------------------------------------------------------------
     def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
-            keys: Optional[Sequence[Any]] = None, **kwargs: Any) -> list:
+            keys: Optional[Sequence[Any]] = None, only: Optional[Sequence[Any]] = None,
+            **kwargs: Any) -> list:
         keys = self.engines() if keys is None else list(keys)
         alive = set(self.client.ids)
         start, now = time.monotonic(), time.time()
@@ -132,6 +133,10 @@ class IPyParallelBridge(Bridge):
             else:
                 self._seen_busy.pop(key, None)
                 live.append(key)
+        if only is not None:
+            for key in live:
+                replies[key].ok = key not in only
+            live = [key for key in live if key in set(only)]
         sent: list = []
         try:
             if live:

@@ -90,12 +90,12 @@ class ClusterMemory:
                              else "idle"])
                 for row in self.rows:
                     if gpu["key"] in row["gpus"]:
-                        rows.append(self._engine(row, "  ", gpu["key"]))
+                        rows.append(self._engine(row, "  ", gpu["key"], gpu["procs"].get(row["pid"])))
                         placed.add(row["engine"])
             rest = [r for r in self.rows if r["host"] == host and r["engine"] not in placed]
             if rest and gpus:
                 rows.append([host, "not on a GPU"] + [""] * 7)
-            rows += [self._engine(row, "  " if gpus else "", None) for row in rest]
+            rows += [self._engine(row, "  " if gpus else "", None, None) for row in rest]
         headers = ["host", "GPU / engine" if self.gpus else "engine", "used / total (NVML)", "", "util",
                    "torch alloc / reserved", "process RSS", "recent", "status"]
         keep = range(9) if self.gpus else (0, 1, 5, 6, 7, 8)
@@ -107,12 +107,13 @@ class ClusterMemory:
         return table
 
     @staticmethod
-    def _engine(row: dict, indent: str, key: Any) -> list:
+    def _engine(row: dict, indent: str, key: Any, process: Any) -> list:
+        """An engine's row: under GPU ``key``, its process's GPU memory there (NVML) and torch's figures."""
         figures = row["gpus"].get(key) if key is not None else next(
             (v for v in row["gpus"].values() if v), None)
         torch = (f"{fmt_bytes(figures[0])} / {fmt_bytes(figures[1])}" if figures else "-")
-        return [row["host"] or "-", indent + row["engine"], "", "", "", torch, fmt_bytes(row["rss"]),
-                sparkline(row["history"], None), row["status"]]
+        return [row["host"] or "-", indent + row["engine"], fmt_bytes(process) if process else "", "", "",
+                torch, fmt_bytes(row["rss"]), sparkline(row["history"], None), row["status"]]
 
     def cell_table(self) -> Optional[Table]:
         if not self.cells:
@@ -140,7 +141,8 @@ class ClusterMemory:
             [f"{label}: {problem}" for label, problem in self.failed])
 
     def to_dict(self) -> dict:
-        return {"gpus": [{k: v for k, v in g.items()} for g in self.gpus],
+        return {"gpus": [{**g, "key": list(g["key"]), "procs": {str(p): v for p, v in g["procs"].items()}}
+                         for g in self.gpus],
                 "rows": [{**r, "gpus": {str(k): list(v) for k, v in r["gpus"].items()}} for r in self.rows],
                 "failed": [list(f) for f in self.failed],
                 "cells": [{"cell": label, "engines": per} for label, per in self.cells], "time": self.time}
@@ -175,6 +177,7 @@ class ClusterSampler:
         self._cells: deque = deque(maxlen=CELLS)
         self._notes: deque = deque(maxlen=1000)  # (sequence, label) of the notebook cells ended
         self._seq = 0
+        self._covered: dict = {}  # engine label -> the cell count its last full answer covered
         self._token = uuid.uuid4().hex[:12]  # this panel, for the engines' count of cells reported
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -194,33 +197,81 @@ class ClusterSampler:
             self._notes.append((self._seq, label))
 
     def tick(self, timeout: Optional[float] = None) -> ClusterMemory:
-        """One sample of every engine that is free to answer (and the peaks of the cells ended since
-        each one's last answer), waiting at most ``timeout`` seconds (default :attr:`deadline`; the
-        first tick, when the engines may still import torch, is given longer)."""
+        """One tick. The first asks every engine in full (``remote.memory_tick``: its torch figures,
+        process memory, and its host's GPUs from one engine per host). The next ones ask one free engine
+        per host (``remote.host_tick``: the host's GPUs with each process's GPU memory, and each engine's
+        process memory, read from the OS), so a host costs one call however many engines it runs and a
+        busy engine's row stays current while another engine of its host is free; an engine that missed
+        notebook cells (they ended since its last full answer) or never answered in full is asked in
+        full too, and brings those cells' peaks. At most ``timeout`` seconds (default :attr:`deadline`;
+        the first tick, when the engines may still import torch, is given longer)."""
         with self._lock:
             seq, notes = self._seq, list(self._notes)
-        reporters = dict(self._reporters) if self._reporters else None
-        replies = self.bridge.run("memory_tick", reporters, [self._token, seq],
-                                  timeout=self.deadline if timeout is None else timeout)
+        wait = self.deadline if timeout is None else timeout
+        if not self._engines:
+            replies = self.bridge.run("memory_tick", None, [self._token, seq], timeout=wait)
+        else:
+            leaders = self._leaders()
+            replies = self.bridge.run("host_tick", self._pids(), timeout=wait, only=list(leaders.values()))
+            for reply in replies:
+                if reply.ok and reply.value is not None:
+                    self._host(reply)
+            behind = [r.key for r in replies if r.ok and self._covered.get(r.engine, -1) < seq]
+            if behind:
+                again = self.bridge.run("memory_tick", dict(self._reporters), [self._token, seq],
+                                        timeout=wait, keys=behind)
+                full = {r.key: r for r in again}
+                replies = [full.get(r.key, r) for r in replies]
         now = time.time()
         by_cells: dict = {}
-        answered: dict = {}
         for reply in replies:
-            if reply.ok:
+            if reply.ok and reply.value is not None and "rss" in reply.value and "torch" in reply.value:
                 self._answer(reply, now)
-                answered.setdefault(reply.host, reply.pid)
+                self._covered[reply.engine] = seq
                 if "cell_peaks" in reply.value:
                     first = reply.value.get("cells_from", 0)
                     labels = tuple(label for s, label in notes if first < s <= seq)
                     if labels:
                         by_cells.setdefault(labels, {})[reply.engine] = reply.value["cell_peaks"]
+            elif reply.ok:
+                self._engines.get(reply.engine, {})["status"] = ""
             else:
                 self._silent(reply)
         for labels, per in by_cells.items():
             self._cells.append((", ".join(labels), per))
-        self._choose_reporters(replies, answered)
+        self._choose_reporters(replies)
         self.latest = self._snapshot(replies, now)
         return self.latest
+
+    def _pids(self) -> dict:
+        """``{host: [pid, ...]}`` of the engines whose host is known."""
+        out: dict = {}
+        for row in self._engines.values():
+            if row["host"] and row["pid"]:
+                out.setdefault(row["host"], []).append(row["pid"])
+        return out
+
+    def _leaders(self) -> dict:
+        """``{host: engine key}``: the engine asked for its host this tick (the host's reporter)."""
+        out = {}
+        for row in self._engines.values():
+            if row["host"] and self._reporters.get(row["host"]) == row["pid"]:
+                out[row["host"]] = row["key"]
+        return out
+
+    def _host(self, reply: Any) -> None:
+        """A host's figures from its reporter: its GPUs, each engine's process memory there."""
+        self._take_gpus(reply.host, reply.value.get("gpus") or [])
+        rss = reply.value.get("rss") or {}
+        for row in self._engines.values():
+            if row["host"] == reply.host and row["pid"] in rss:
+                row["rss"] = rss[row["pid"]]
+                for key, gpu in self._gpus.items():
+                    if key[0] == reply.host and row["pid"] in gpu["pids"]:
+                        row["gpus"].setdefault(key, None)
+                reserved = sum(v[1] for v in row["gpus"].values() if v)
+                self._push(row["engine"], reserved if reserved else row["rss"])
+                row["history"] = list(self._history[row["engine"]])
 
     def _answer(self, reply: Any, now: float) -> None:
         """Take one engine's sample: its host's GPU rows when it reports them, its own row."""
@@ -235,8 +286,8 @@ class ClusterSampler:
         mine = {key: value for key, value in mine.items() if key in self._gpus or value is not None}
         reserved = sum(v[1] for v in mine.values() if v)
         self._push(reply.engine, reserved if reserved else data.get("rss"))
-        self._engines[reply.engine] = {"engine": reply.engine, "host": reply.host, "pid": reply.pid,
-                                       "gpus": mine, "rss": data.get("rss"), "status": "",
+        self._engines[reply.engine] = {"engine": reply.engine, "key": reply.key, "host": reply.host,
+                                       "pid": reply.pid, "gpus": mine, "rss": data.get("rss"), "status": "",
                                        "history": list(self._history[reply.engine])}
 
     def _take_gpus(self, host: str, rows: list) -> None:
@@ -245,7 +296,7 @@ class ClusterSampler:
             key = (host, _bare(gpu_uuid) or f"#{index}")
             self._gpus[key] = {"key": key, "host": host, "index": index, "uuid": gpu_uuid, "name": name,
                                "used": used, "total": total, "util": util, "stale": False,
-                               "pids": {int(p) for p in procs}, "engines": []}
+                               "pids": {int(p): v for p, v in procs.items()}, "engines": []}
             self._push(key, used)
 
     def _silent(self, reply: Any) -> None:
@@ -253,8 +304,8 @@ class ClusterSampler:
         them), with the reason as its status."""
         row = self._engines.get(reply.engine)
         if row is None:
-            row = {"engine": reply.engine, "host": reply.host or "", "pid": reply.pid, "gpus": {},
-                   "rss": None, "history": []}
+            row = {"engine": reply.engine, "key": reply.key, "host": reply.host or "", "pid": reply.pid,
+                   "gpus": {}, "rss": None, "history": []}
             self._engines[reply.engine] = row
         row["status"] = reply.error_text()
         for key, gpu in self._gpus.items():
@@ -267,13 +318,13 @@ class ClusterSampler:
             rows = [[*gpu[:6], gpu[6] or mine] for gpu in reply.value.get("gpus") or []]
             self._take_gpus(row["host"], rows)
 
-    def _choose_reporters(self, replies: list, answered: dict) -> None:
-        """Keep each host's reporter while it answers; else the first engine of that host that did."""
-        for host in {r.host for r in replies if r.host}:
-            current = self._reporters.get(host)
-            if current is None or not any(r.ok and r.pid == current for r in replies):
-                if host in answered:
-                    self._reporters[host] = answered[host]
+    def _choose_reporters(self, replies: list) -> None:
+        """Keep each host's reporter while it is free; else the first free engine of that host."""
+        free = {self._engines[r.engine]["pid"] for r in replies if r.ok and r.engine in self._engines}
+        for row in self._engines.values():
+            host = row["host"]
+            if host and row["pid"] in free and self._reporters.get(host) not in free:
+                self._reporters[host] = row["pid"]
 
     def _push(self, key: Any, value: Any) -> None:
         self._history.setdefault(key, deque(maxlen=HISTORY)).append(value)
@@ -286,7 +337,7 @@ class ClusterSampler:
             gpu = dict(self._gpus[key])
             gpu["engines"] = [r["engine"] for r in rows if key in r["gpus"]]
             gpu["history"] = list(self._history.get(key, ()))
-            gpu.pop("pids")
+            gpu["procs"] = dict(gpu.pop("pids"))
             gpus.append(gpu)
         failed = [(r.engine, r.error_text()) for r in replies if not r.ok]
         return ClusterMemory(gpus, [dict(r) for r in rows], list(self._cells), failed, now)

@@ -70,6 +70,7 @@ def _cpus() -> int:
 
 _CONTEXT = threading.local()  # .worker: the Dask worker the call in this thread runs for
 _ACTIVE: dict = {}  # call id -> idents of the threads running that call here
+_LOCK = threading.Lock()
 
 
 async def dask_call(target: str, args: tuple, kwargs: dict, deadline: float, call_id: str,
@@ -89,19 +90,33 @@ async def dask_call(target: str, args: tuple, kwargs: dict, deadline: float, cal
 
 def _tracked(call_id: str, worker: Any, target: str, args: tuple, kwargs: dict) -> dict:
     ident = threading.get_ident()
-    _ACTIVE.setdefault(call_id, set()).add(ident)
-    _CONTEXT.worker = worker
     try:
+        with _LOCK:
+            _ACTIVE.setdefault(call_id, set()).add(ident)
+        _CONTEXT.worker = worker
         return call(target, args, kwargs)
     except KeyboardInterrupt:
         return {"host": socket.gethostname(), "pid": os.getpid(), "ok": False, "problem": "error",
                 "message": "interrupted"}
     finally:
         _CONTEXT.worker = None
-        idents = _ACTIVE.get(call_id, set())
-        idents.discard(ident)
-        if not idents:
-            _ACTIVE.pop(call_id, None)
+        _forget(call_id, ident)
+
+
+def _forget(call_id: str, ident: int) -> None:
+    """Take this thread off the calls running here. An interrupt aimed at it just before may land in
+    the middle: then it is done again, so that no finished call is ever listed as running."""
+    while True:
+        try:
+            with _LOCK:
+                idents = _ACTIVE.get(call_id)
+                if idents is not None:
+                    idents.discard(ident)
+                    if not idents:
+                        del _ACTIVE[call_id]
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def interrupt(call_id: str) -> int:
@@ -110,9 +125,10 @@ def interrupt(call_id: str) -> int:
     import ctypes
 
     told = 0
-    for ident in list(_ACTIVE.get(call_id, ())):
-        told += ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
-                                                           ctypes.py_object(KeyboardInterrupt))
+    with _LOCK:  # a thread off the list is never told
+        for ident in _ACTIVE.get(call_id, ()):
+            told += ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
+                                                               ctypes.py_object(KeyboardInterrupt))
     return told
 
 
@@ -262,6 +278,22 @@ def memory_tick(reporters: Optional[dict] = None, cells: Optional[list] = None) 
     if cells is not None:
         _cells(out, *cells)
     return out
+
+
+def host_tick(pids: Optional[dict] = None) -> dict:
+    """What one engine can say for its whole host without the other engines' help (so a busy engine's
+    row stays current, and a host costs one call per tick however many engines it runs): ``gpus`` as in
+    :func:`memory_tick` (each GPU's processes with their GPU memory), and ``rss``: ``{pid: resident
+    bytes}`` for this host's engines in ``pids`` (``{host: [pid, ...]}``), read from the OS."""
+    import psutil
+
+    rss: dict = {}
+    for pid in (pids or {}).get(socket.gethostname(), [os.getpid()]):
+        try:
+            rss[pid] = psutil.Process(pid).memory_info().rss
+        except (psutil.Error, OSError):
+            rss[pid] = None
+    return {"gpus": _monitored(getattr(_CONTEXT, "worker", None)) or _host_gpus(), "rss": rss}
 
 
 _PANEL: dict = {"token": None, "seq": 0}  # the live panel's token and the cell count last reported

@@ -141,14 +141,15 @@ def per_tick(arms: dict, rounds: int) -> dict:
     return {arm: statistics.median(values) for arm, values in out.items()}
 
 
-def ipp_bytes(rc: Any, replies: list, args: tuple) -> tuple:
-    """(ours in, ours out, ipyparallel's in, ipyparallel's out) bytes per engine for one tick: the
-    serialised call and reply as ipyparallel frames them (its own serialisation of the function, the
-    arguments and the answer; the session's header, parent header and metadata)."""
+def ipp_bytes(rc: Any, target: str, args: tuple, replies: list) -> tuple:
+    """(ours in, ours out, ipyparallel's in, ipyparallel's out): the bytes of one call of ``target``
+    to one engine and of its reply, as ipyparallel frames them (its serialisation of our entry, the
+    arguments and the answer; the session's header, parent header and metadata), split into what we
+    send (pickled arguments and reply) and what ipyparallel adds; the replies' mean for the reply."""
     from ipyparallel.serialize import pack_apply_message, serialize_object
 
     session = rc.session
-    request = pack_apply_message(remote.Entry(), ("memory_tick", args, {}), {})
+    request = pack_apply_message(remote.Entry(), (target, args, {}), {})
     ours_in = len(pickle.dumps(args))
     msg = session.msg("apply_request", content={}, metadata={"targets": [0], "engine": "x" * 36})
     frames_in = sum(len(session.pack(msg[part])) for part in ("header", "parent_header", "metadata",
@@ -191,43 +192,64 @@ def bench_ipyparallel(args: argparse.Namespace) -> None:
         print(f"  %gpuinfo --cluster: {f * 1e3:.1f} ms; bare round trip {p * 1e3:.1f} ms + one engine's "
               f"report {s * 1e3:.1f} ms = {(p + s) * 1e3:.1f} ms; ratio {f / (p + s):.2f} (target <= 1.5)")
 
-        half = rc[: args.engines // 2]
-        samplers = {"one apply per engine (before)": ClusterSampler(PerEngineBridge("rc", rc), 1.0),
-                    f"now, {len(half)} engines": ClusterSampler(IPyParallelBridge("half", half), 1.0),
-                    f"now, {args.engines} engines": ClusterSampler(IPyParallelBridge("rc", rc), 1.0)}
-        for sampler in samplers.values():
-            sampler.tick(60)
-        costs = per_tick({arm: sampler.tick for arm, sampler in samplers.items()}, args.rounds)
-        said = "; ".join(f"{arm} {cost * 1e3:.1f} ms" for arm, cost in costs.items())
-        values = list(costs.values())
-        slope = (values[2] - values[1]) / (args.engines - len(half))
-        print(f"  %gpumem --cluster, notebook-side CPU per tick (all threads, less idle): {said}; per engine "
-              f"{slope * 1e3:.2f} ms; at 1 Hz now {values[2] * 100:.2f} % of one core (target <= 1 %)")
+        n, half = args.engines, args.engines // 2
+        now = ClusterSampler(IPyParallelBridge("rc", rc), 1.0)
+        now.tick(60)
+        part = ClusterSampler(IPyParallelBridge("half", rc[:half]), 1.0)
+        arms = {"one apply per engine (before)": ClusterSampler(PerEngineBridge("rc", rc), 1.0).tick,
+                f"now, {half} engines on 1 host": part.tick,
+                f"now, {n} engines on 1 host": now.tick,
+                # every engine as its own host (each reports itself): what a tick costs per host
+                f"{half} hosts": lambda: bridge.run("host_tick", {}, timeout=5, only=rc.ids[:half]),
+                f"{n} hosts": lambda: bridge.run("host_tick", {}, timeout=5, only=rc.ids)}
+        for tick in arms.values():
+            tick()
+        costs = per_tick(arms, args.rounds)
+        said = "; ".join(f"{arm} {cost * 1e3:.2f} ms" for arm, cost in costs.items())
+        v = list(costs.values())
+        engine, host = (v[2] - v[1]) / (n - half), (v[4] - v[3]) / (n - half)
+        base = v[2] - n * engine
+        at64 = base + 64 * engine + 8 * host
+        print(f"  %gpumem --cluster, notebook-side CPU per tick (all threads, less idle): {said}")
+        print(f"    per engine {engine * 1e3:.3f} ms, per host {host * 1e3:.2f} ms, the rest "
+              f"{base * 1e3:.2f} ms; at 1 Hz: {n} engines on 1 host {v[2] * 100:.2f} % of one core, before "
+              f"{v[0] * 100:.2f} %; 64 engines on 8 hosts, from these: {at64 * 100:.2f} % (target <= 1 %)")
 
         sampler = ClusterSampler(IPyParallelBridge("rc", rc), 1.0)
         sampler.tick(60)
+        last = rc.ids[-1]  # not the engine reporting the host
         calm, busy = [], []
         for _ in range(args.rounds):
             start = time.perf_counter()
             sampler.tick()
             calm.append(time.perf_counter() - start)
-            task = rc[0].apply_async(_hold, 3.0)
-            while not rc.queue_status()[0]["queue"]:
+            task = rc[last].apply_async(_hold, 3.0)
+            while not rc.queue_status()[last]["queue"]:
                 time.sleep(0.01)
             start = time.perf_counter()
             sampler.tick()
             busy.append(time.perf_counter() - start)
             task.get()
         c, b = statistics.median(calm), statistics.median(busy)
-        print(f"  a tick with engine 0 busy: {b * 1e3:.1f} ms; all idle {c * 1e3:.1f} ms; ratio {b / c:.2f} "
-              f"(target ~1: the busy engine is not asked)")
+        print(f"  a tick with engine {last} busy: {b * 1e3:.1f} ms; all idle {c * 1e3:.1f} ms; ratio "
+              f"{b / c:.2f} (target ~1: the busy engine is not asked)")
 
-        host = rc[0].apply_sync(__import__("socket").gethostname)
-        tick_args = ({host: rc[0].apply_sync(__import__("os").getpid)}, [sampler._token, 0])
-        replies = bridge.run("memory_tick", *tick_args)
-        ours_in, ours_out, theirs_in, theirs_out = ipp_bytes(rc, replies, tick_args)
-        print(f"  bytes per engine per tick: ours {ours_in} in + {ours_out:.0f} out; ipyparallel's framing "
-              f"{theirs_in:.0f} in + {theirs_out:.0f} out (target < 1 KB of ours)")
+        pids, reporters = sampler._pids(), dict(sampler._reporters)
+        leader = next(iter(sampler._leaders().values()))
+        hosted = bridge.run("host_tick", pids, only=[leader])
+        host_in, host_out, host_fin, host_fout = ipp_bytes(rc, "host_tick", (pids,),
+                                                           [r for r in hosted if r.value is not None])
+        queue = len(rc.session.pack({str(e): {"queue": 0, "completed": 12345, "tasks": 0} for e in rc.ids}))
+        cells = [sampler._token, 1]
+        full = bridge.run("memory_tick", reporters, cells)
+        full_in, full_out, full_fin, full_fout = ipp_bytes(rc, "memory_tick", (reporters, cells),
+                                                           [r for r in full if "gpus" not in r.value])
+        mine = (host_in + host_out + queue) / n
+        print(f"  bytes per tick: to the host's engine {host_in} in + {host_out:.0f} out for {n} engines, "
+              f"controller's queue counts {queue} ({mine:.0f} per engine of ours; ipyparallel adds "
+              f"{host_fin + host_fout:.0f} per host and call); after a cell, per engine {full_in} in + "
+              f"{full_out:.0f} out (ipyparallel adds {full_fin + full_fout:.0f}) (target < 1 KB of ours per "
+              "engine)")
 
         two = cluster.connect({"two": rc[:2]}, "two")
         alone, pair, everywhere = [], [], []
@@ -254,15 +276,24 @@ def bench_dask(args: argparse.Namespace) -> None:
         client.run(_warm)
         bridge = DaskBridge("client", client)
         before = ThreadPerWorkerBridge("client", client)
-        samplers = {"a thread and a Client.run per worker (before)": ClusterSampler(before, 1.0),
-                    "one Client.run to all (now)": ClusterSampler(bridge, 1.0)}
-        for sampler in samplers.values():
-            sampler.tick(60)
-        costs = per_tick({arm: sampler.tick for arm, sampler in samplers.items()}, args.rounds)
-        said = "; ".join(f"{arm} {cost * 1e3:.1f} ms" for arm, cost in costs.items())
+        now = ClusterSampler(bridge, 1.0)
+        now.tick(60)
+        keys = bridge.engines()
+        arms = {"a thread and a Client.run per worker (before)": ClusterSampler(before, 1.0).tick,
+                f"now, {args.workers} workers on 1 host": now.tick,
+                f"{args.workers} hosts (each worker its own)": lambda: bridge.run("host_tick", {}, timeout=5,
+                                                                                   only=keys)}
+        for tick in arms.values():
+            tick()
+        costs = per_tick(arms, args.rounds)
+        said = "; ".join(f"{arm} {cost * 1e3:.2f} ms" for arm, cost in costs.items())
+        v = list(costs.values())
+        host = (v[2] - v[1]) / max(1, args.workers - 1)
         print(f"Dask, {args.workers} workers (scheduler in this process: its work for our calls counts)")
-        print(f"  %gpumem --cluster, notebook-side CPU per tick (all threads, less idle): {said}; at 1 Hz "
-              f"now {list(costs.values())[1] * 100:.2f} % of one core (target <= 1 %)")
+        print(f"  %gpumem --cluster, notebook-side CPU per tick (all threads, less idle): {said}")
+        print(f"    per host {host * 1e3:.2f} ms; at 1 Hz now {v[1] * 100:.2f} % of one core, before "
+              f"{v[0] * 100:.2f} %; 64 workers on 8 hosts, from these: {(v[1] + 7 * host) * 100:.2f} % "
+              f"(target <= 1 %)")
 
         sampler = ClusterSampler(bridge, 1.0)
         sampler.tick(60)

@@ -196,7 +196,8 @@ def bench_ipyparallel(args: argparse.Namespace) -> None:
         now = ClusterSampler(IPyParallelBridge("rc", rc), 1.0)
         now.tick(60)
         part = ClusterSampler(IPyParallelBridge("half", rc[:half]), 1.0)
-        arms = {"one apply per engine (before)": ClusterSampler(PerEngineBridge("rc", rc), 1.0).tick,
+        old = PerEngineBridge("rc", rc)  # the tick before: every engine, one apply each, in full
+        arms = {"one apply per engine (before)": lambda: old.run("memory_tick", None, None, timeout=5),
                 f"now, {half} engines on 1 host": part.tick,
                 f"now, {n} engines on 1 host": now.tick,
                 # every engine as its own host (each reports itself): what a tick costs per host
@@ -208,8 +209,8 @@ def bench_ipyparallel(args: argparse.Namespace) -> None:
         said = "; ".join(f"{arm} {cost * 1e3:.2f} ms" for arm, cost in costs.items())
         v = list(costs.values())
         engine, host = (v[2] - v[1]) / (n - half), (v[4] - v[3]) / (n - half)
-        base = v[2] - n * engine
-        at64 = base + 64 * engine + 8 * host
+        base = v[2] - n * engine  # one host's call, the controller's queue counts, the sampler's own work
+        at64 = base + 64 * engine + 7 * host
         print(f"  %gpumem --cluster, notebook-side CPU per tick (all threads, less idle): {said}")
         print(f"    per engine {engine * 1e3:.3f} ms, per host {host * 1e3:.2f} ms, the rest "
               f"{base * 1e3:.2f} ms; at 1 Hz: {n} engines on 1 host {v[2] * 100:.2f} % of one core, before "
@@ -279,7 +280,8 @@ def bench_dask(args: argparse.Namespace) -> None:
         now = ClusterSampler(bridge, 1.0)
         now.tick(60)
         keys = bridge.engines()
-        arms = {"a thread and a Client.run per worker (before)": ClusterSampler(before, 1.0).tick,
+        arms = {"a thread and a Client.run per worker (before)": lambda: before.run("memory_tick", None, None,
+                                                                                     timeout=5),
                 f"now, {args.workers} workers on 1 host": now.tick,
                 f"{args.workers} hosts (each worker its own)": lambda: bridge.run("host_tick", {}, timeout=5,
                                                                                    only=keys)}

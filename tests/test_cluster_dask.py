@@ -100,8 +100,8 @@ def test_gpuinfo_cluster_on_dask(sh, client):
 def test_whereis_and_cudatime_on_dask(sh, client):
     info = client.scheduler_info()["workers"]
     workers = sorted(info, key=lambda address: info[address]["name"])
-    client.run(_define, "import torch, time; w = torch.zeros(4); pause = 0.001")
-    client.run(_define, "w = w.to('meta'); pause = 0.004", workers=[workers[1]])
+    client.run(_define, "import torch, time; w = torch.zeros(4); pause = 0.002")
+    client.run(_define, "w = w.to('meta'); pause = 0.02", workers=[workers[1]])
     try:
         report = run(sh, "%whereis --cluster client w -o")
         assert report.where("w") == "cpu on worker 0; meta on worker 1"

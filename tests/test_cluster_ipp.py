@@ -402,8 +402,8 @@ def test_whereis_cluster_merges_by_name_and_flags_device_types(sh, rc):
 def test_cudatime_cluster_rows_spread_and_crowded_cpu_engines(sh, rc):
     """Three CPU engines on this 2-core host, each with torch's default threads: the slow one is not
     called a straggler with GPU advice; the report says the host is oversubscribed."""
-    rc[:].execute("import time; pause = 0.001", block=True)
-    rc[2].execute("pause = 0.004", block=True)
+    rc[:].execute("import time; pause = 0.002", block=True)
+    rc[2].execute("pause = 0.02", block=True)
     result = run(sh, "%%cudatime --cluster rc -n 2 -r 5 --warmup 1 -o\ntime.sleep(pause)")
     assert [label for label, _ in result.rows] == ["engine 0", "engine 1", "engine 2"]
     assert result.stragglers() == ["engine 2"]
@@ -427,8 +427,8 @@ def test_cudatime_cluster_rows_spread_and_crowded_cpu_engines(sh, rc):
 def test_cudatime_cluster_straggler_on_cpus_enough(sh, rc):
     """Two one-thread engines on two CPUs: the slow one is a straggler, with CPU advice, not GPU advice."""
     rc[:2].execute("import time, torch; saved = torch.get_num_threads(); torch.set_num_threads(1); "
-                   "pause = 0.001", block=True)
-    rc[1].execute("pause = 0.004", block=True)
+                   "pause = 0.002", block=True)
+    rc[1].execute("pause = 0.02", block=True)
     sh.user_ns["two"] = rc[:2]
     try:
         result = run(sh, "%%cudatime --cluster two -n 2 -r 5 --warmup 1 -o\ntime.sleep(pause)")

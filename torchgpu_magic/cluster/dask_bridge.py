@@ -177,26 +177,26 @@ class DaskBridge(Bridge):
                                    [self.label(k) for k in left]) from None
 
     def _interrupt(self, call_id: str, keys: list) -> tuple:
-        """Stop ``call_id`` on the workers ``keys`` and wait (bounded) until none runs it."""
+        """Stop ``call_id`` on the workers ``keys`` and wait (bounded) until none runs it, telling again
+        those that still do (a worker that did not answer at first)."""
         from . import remote
 
-        try:
-            told = self.obj.run(remote.interrupt, call_id, workers=keys, on_error="return",
-                                callback_timeout=ASK_TIMEOUT)
-        except (Exception, KeyboardInterrupt):  # noqa: BLE001 - nothing more can be done from here
-            return [], list(keys)
         deadline = time.monotonic() + STOP_WAIT
+        told: set = set()
         left = list(keys)
         while left and time.monotonic() < deadline:
+            limit = max(0.5, min(ASK_TIMEOUT, deadline - time.monotonic()))
             try:
-                still = self.obj.run(remote.running, workers=left, on_error="return",
-                                     callback_timeout=ASK_TIMEOUT)
-            except (Exception, KeyboardInterrupt):  # noqa: BLE001
+                answers = self.obj.run(remote.interrupt, call_id, workers=left, on_error="return",
+                                       callback_timeout=limit)
+                told |= {key for key, n in answers.items() if isinstance(n, int) and n}
+                still = self.obj.run(remote.running, workers=left, on_error="return", callback_timeout=limit)
+            except (Exception, KeyboardInterrupt):  # noqa: BLE001 - nothing more can be done from here
                 break
-            left = [key for key in left if isinstance(still.get(key), list) and call_id in still[key]]
+            left = [key for key in left if not isinstance(still.get(key), list) or call_id in still[key]]
             if left:
                 time.sleep(0.1)
-        return [key for key in keys if isinstance(told.get(key), int) and told[key]], left
+        return [key for key in keys if key in told], left
 
     def _fill(self, answers: dict, replies: dict) -> None:
         missing = []

@@ -85,23 +85,35 @@ async def dask_call(target: str, args: tuple, kwargs: dict, deadline: float, cal
         return await asyncio.wait_for(asyncio.shield(future), deadline)
     except asyncio.TimeoutError:
         interrupt(call_id)
-        return {"host": socket.gethostname(), "pid": os.getpid(), "ok": False, "problem": "timeout",
-                "message": f"no answer in {deadline:g} s; our call there was stopped"}
+        return _stopped(f"no answer in {deadline:g} s; our call there was stopped", "timeout")
+    except KeyboardInterrupt:  # never into the worker's event loop, which it would stop
+        return _stopped("interrupted")
+
+
+def _stopped(message: str, problem: str = "error") -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "ok": False, "problem": problem,
+            "message": message}
 
 
 def _tracked(call_id: str, worker: Any, target: str, args: tuple, kwargs: dict) -> dict:
+    """:func:`call` in a worker thread, listed as running ``call_id`` meanwhile. An interrupt ends it
+    with an 'interrupted' answer; none escapes (into the executor, then the event loop)."""
     ident = threading.get_ident()
+    result = _stopped("interrupted")
     try:
-        with _LOCK:
-            _ACTIVE.setdefault(call_id, set()).add(ident)
-        _CONTEXT.worker = worker
-        return call(target, args, kwargs)
-    except KeyboardInterrupt:
-        return {"host": socket.gethostname(), "pid": os.getpid(), "ok": False, "problem": "error",
-                "message": "interrupted"}
-    finally:
-        _CONTEXT.worker = None
+        try:
+            with _LOCK:
+                _ACTIVE.setdefault(call_id, set()).add(ident)
+            _CONTEXT.worker = worker
+            result = call(target, args, kwargs)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            _CONTEXT.worker = None
+            _forget(call_id, ident)
+    except KeyboardInterrupt:  # one landing in the clauses above, before the thread left the list
         _forget(call_id, ident)
+    return result
 
 
 def _forget(call_id: str, ident: int) -> None:

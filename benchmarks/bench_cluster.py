@@ -25,7 +25,8 @@ Dask, W workers:
 
 Run: ``PYTHONPATH=$PWD python benchmarks/bench_cluster.py [--engines 8] [--workers 4] [--rounds 5]
 [--only ipyparallel|dask]``. The engines and workers need this package importable: they inherit this process's
-PYTHONPATH.
+PYTHONPATH. Equal terms: both arms of a row ask the same engines or workers, holding the same objects, in the
+same run.
 """
 from __future__ import annotations
 

@@ -47,8 +47,11 @@ def test_terminal_gets_a_snapshot_a_line_per_cell_and_no_thread(terminal):
     assert "Memory (this process)" in started and "RSS" in started
     assert "one line after each cell" in started
     assert "live panel" not in started
-    out = _run(terminal, "block = bytearray(64 * 2**20); block[::4096] = b'1' * len(block[::4096])")
-    match = re.search(r"\[gpumem\] [\d.]+ \S+ · host \+([\d.]+) MiB \(peak [\d.]+ \S+\)", out)
+    terminal.sendline("block = bytearray(64 * 2**20); block[::4096] = b'1' * len(block[::4096])")
+    terminal.expect(r"In \[(\d+)\]: ")  # the prompt after the cell: the cell's own number is one less
+    number = int(terminal.match.group(1)) - 1
+    out = terminal.before
+    match = re.search(rf"\[gpumem\] In\[{number}\] [\d.]+ \S+ · host \+([\d.]+) MiB \(peak [\d.]+ \S+\)", out)
     assert match, out
     assert 60 <= float(match.group(1)) <= 80
     threads = _run(terminal, "import threading; print(sorted(t.name for t in threading.enumerate()))")

@@ -75,6 +75,7 @@ def test_text_and_html_show_totals_and_top_cells_by_peak():
 
 def test_one_line_per_cell_like_autotime():
     record = CellRecord(3, "x", 0.0, 1.234, 512 * MiB, 1126 * MiB, (CellGPU(0, 2048 * MiB, 3174 * MiB),))
-    assert record.line() == ("[gpumem] 1.23 s · host +512 MiB (peak 1.10 GiB) · "
+    assert record.line() == ("[gpumem] In[3] 1.23 s · host +512 MiB (peak 1.10 GiB) · "
                              "cuda:0 +2.00 GiB (peak 3.10 GiB)")
-    assert CellRecord(3, "x", 0.0, 0.5, None, None).line() == "[gpumem] 500 ms · host N/A"
+    assert CellRecord(3, "x", 0.0, 0.5, None, None).line() == "[gpumem] In[3] 500 ms · host N/A"
+    assert CellRecord(None, "x", 0.0, 0.5, None, None).line() == "[gpumem] 500 ms · host N/A"

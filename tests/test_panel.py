@@ -1,6 +1,7 @@
 """panel.py and %gpumem: the widget model without a frontend, through a real InteractiveShell."""
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -282,8 +283,11 @@ def test_hundred_cycles_leave_no_thread_no_widget_no_hook(ip):
     assert _hooks(ip) == events_before
 
 
-def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypatch):
+def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypatch, fake_nvml,
+                                                                    torch_sees_gpus):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now raises ImportError
+    fake_nvml("no_gpus")
+    torch_sees_gpus(0)  # no GPU, on any machine
     with capture_output() as out:
         run(ip, "%gpumem")
     text = out.stdout + "".join(o.data.get("text/plain", "") for o in out.outputs)
@@ -292,8 +296,9 @@ def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypat
     assert _threads() == []
 
 
-def test_gpumem_on_scripted_nvml_shows_the_gpu(ip, fake_nvml):
+def test_gpumem_on_scripted_nvml_shows_the_gpu(ip, fake_nvml, fresh_env, torch_sees_gpus):
     fake_nvml("h100_busy")
+    torch_sees_gpus(1)  # CUDA not initialised: the GPU is watched as NVML names it, on any machine
     with capture_output():
         run(ip, "%gpumem --widget --interval 0.05")
     p = _panel(ip)
@@ -450,3 +455,35 @@ def test_the_panels_bundle_carries_text_and_html_snapshots(ip, monkeypatch):
     assert WIDGET_MIME not in final  # the view is gone: the snapshot alone
     assert "panel closed: the figures as they were last" in final["text/plain"]
     assert "snap_cell = 1" in final["text/html"]
+
+
+def test_records_returned_by_o_are_live_and_stay_after_stop(ip):
+    with capture_output():
+        records = run(ip, "%gpumem --text -o")
+    assert len(records) == 0
+    with capture_output():
+        ip.run_cell("a = 1", store_history=True).raise_error()
+        ip.run_cell("b = 2", store_history=True).raise_error()
+    assert [r.first_line for r in records][-2:] == ["a = 1", "b = 2"]  # filled as the cells ran
+    with capture_output():
+        run(ip, "%gpumem stop")
+        ip.run_cell("c = 3", store_history=True).raise_error()
+    assert "c = 3" not in [r.first_line for r in records]
+    assert [r.first_line for r in run(ip, "%gpumem --records")] == [r.first_line for r in records]
+
+
+def test_widget_in_a_terminal_is_not_reprinted_after_each_cell(ip, monkeypatch):
+    from torchgpu_magic.magics import gpumem
+
+    monkeypatch.setattr(gpumem, "SNAPSHOT_EVERY", 0.0)  # every cell would be due a rewrite
+    with capture_output() as started:
+        run(ip, "%gpumem --widget")
+    assert len(started.outputs) == 1  # shown once
+    with capture_output() as cells:
+        for code in ("a = 1", "b = 2", "c = 3"):
+            ip.run_cell(code, store_history=True).raise_error()
+    assert cells.outputs == [] and "Memory" not in cells.stdout
+    with capture_output() as stopped:
+        run(ip, "%gpumem stop")
+    (final,) = [o.data["text/plain"] for o in stopped.outputs]
+    assert "panel closed" in final and re.search(r"\[gpumem\] In\[\d+\] ", final)

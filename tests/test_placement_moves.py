@@ -12,18 +12,18 @@ META = torch.device("meta")
 
 def test_tensor_returns_a_new_tensor_and_counts_bytes():
     x = torch.ones(10)
-    [(name, moved, nbytes)] = moves.move([("x", x)], META, discard_data=True)
+    [(name, moved, nbytes, _)] = moves.move([("x", x)], META, discard_data=True)
     assert name == "x" and moved.device.type == "meta" and x.device.type == "cpu" and nbytes == 40
-    [(_, again, nbytes)] = moves.move([("x", moved)], META)
+    [(_, again, nbytes, _)] = moves.move([("x", moved)], META)
     assert again is moved and nbytes == 0
 
 
 def test_module_in_place_and_a_lone_parameter():
     layer = torch.nn.Linear(3, 2)  # 6 + 2 floats
-    [(_, same, nbytes)] = moves.move([("layer", layer)], META, discard_data=True)
+    [(_, same, nbytes, _)] = moves.move([("layer", layer)], META, discard_data=True)
     assert same is layer and {p.device.type for p in layer.parameters()} == {"meta"} and nbytes == 32
     param = torch.nn.Parameter(torch.ones(4))
-    [(_, moved, nbytes)] = moves.move([("p", param)], META, discard_data=True)  # cpu -> meta: a new one
+    [(_, moved, nbytes, _)] = moves.move([("p", param)], META, discard_data=True)  # cpu -> meta: a new one
     assert isinstance(moved, torch.nn.Parameter) and moved.device.type == "meta" and nbytes == 16
     assert moved.requires_grad
 
@@ -35,6 +35,7 @@ def test_optimizer_state_keeps_step_where_torch_keeps_it_and_follows_replaced_pa
     opt.step()
     result = moves.move([("layer", layer), ("opt", opt)], META, discard_data=True)
     assert [r[2] for r in result] == [12, 2 * (2 + 1) * 4]
+    assert result[1][3] == "its 8 B of step counters stay on cpu, as torch keeps them"
     assert opt.param_groups[0]["params"] == [layer.weight, layer.bias]
     state = opt.state[layer.weight]
     assert state["exp_avg"].device.type == "meta" and state["exp_avg_sq"].device.type == "meta"

@@ -21,6 +21,7 @@ from ..render import Table, fmt_bytes, fmt_value, html_lines, is_na
 from . import nvml
 from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, parse_cuda_visible_devices, torch_view
 from .nvml import NA
+from .problems import driver_fix
 
 __all__ = [
     "TorchDevice",
@@ -210,9 +211,14 @@ class GPUReport:
                 if g.host_pids:
                     notes.append(f"{where}: the list shows host PIDs (this process runs in a container, "
                                  f"PID {self.pid} here), so its own process cannot be marked by PID.")
-            if g.mapping is not None and g.mapping.matched_by == "CUDA_VISIBLE_DEVICES":
+            if g.mapping is not None and g.mapping.matched_by == "CUDA_VISIBLE_DEVICES" and \
+                    not self.torch.named_by_nvml:
                 notes.append(f"cuda:{g.torch_index} matched to GPU {g.nvml_index} by position in "
                              "CUDA_VISIBLE_DEVICES (torch reported no UUID or PCI bus id).")
+        if self.torch.named_by_nvml:
+            notes.append("CUDA is not initialised in this process: torch's GPUs are named from NVML in "
+                         "CUDA_VISIBLE_DEVICES order, and torch holds no GPU memory yet (asking torch would "
+                         "initialise CUDA).")
         for text in self.torch.warnings:
             notes.append(f"torch warned: {text}")
         return notes
@@ -337,7 +343,8 @@ def diagnose(view: TorchView, problem: Any, gpus: list, env: dict) -> list:
             "driver_not_loaded": "no NVIDIA driver loaded: NVML says the kernel driver is not loaded",
             "driver_mismatch": "the NVIDIA driver is half-upgraded: its library and kernel module differ",
         }[problem.code]
-        causes.append(Diagnosis("no_driver", what, problem.hint))
+        fix = driver_fix() if problem.code == "library_not_found" else problem.hint
+        causes.append(Diagnosis("no_driver", what, fix))
     elif problem is None and not gpus:
         causes.append(Diagnosis("no_gpu", "the NVIDIA driver works but finds no GPU",
                                 "is a GPU attached to this machine or container? (`nvidia-smi -L`)"))

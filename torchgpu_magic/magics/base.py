@@ -9,6 +9,7 @@ together. This is the only module the magics' modules import from each other.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
 from IPython.core.error import UsageError
@@ -34,17 +35,38 @@ def parse_args(magic: Callable[..., Any], line: str) -> Any:
 
 
 def usage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the core's :class:`MagicInputError` into a one-line ``UsageError`` for ``method``."""
+    """Turn the core's :class:`MagicInputError` into a one-line ``UsageError`` for ``method``, named as
+    the user typed the magic: ``%%cudatime: ...`` for the cell form (whose errors would otherwise say
+    ``%cudatime``, the line form's name, as do the usage lines argparse writes)."""
+    name = method.__name__
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        cell = kwargs.get("cell", args[2] if len(args) > 2 else None)
         try:
             return method(*args, **kwargs)
         except MagicInputError as exc:
-            raise UsageError(f"%{method.__name__}: {exc}") from None
+            raise UsageError(f"{'%%' if cell is not None else '%'}{name}: {exc}") from None
+        except UsageError as exc:
+            named = re.sub(rf"(?<!%)%{name}\b", f"%%{name}", str(exc)) if cell is not None else str(exc)
+            if named == str(exc):
+                raise
+            raise UsageError(named) from None
 
     return wrapper
+
+
+def cell_number(shell: Any) -> int:
+    """The ``In[n]`` of the cell running now, as IPython itself names it (its traceback's "Cell In[n]",
+    its history, the ``Out[n]`` of the result). IPython 8 and 9 add one to ``execution_count`` *before* a
+    cell runs and 7.x after it, so ``execution_count`` names the next cell on one leg and this cell on the
+    other; IPython hands the running cell's ``ExecutionResult`` to its display hook on both, and its
+    ``execution_count`` is the number IPython uses. Outside a cell (``run_line_magic`` from code), or for
+    a cell run without history on 7.x, the shell's count, which names the cell it would be."""
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    number = getattr(result, "execution_count", None)
+    return number if isinstance(number, int) else shell.execution_count
 
 
 def ends_with_semicolon(source: str) -> bool:
@@ -70,9 +92,12 @@ class TorchGPUMagics(Magics):
     that undo whatever those hooked into the shell (event callbacks, formatters, threads)."""
 
     def __init__(self, shell: Any, parts: Iterable[type[MagicsPart]]) -> None:
+        from .tracebacks import Tracebacks
+
         super().__init__(shell)
         self._closers: list[Callable[[], None]] = []
         self._cluster_closer = False  # whether unload closes the clients --cluster connected
+        self.tracebacks = Tracebacks(shell)  # the user's cell first; parts add their explainers
         self.parts: list[MagicsPart] = [cls(shell, self) for cls in parts]
 
     def part(self, cls: type[P]) -> P:
@@ -80,7 +105,10 @@ class TorchGPUMagics(Magics):
         return next(part for part in self.parts if isinstance(part, cls))
 
     def start(self) -> None:
-        """Hook the always-on features of every part into the shell (called once, by ``load``)."""
+        """Hook the always-on features of every part into the shell (called once, by ``load``): the
+        traceback wrapper first, then each part's (a part may register an explainer with it)."""
+        self.tracebacks.install()
+        self.add_closer(self.tracebacks.uninstall)
         for part in self.parts:
             part.start()
 

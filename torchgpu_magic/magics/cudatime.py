@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .base import MagicsPart, parse_args, usage_errors
+from .base import MagicsPart, cell_number, parse_args, usage_errors
 
 
 @magics_class
@@ -56,9 +56,9 @@ class CUDATimeMagics(MagicsPart):
 
         ``%%cudatime [options] [setup]`` times the cell (the setup statement runs once first, in the same
         scope, as with ``%%timeit``); ``%cudatime [options] STATEMENT`` times one statement. Without
-        ``--devices`` it times on torch's default device; when that is cpu, on the current CUDA GPU only
-        if CUDA was initialised before the cell or becomes so during its setup and first run (the cell
-        uses the GPU); on cpu the figure is host time, and the report says so.
+        ``--devices`` it times on torch's default device; when that is cpu, where the tensors of the
+        setup and the first run were (on the GPU when they were on it, or when the cell initialised
+        CUDA), however initialised CUDA already was; on cpu the figure is host time, and the report says so.
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
         from .. import timing
@@ -198,7 +198,7 @@ class CUDATimeMagics(MagicsPart):
         try:
             return devices.resolve(spec)
         except MagicInputError as exc:
-            reason = str(exc).split(". Devices here:")[0]
+            reason = devices.without_device_list(str(exc))
             takes = [d for d in devices.available_devices() if d != "meta"] + ["auto"]
             raise UsageError(f"%cudatime: --devices: {reason}; it takes: {', '.join(takes)}") from None
 
@@ -222,7 +222,7 @@ class CUDATimeMagics(MagicsPart):
         body_src = shell.transform_cell(body)
         offset = max(1, setup_src.count("\n")) if is_cell else 0
         source = (setup_src.rstrip("\n") + "\n" + body_src) if is_cell else body_src
-        filename = shell.compile.cache(source, shell.execution_count)
+        filename = shell.compile.cache(source, cell_number(shell))
         start = 0  # the line the part being parsed starts after: the setup, then the body
         try:
             setup_ast = shell.compile.ast_parse(setup_src or "pass", filename)

@@ -119,7 +119,7 @@ class GPUMemMagics(MagicsPart):
             self._start_panel(interval, args.refresh, args.cells)
             self._display = display(self._panel.widget, display_id=True)
             self._snapshot_at = time.monotonic()
-        return self.records() if args.output else None
+        return self._live_records() if args.output else None
 
     # ---- choosing the view ------------------------------------------------------------------------
     def _wants_text(self, text: bool, widget: bool) -> bool:
@@ -135,6 +135,12 @@ class GPUMemMagics(MagicsPart):
             print(f"%gpumem: text mode; for the live panel: {_INSTALL}")
             return True
         return not widget and not shows_widgets(self.shell)
+
+    def _live_records(self) -> Any:
+        """``r = %gpumem -o``: the running ``%gpumem``'s records themselves, which keep filling as cells
+        run (and stay as they were when it stops); a copy of the last ones when per-cell accounting is
+        off."""
+        return self._cells.records if self._cells is not None else self.records()
 
     def records(self) -> Any:
         """A copy of the per-cell records of the running (or last) ``%gpumem``; empty before one ran."""
@@ -211,13 +217,12 @@ class GPUMemMagics(MagicsPart):
     def _targets(self) -> list:
         """The GPUs to watch, without initialising CUDA: once CUDA is initialised, torch's devices
         matched to NVML's by UUID (inventory.gpu_map); before that, NVML's GPUs in the order
-        CUDA_VISIBLE_DEVICES gives them (the order torch will use), and all of them for a torch without
-        CUDA. Called on the main thread only (at start, and after a cell that changed CUDA's state):
-        gpu_map asks torch under ``warnings.catch_warnings``, which is process-wide."""
-        import os
-
+        CUDA_VISIBLE_DEVICES gives them (the order torch will use; a MIG instance as itself), and all of
+        them for a torch without CUDA (memory.nvml_targets). Called on the main thread only (at start,
+        and after a cell that changed CUDA's state): gpu_map asks torch under
+        ``warnings.catch_warnings``, which is process-wide."""
         from .. import memory
-        from ..gpus import inventory, nvml
+        from ..gpus import inventory
 
         state = memory.cuda_state()
         self._targets_state = state
@@ -225,17 +230,7 @@ class GPUMemMagics(MagicsPart):
             mappings = inventory.gpu_map()
             if mappings:
                 return memory.targets_from(mappings)
-        if nvml.status() is not None:
-            return []
-        gpus = [nvml.gpu_snapshot(i, identity_only=True) for i in range(nvml.device_count())]
-        if state == "no CUDA":
-            return [memory.GPUTarget(None, g.index, str(g.name)) for g in gpus]
-        visible = inventory.parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
-        targets = []
-        for position, (index, slot) in enumerate(visible):
-            mig = next((m for m in gpus[index].mig_devices if m.index == slot), None)
-            targets.append(memory.GPUTarget(position, index, str(mig.name if mig else gpus[index].name)))
-        return targets
+        return memory.nvml_targets(state)
 
     def _retarget(self) -> None:
         """Work the targets out again when CUDA's state changed (say, the cell's first ``.cuda()``)."""
@@ -251,9 +246,12 @@ class GPUMemMagics(MagicsPart):
 
     def _update_snapshot(self, final: bool = False) -> None:
         """Rewrite the panel output's static snapshot (what a saved notebook keeps). While the panel is
-        live the output keeps its widget view too; ``final``: the snapshot alone, the view being gone."""
+        live the output keeps its widget view too; ``final``: the snapshot alone, the view being gone.
+        Where the frontend cannot rewrite an output in place (a terminal, shown the panel by
+        ``--widget``) an update would print the whole snapshot again after every cell: there only the
+        final one is printed, once, when the panel stops."""
         live, handle = self._panel, self._display
-        if live is None or handle is None:
+        if live is None or handle is None or (not final and not shows_widgets(self.shell)):
             return
         try:
             if final:

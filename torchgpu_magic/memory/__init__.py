@@ -2,9 +2,16 @@
 take them (:mod:`.sampler`), the per-cell records they keep (:mod:`.records`) and the ipywidgets view over
 them (:mod:`.panel`). The public names of the first three are here; the panel, the package's only importer
 of ipywidgets, is imported by name (``from torchgpu_magic.memory import panel``) where a panel is shown.
+
+A cell's memory for ``%%cudamem``: the tracked run (:mod:`.tracking`, torch's MemTracker), the prediction
+on fake tensors (:mod:`.prediction`, over :mod:`.fakecopy` and :mod:`.standin`), the target device and
+its allowances (:mod:`.targets`), the accounting and the CUDA caching allocator's model
+(:mod:`.allocator`), and the reports (:mod:`.cellmem`, whose classes are named here). Those modules import
+torch only inside their functions.
 """
 from __future__ import annotations
 
+from .cellmem import CellMemory, FitResult, ModuleRow
 from .figures import (
     GPUMemory,
     GPUTarget,
@@ -15,6 +22,7 @@ from .figures import (
     cuda_state,
     empty_cache,
     host_memory,
+    nvml_targets,
     peak_rss,
     reset_peak_rss,
     targets_from,
@@ -37,7 +45,7 @@ from .sampler import (
 __all__ = [
     "GPUTarget", "HostCounters", "HostMemory", "GPUMemory", "MemorySnapshot", "targets_from", "host_memory",
     "peak_rss",
-    "reset_peak_rss", "cuda_state", "torch_figures", "collect", "empty_cache",
+    "reset_peak_rss", "nvml_targets", "cuda_state", "torch_figures", "collect", "empty_cache",
     "MIN_INTERVAL", "MAX_INTERVAL", "DEFAULT_INTERVAL", "HISTORY_SECONDS", "THREAD_NAME", "validate_interval",
-    "CellGPU", "CellRecord", "CellRecords", "CellLog", "Sampler",
+    "CellGPU", "CellRecord", "CellRecords", "CellLog", "Sampler", "CellMemory", "FitResult", "ModuleRow",
 ]

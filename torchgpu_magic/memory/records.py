@@ -74,9 +74,11 @@ class CellRecord(NamedTuple):
         return cls(**{k: data[k] for k in _CELL_FIELDS}, gpus=gpus)
 
     def line(self) -> str:
-        """One short line, as ipython-autotime prints after a cell:
-        ``[gpumem] 1.23 s · host +512 MiB (peak 1.10 GiB) · cuda:0 +2.00 GiB (peak 3.10 GiB)``."""
-        parts = [f"[gpumem] {fmt_seconds(self.seconds)}"]
+        """One short line, as ipython-autotime prints after a cell, naming the cell as IPython does:
+        ``[gpumem] In[3] 1.23 s · host +512 MiB (peak 1.10 GiB) · cuda:0 +2.00 GiB (peak 3.10 GiB)``
+        (a cell run without a number, from code, has none)."""
+        cell = "" if self.number is None else f"In[{self.number}] "
+        parts = [f"[gpumem] {cell}{fmt_seconds(self.seconds)}"]
         host = f"host {fmt_bytes(self.rss_delta, signed=True)}"
         if self.rss_peak is not None:
             host += f" (peak {fmt_bytes(self.rss_peak)})"

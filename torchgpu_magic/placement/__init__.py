@@ -3,12 +3,19 @@
 
 Split by concern:
 
-- ``accounting``: the one account of an object's tensors (kind, devices, dtypes, bytes, storages counted
-  once) that every view below reads;
+- ``kinds``: the cheap per-tensor reads (kind of an object, device and dtype names, storage and bytes),
+  and the garbage-collector pause the report walks take;
+- ``tree``: the one walk of a module tree, every tensor's facts read at once, figures per module;
+- ``accounting``: the one account of an object's tensors (each with its role: parameter, buffer,
+  gradient, optimizer state, step counters; storages counted once; devices; bytes per device and role)
+  that every view below reads;
+- ``bydesign``: where torch keeps state off the device on purpose (optimizer step counters, GradScaler,
+  RNG states, pinned buffers, DataLoader batches), so no view calls it a mistake;
 - ``walk``: the bounded walk over a namespace, and static attribute lookup;
 - ``offload``: where accelerate keeps offloaded weights, and where the forward runs;
 - ``text``: the formatting helpers the reports share;
-- ``scan``: the namespace snapshot (``--watch``, ``%%ontorch``'s footer);
+- ``scan``: the namespace snapshot (``--watch``, ``%%ontorch``'s footer), the names a cell's code can
+  bind, and the footer's line;
 - ``table``: the ``%whereis`` table (names, containers and user objects walked, gradients counted);
 - ``modules``: ``%whereis NAME`` for one tensor, module or optimizer, and the ``--repr`` line;
 - ``names``: resolving that NAME without evaluating code;
@@ -24,7 +31,18 @@ The public names are re-exported here, so callers keep writing ``placement.names
 """
 from __future__ import annotations
 
-from .accounting import device_str, devices_of, dtype_str, is_floating, kind_of, storage_key, tensor_nbytes
+from .accounting import (
+    ROLES,
+    Account,
+    account,
+    device_str,
+    devices_of,
+    dtype_str,
+    is_floating,
+    kind_of,
+    storage_key,
+    tensor_nbytes,
+)
 from .diagnosis import Culprit, Diagnosis, diagnose, mismatch_devices
 from .modules import (
     MAX_MODULE_ROWS,
@@ -39,15 +57,25 @@ from .modules import (
     tensor_line,
 )
 from .names import resolve
-from .scan import SNAPSHOT_CONTAINER_LIMIT, Placed, SnapshotCache, changed, namespace_snapshot, watch_line
+from .scan import (
+    SNAPSHOT_CONTAINER_LIMIT,
+    Placed,
+    SnapshotCache,
+    cell_names,
+    changed,
+    changed_elsewhere,
+    footer_line,
+    namespace_snapshot,
+    watch_line,
+)
 from .table import DEFAULT_TOP, NamespaceReport, Row, namespace_report
 from .text import fmt_count, shape_str
 from .walk import IPYTHON_NAMES
 
 __all__ = [
-    "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "SNAPSHOT_CONTAINER_LIMIT", "Culprit", "Diagnosis",
-    "Lines", "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport", "Placed", "Row",
-    "SnapshotCache", "changed",
+    "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "ROLES", "SNAPSHOT_CONTAINER_LIMIT", "Account",
+    "Culprit", "Diagnosis", "Lines", "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport",
+    "Placed", "Row", "SnapshotCache", "account", "cell_names", "changed", "changed_elsewhere", "footer_line",
     "describe", "device_str", "devices_of", "diagnose", "dtype_str", "fmt_count", "is_floating", "kind_of",
     "mismatch_devices", "module_report", "namespace_report", "namespace_snapshot", "optimizer_report",
     "placement_line", "resolve", "shape_str", "storage_key", "tensor_line", "tensor_nbytes", "watch_line",

@@ -9,20 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .accounting import (
-    _DEVICE_STR,
-    _pinned,
-    _torch,
-    device_str,
-    devices_of,
-    dtype_str,
-    is_floating,
-    kind_of,
-    module_totals,
-    storage_key,
-    tensor_nbytes,
-)
-from .offload import execution_device, offload_place
+from .accounting import _torch, account, dtype_str, kind_of, storage_key
+from .bydesign import pinned
+from .kinds import gc_paused
 from .text import _device_order, _grad_state, _join, _sep, fmt_count, shape_str
 from .walk import _placeables
 
@@ -52,23 +41,30 @@ def tensor_line(name: str, tensor: Any, ns: Optional[Mapping[str, Any]] = None) 
     """``x · cpu · float32 · (3, 4) · 48 B · requires_grad · pinned · shares storage with y``."""
     from ..render import fmt_bytes
 
-    device = device_str(tensor.device)
-    nbytes = tensor_nbytes(tensor)
+    acc = account(tensor)
+    device = acc.devices[0]
+    nbytes = acc.view_bytes
     parts = [name, device, dtype_str(tensor.dtype), shape_str(tuple(tensor.shape)), fmt_bytes(nbytes)]
     if tensor.requires_grad:
         parts.append("requires_grad")
-    if _pinned(tensor, device) == "yes":
+    if pinned(tensor, device) == "yes":
         parts.append("pinned")
     if type(tensor).__name__ == "Parameter":
         parts.append("Parameter")
-    key, size = storage_key(tensor)
-    if key[0] == "s" and size != nbytes:
+    key = next(iter(acc.storages))
+    size = acc.nbytes()
+    if isinstance(key, int) and size != nbytes:
         parts.append(f"a view of a {fmt_bytes(size)} storage")
-    if ns is not None and key[0] == "s":
+    if ns is not None and isinstance(key, int):
         others = [n for n, obj, kind in _placeables(ns) if kind == "tensor" and obj is not tensor
                   and storage_key(obj)[0] == key]
         if others:
             parts.append("shares storage with " + ", ".join(others[:5]) + (" ..." if len(others) > 5 else ""))
+    grads = acc.nbytes(gradients=True)
+    if grads:
+        parts.append(f"gradient {fmt_bytes(grads)}")
+    if acc.why:
+        parts.append(acc.why)
     if device == "meta":
         parts.append("meta: no data")
     return Lines([f" {_sep()} ".join(parts)])
@@ -89,117 +85,21 @@ class ModuleRow:
     note: str
 
 
-class _Node:
-    """Placement facts of one module's subtree, computed bottom-up in one pass."""
-
-    __slots__ = ("name", "cls", "children", "devices", "dtypes", "params", "buffers", "nbytes",
-                 "trainable", "notes", "n_modules")
-
-    def __init__(self, name: str, cls: str) -> None:
-        self.name = name
-        self.cls = cls
-        self.children: list = []
-        self.devices: set = set()
-        self.dtypes: set = set()
-        self.params = 0
-        self.buffers = 0
-        self.nbytes = 0
-        self.trainable = 0
-        self.notes: list = []
-        self.n_modules = 1
-
-    def signature(self) -> tuple:
-        """What two sibling subtrees must share to be merged into one row; compared, never hashed, so
-        the sets and the list go in as they are (no frozenset per node: 5,000 siblings are common)."""
-        return (self.cls, self.devices, self.dtypes, self.grad(), self.notes, self.params, self.buffers)
-
-    def grad(self) -> str:
-        return _grad_state(self.trainable, self.params)
-
-    def uniform(self) -> bool:
-        return len(self.devices) <= 1 and len(self.dtypes) <= 1 and "%" not in self.grad()
+def _node_grad(node: Any) -> str:
+    return _grad_state(node.trainable, node.params)
 
 
-def _build_tree(name: str, module: Any, seen: dict, keys: dict, hooks: list) -> _Node:
-    """The placement facts of ``module``'s subtree, bottom-up; each tensor object counted in the first
-    module that holds it (``seen``: id -> qualified name; a later holder notes the tie), each storage
-    once (``keys``). Weights accelerate offloads (meta tensors behind a hook) are placed where the hook
-    keeps them, 'cpu' or 'disk'; ``hooks`` collects (execution device, offload places) per hooked
-    module. Written for speed: this is the whole cost of ``%whereis MODEL``."""
-    node = _Node(name, type(module).__name__)
-    hooked = "_hf_hook" in module.__dict__  # set by accelerate; no Module.__getattr__ miss per module
-    runs_on = execution_device(module) if hooked else None
-    devices, dtypes = node.devices, node.dtypes
-    params = buffers = nbytes = trainable = 0
-    places: set = set()
-    names = _DEVICE_STR
-    for table, is_param in ((module._parameters, True), (module._buffers, False)):
-        if not table:
-            continue
-        for key_name, tensor in table.items():
-            if tensor is None:
-                continue
-            dev = tensor.device
-            device = names.get(dev) or device_str(dev)
-            if hooked and device == "meta":
-                place = offload_place(module, key_name)
-                if place is not None:
-                    device = place
-                    places.add(place)
-            devices.add(device)
-            tid = id(tensor)
-            if tid in seen:
-                dtypes.add(tensor.dtype)
-                prefix_of, first = seen[tid]
-                node.notes.append(f"{key_name} tied to {prefix_of}{first} (counted there)")
-                continue
-            seen[tid] = (name + "." if name else "", key_name)
-            if is_param or is_floating(tensor):
-                dtypes.add(tensor.dtype)
-            try:  # storage_key, inlined: two C calls per tensor
-                storage = tensor.untyped_storage()
-                key = storage._cdata
-            except (RuntimeError, TypeError, NotImplementedError, AttributeError):
-                key, size = storage_key(tensor)
-                storage = None
-            if key not in keys:
-                size = int(storage.nbytes()) if storage is not None else size
-                keys[key] = (device, size)
-                nbytes += size
-            numel = tensor.nelement()
-            if is_param:
-                params += numel
-                if tensor.requires_grad:
-                    trainable += numel
-            else:
-                buffers += numel
-    if hooked:
-        hooks.append((runs_on, places))
-        if places:
-            node.notes.append(f"accelerate: weights on {'+'.join(sorted(places))}, loaded onto {runs_on} "
-                              "for each forward")
-        elif runs_on is not None and (module._parameters or module._buffers):
-            node.notes.append(f"accelerate: runs on {runs_on}")
-    prefix = name + "." if name else ""
-    n_modules = 1
-    children = node.children
-    for child_name, child in module._modules.items():
-        if child is None:
-            continue
-        sub = _build_tree(prefix + child_name, child, seen, keys, hooks)
-        children.append(sub)
-        if not sub.devices <= devices:
-            devices |= sub.devices
-        if not sub.dtypes <= dtypes:
-            dtypes |= sub.dtypes
-        params += sub.params
-        buffers += sub.buffers
-        nbytes += sub.nbytes
-        trainable += sub.trainable
-        n_modules += sub.n_modules
-    node.params, node.buffers, node.nbytes, node.trainable, node.n_modules = (
-        params, buffers, nbytes, trainable, n_modules)
-    return node
+def _uniform(node: Any) -> bool:
+    """One device, one dtype, and all or none of it trainable: a subtree that can show as one row."""
+    return len(node.devices) <= 1 and len(node.dtypes) <= 1 and node.trainable in (0, node.params)
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """Whether two uniform sibling subtrees can merge into one row (``layers.0..11  12 × Block``): same
+    class, placement, sizes and notes. Fields are compared one by one, cheapest first, with no tuple
+    built per sibling: 5,000 alike siblings are common."""
+    return (a.params == b.params and a.cls == b.cls and a.buffers == b.buffers and a.trainable == b.trainable
+            and a.devices == b.devices and a.dtypes == b.dtypes and a.notes == b.notes)
 
 
 class _TableReport:
@@ -255,7 +155,7 @@ def _dtypes(dtypes: set) -> str:
     return _join(sorted(dtype_str(d) for d in dtypes))
 
 
-def _node_row(node: _Node, collapsed: bool) -> ModuleRow:
+def _node_row(node: Any, collapsed: bool) -> ModuleRow:
     notes = list(node.notes)
     if len(node.devices) > 1:
         notes.append("split across " + ", ".join(sorted(node.devices, key=_device_order)))
@@ -265,24 +165,25 @@ def _node_row(node: _Node, collapsed: bool) -> ModuleRow:
         notes.append(f"+{node.n_modules - 1} submodules, same placement")
     return ModuleRow(
         node.name, node.cls, _join(sorted(node.devices, key=_device_order)), _dtypes(node.dtypes),
-        node.params, node.buffers, node.nbytes, node.grad(), "; ".join(notes),
+        node.params, node.buffers, node.nbytes, _node_grad(node), "; ".join(notes),
     )
 
 
-def _emit(node: _Node, rows: list, expand: bool) -> None:
+def _emit(node: Any, rows: list, expand: bool) -> None:
     """Rows for ``node``; its children listed when ``expand`` or the subtree is not uniform, runs of
     consecutive siblings with the same class and placement merged into one row."""
-    if not node.children or not (expand or not node.uniform()):
+    if not node.children or not (expand or not _uniform(node)):
         rows.append((node, True))
         return
     rows.append((node, False))
     i = 0
     children = node.children
-    while i < len(children):
+    count = len(children)
+    while i < count:
         j = i + 1
-        sig = children[i].signature()
-        if children[i].uniform():
-            while j < len(children) and children[j].uniform() and children[j].signature() == sig:
+        first = children[i]
+        if _uniform(first):
+            while j < count and _alike(children[j], first) and _uniform(children[j]):
                 j += 1
         if j - i > 1:
             rows.append(children[i:j])
@@ -293,12 +194,16 @@ def _emit(node: _Node, rows: list, expand: bool) -> None:
 
 def module_report(name: str, module: Any) -> ModuleReport:
     """Where ``module``'s parameters and buffers are, module by module. Never runs forward and never
-    moves anything."""
+    moves anything; the garbage collector is paused during the walk (:func:`.kinds.gc_paused`)."""
+    with gc_paused():
+        return _module_report(name, module)
+
+
+def _module_report(name: str, module: Any) -> ModuleReport:
     torch = _torch()
     from ..render import fmt_bytes
 
     header = []
-    inner = module
     if isinstance(module, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
         raw_ids = getattr(module, "device_ids", None) or []
         ids = [f"cuda:{d}" if isinstance(d, int) else str(d) for d in raw_ids]
@@ -314,15 +219,11 @@ def module_report(name: str, module: Any) -> ModuleReport:
         header.append(f"{name} is a {kind} wrapper: {where}; the parameters below live on {name}.module.")
     elif type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
         header.append(f"{name} is a torch.compile wrapper; the parameters below belong to ._orig_mod.")
-    keys: dict = {}
-    hooks: list = []
-    tree = _build_tree("", inner, {}, keys, hooks)
+    acc = account(module, gradients=False)
+    tree, hooks = acc.tree, acc.hooks
     tree.name = name
-    totals: dict = {}
-    for device, size in keys.values():
-        totals[device] = totals.get(device, 0) + size
-    where = ", ".join(f"{fmt_bytes(totals[d])} on {d}" for d in sorted(totals, key=_device_order))
-    header.append(f"{name}: {tree.cls}, {fmt_count(tree.params)} params, {where}" if totals
+    where = ", ".join(f"{fmt_bytes(acc.shares[d].nbytes)} on {d}" for d in acc.devices)
+    header.append(f"{name}: {tree.cls}, {fmt_count(tree.params)} params, {where}" if acc.devices
                   else f"{name}: {tree.cls}, no parameters or buffers")
     flat: list = []
     _emit(tree, flat, True)
@@ -333,7 +234,7 @@ def module_report(name: str, module: Any) -> ModuleReport:
             rows.append(ModuleRow(
                 f"{first.name}..{item[-1].name.rsplit('.', 1)[-1]}", f"{count} × {first.cls}",
                 _join(sorted(first.devices, key=_device_order)), _dtypes(first.dtypes),
-                first.params * count, first.buffers * count, sum(n.nbytes for n in item), first.grad(),
+                first.params * count, first.buffers * count, sum(n.nbytes for n in item), _node_grad(first),
                 "; ".join(first.notes),
             ))
         else:
@@ -384,44 +285,28 @@ class OptimizerReport(_TableReport):
 
 def optimizer_report(name: str, optimizer: Any) -> OptimizerReport:
     """Per parameter group: how many parameters, on which devices, and where their state tensors
-    (momentum, Adam's moments...) are; flags state that is not where its parameter is."""
-    torch = _torch()
-    rows = []
-    misplaced = 0
-    total_state = 0
-    state = optimizer.state
-    for index, group in enumerate(optimizer.param_groups):
-        params = list(group.get("params", ()))
-        pdev: set = set()
-        sdev: set = set()
-        keys: dict = {}
-        for param in params:
-            pd = device_str(param.device)
-            pdev.add(pd)
-            for value in (state.get(param) or {}).values():
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    sd = device_str(value.device)
-                    sdev.add(sd)
-                    if sd != pd:
-                        misplaced += 1
-                    key, size = storage_key(value)
-                    keys[key] = size
-        total_state += sum(keys.values())
-        state_devices = _join(sorted(sdev, key=_device_order)) if sdev else "(no state yet)"
-        rows.append((index, len(params), _join(sorted(pdev, key=_device_order)), state_devices,
-                     sum(keys.values())))
+    (momentum, Adam's moments...) are, from the optimizer's :func:`~.accounting.account`; step counters
+    kept on the cpu by torch's design are said apart, and state that is not where torch needs it is
+    flagged."""
     from ..render import fmt_bytes
 
+    acc = account(optimizer)
+    rows = [(index, n, _join(pdev), _join(sdev) if sdev else "(no state yet)", nbytes)
+            for index, (n, pdev, sdev, nbytes) in enumerate(acc.groups)]
+    where = ", ".join(f"{fmt_bytes(share.nbytes)} on {device}" for device, share in acc.shares.items()
+                      if share.nbytes)
     header = [f"{name}: {type(optimizer).__name__}, {len(optimizer.param_groups)} param group(s), "
-              f"state {fmt_bytes(total_state)}"]
+              f"state {where or fmt_bytes(0)}"]
     flags = []
-    if not state:
+    if not optimizer.state:
         flags.append("No state yet: it is created on the parameters' devices by the first step().")
-    if misplaced:
+    for _, device, size, why in acc.kept_off:
+        flags.append(f"Step counters: {fmt_bytes(size)} on {device}, {why}.")
+    if acc.misplaced:
         flags.append(
-            f"{misplaced} state tensor(s) are not on their parameter's device (the model was moved after the "
-            "optimizer stepped): step() will fail. Recreate the optimizer after moving the model, or load "
-            "its state_dict after the move (load_state_dict moves state to each parameter's device)."
+            f"{len(acc.misplaced)} state tensor(s) are not on their parameter's device (the model was moved "
+            "after the optimizer stepped): step() will fail. Recreate the optimizer after moving the model, "
+            "or load its state_dict after the move (load_state_dict moves state to each parameter's device)."
         )
     return OptimizerReport(name, header, rows, flags)
 
@@ -446,12 +331,11 @@ def placement_line(obj: Any) -> str:
     from ..render import fmt_bytes
 
     sep = f" {_sep()} "
-    kind = kind_of(obj)
-    if kind == "tensor":
-        return sep.join([type(obj).__name__, device_str(obj.device), dtype_str(obj.dtype),
-                         shape_str(tuple(obj.shape)), fmt_bytes(tensor_nbytes(obj))])
-    numel, nbytes, dtypes = module_totals(obj)
-    devices = "+".join(sorted(devices_of(obj), key=_device_order)) or "no tensors"
-    return sep.join([type(obj).__name__, devices, "+".join(sorted(map(dtype_str, dtypes))) or "-",
-                     f"{fmt_count(numel)} params", fmt_bytes(nbytes)])
+    acc = account(obj, gradients=False)
+    if acc.kind == "tensor":
+        return sep.join([type(obj).__name__, acc.devices[0], dtype_str(obj.dtype),
+                         shape_str(tuple(obj.shape)), fmt_bytes(acc.view_bytes)])
+    dtypes = sorted({d for share in acc.shares.values() for d in share.dtypes})
+    return sep.join([type(obj).__name__, "+".join(acc.devices) or "no tensors", "+".join(dtypes) or "-",
+                     f"{fmt_count(acc.tree.params)} params", fmt_bytes(acc.nbytes())])
 

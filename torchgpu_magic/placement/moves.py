@@ -18,6 +18,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from ..errors import MagicInputError
+from .accounting import account, optimizer_tensors, storage_key, tensor_nbytes
+from .bydesign import is_step, step_on_param_device
 
 DISCARD_FLAG = "--discard-data"
 """The option of ``%%ontorch`` that allows a move to meta (shown in the refusal)."""
@@ -36,10 +38,24 @@ def movable_kind(obj: Any) -> Optional[str]:
     return None
 
 
+def not_movable(name: str, obj: Any) -> str:
+    """Why ``--move`` does not take ``obj`` (one line): a GradScaler needs no move; anything else is not a
+    tensor, module or optimizer."""
+    from .bydesign import holder_why
+
+    if holder_why(obj) is not None:
+        return (f"{name} is a {type(obj).__name__}, which needs no move: it copies its scale to each "
+                "output's device when used; --move takes tensors, nn.Modules and optimizers")
+    return f"{name} is a {type(obj).__name__}; --move takes tensors, nn.Modules and optimizers"
+
+
 def move(targets: list, device: Any, discard_data: bool = False,
          ns: Optional[Mapping[str, Any]] = None) -> list:
     """Move ``targets`` ([(name, object)]: tensors, modules, optimizers' state) to ``device``; return
-    [(name, object to bind, bytes moved)] in the same order.
+    [(name, object to bind, bytes moved, note)] in the same order. The bytes are those the object's
+    :func:`~.accounting.account` counts as its own (storages once, gradients apart) that were not on
+    ``device``: the figure ``%whereis`` shows for it. The note says what stays where torch keeps it (an
+    optimizer's step counters on the cpu), or is ''.
 
     Modules move in place; a plain tensor cannot, so the new tensor must be bound to its name (the
     ``x = x.to(device)`` idiom); a lone parameter is swapped in place where torch allows it. An
@@ -55,8 +71,7 @@ def move(targets: list, device: Any, discard_data: bool = False,
     for name, obj in targets:
         kind = movable_kind(obj)
         if kind is None:
-            raise MagicInputError(f"cannot move {name}, a {type(obj).__name__}: --move takes tensors, "
-                                  "nn.Modules and optimizers")
+            raise MagicInputError(f"--move: {not_movable(name, obj)}")
         kinds.append(kind)
     _refuse_what_cannot_move(targets, kinds, device, discard_data)
     replacing = _replaces_parameters(device)
@@ -77,49 +92,49 @@ def move(targets: list, device: Any, discard_data: bool = False,
     # 2. Modules, through Module.to, all put back if one fails.
     modules = [(name, obj) for (name, obj), kind in zip(targets, kinds) if kind == "module"]
     saved = [_slots(module) for _, module in modules]
-    moved_bytes: dict = {}
+    moved_bytes = {name: _bytes_off(module, device) for name, module in modules}
     done = 0
     try:
-        for name, module in modules:
-            moved_bytes[name] = sum(_nbytes(t) for t in _unique_tensors(module) if not _on(t, device))
+        for _, module in modules:
             module.to(device)
             done += 1
     except Exception as exc:  # noqa: BLE001 - restore every module, then report in one line
         for slots in saved[: done + 1]:
             _restore(slots)
-        raise MagicInputError(f"could not move {name} to {device} ({_why(exc)}); nothing was moved") from None
+        raise MagicInputError(f"could not move {modules[done][0]} to {device} ({_why(exc)}); nothing was "
+                              "moved") from None
     replaced = {id(old): mod_table[key] for slots in saved for mod_table, key, old, _data, _grad in slots
                 if old is not None and mod_table[key] is not old}
     # 3. Bind: optimizers re-pointed and their state moved; tensors replaced.
     result = []
     for (name, obj), kind in zip(targets, kinds):
         if kind == "module":
-            result.append((name, obj, moved_bytes[name]))
+            result.append((name, obj, moved_bytes[name], ""))
         elif kind == "optimizer":
             _repoint(obj, replaced)
-            state, nbytes = new_state[name]
+            state, nbytes, stays = new_state[name]
             for param, values in state.items():
                 obj.state[replaced.get(id(param), param)].update(values)
-            result.append((name, obj, nbytes))
+            result.append((name, obj, nbytes, stays))
         elif name not in new_tensors:
-            result.append((name, obj, 0))
+            result.append((name, obj, 0, ""))
         elif isinstance(obj, torch.nn.Parameter):
-            result.append((name, _set_parameter(obj, new_tensors[name]), _nbytes(obj)))
+            result.append((name, _set_parameter(obj, new_tensors[name]), tensor_nbytes(obj), ""))
         else:
-            result.append((name, new_tensors[name], _nbytes(obj)))
+            result.append((name, new_tensors[name], tensor_nbytes(obj), ""))
     return result
 
 
 def _refuse_what_cannot_move(targets: list, kinds: list, device: Any, discard_data: bool) -> None:
     """Out of meta: nothing to copy. Into meta: every value dropped, allowed only with DISCARD_FLAG."""
-    from_meta = [name for (name, obj), kind in zip(targets, kinds)
+    from_meta = [(name, kind) for (name, obj), kind in zip(targets, kinds)
                  if device.type != "meta" and any(t.is_meta for t in _tensors(obj, kind))]
     if from_meta:
-        what = ", ".join(from_meta)
+        what = ", ".join(name for name, _ in from_meta)
+        how = "; ".join(_create_there(name, kind, device) for name, kind in from_meta)
         raise MagicInputError(
             f"--move: {what} {'is' if len(from_meta) == 1 else 'are'} on meta, which holds no values to copy "
-            f"to {device}; create {'it' if len(from_meta) == 1 else 'them'} there instead (a module: "
-            f"{from_meta[0]}.to_empty(device='{device}'), then load its weights)")
+            f"to {device}; create {'it' if len(from_meta) == 1 else 'them'} there instead: {how}")
     if device.type == "meta" and not discard_data:
         losing = [name for (name, obj), kind in zip(targets, kinds)
                   if any(not t.is_meta for t in _tensors(obj, kind))]
@@ -128,6 +143,15 @@ def _refuse_what_cannot_move(targets: list, kinds: list, device: Any, discard_da
             raise MagicInputError(
                 f"--move: moving {', '.join(losing)} to meta would drop {its} values (meta keeps shapes "
                 f"only; nothing can move back); add {DISCARD_FLAG} to do it anyway")
+
+
+def _create_there(name: str, kind: str, device: Any) -> str:
+    """How to make an object on ``device`` that is on meta now, in the words for its kind."""
+    if kind == "module":
+        return f"{name}.to_empty(device='{device}'), then load its weights"
+    if kind == "optimizer":
+        return f"create {name} again over parameters on {device} (its state is made by the first step())"
+    return f"{name} = torch.empty({name}.shape, dtype={name}.dtype, device='{device}'), then fill it"
 
 
 def _refuse_stranded_optimizers(targets: list, kinds: list, ns: Mapping[str, Any]) -> None:
@@ -159,34 +183,53 @@ def _replaces_parameters(device: Any) -> bool:
 
 
 def _tensors(obj: Any, kind: str) -> list:
+    """The tensors a move of ``obj`` would carry: a tensor itself, a module's parameters and buffers, an
+    optimizer's state but the step counters torch keeps where they are."""
     if kind == "tensor":
         return [obj]
     if kind == "module":
-        return _unique_tensors(obj)
-    import torch
+        return list(obj.parameters()) + list(obj.buffers())
+    return [t for index, _, key, t in optimizer_tensors(obj)
+            if not _stays(obj.param_groups[index], key, t)]
 
-    return [v for state in obj.state.values() if isinstance(state, dict)
-            for v in state.values() if isinstance(v, torch.Tensor)]
+
+def _stays(group: Any, key: Any, tensor: Any) -> bool:
+    """Whether an optimizer state tensor stays where it is on a move: step counters, as
+    ``Optimizer.load_state_dict`` places them, unless the group is capturable or fused."""
+    return is_step(key, tensor) and not step_on_param_device(group)
+
+
+def _bytes_off(obj: Any, device: Any) -> int:
+    """Bytes of ``obj``'s own storages (its account's, gradients apart) not on ``device`` yet."""
+    where = str(device)
+    acc = account(obj, gradients=False)
+    return sum(size for on, role, size in acc.storages.values() if role != "gradient" and on != where)
 
 
 def _moved_state(optimizer: Any, device: Any) -> tuple:
-    """({param: {key: new tensor}}, bytes) for the optimizer's state tensors not yet on ``device``."""
-    import torch
+    """({param: {key: new tensor}}, bytes moved, note) for the optimizer's state tensors not yet on
+    ``device``; step counters stay where torch keeps them, and the note says how many bytes stayed."""
+    from ..render import fmt_bytes
 
     moved: dict = {}
-    total = 0
-    for group in optimizer.param_groups:
-        keep_step = not (group.get("capturable") or group.get("fused"))
-        for param in group.get("params", ()):
-            state = optimizer.state.get(param)
-            if not isinstance(state, dict):
-                continue
-            for key, value in state.items():
-                if not isinstance(value, torch.Tensor) or _on(value, device) or (key == "step" and keep_step):
-                    continue
-                moved.setdefault(param, {})[key] = value.to(device)
-                total += _nbytes(value)
-    return moved, total
+    sizes: dict = {}
+    stay: dict = {}
+    groups = optimizer.param_groups
+    for index, param, key, value in optimizer_tensors(optimizer):
+        if _on(value, device) or isinstance(optimizer.state[param][key], (list, tuple)):
+            continue
+        skey, size = storage_key(value)
+        if _stays(groups[index], key, value):
+            stay[skey] = (str(value.device), size)
+            continue
+        moved.setdefault(param, {})[key] = value.to(device)
+        sizes[skey] = size
+    kept = {}
+    for where, size in stay.values():
+        kept[where] = kept.get(where, 0) + size
+    note = "; ".join(f"its {fmt_bytes(size)} of step counters stay on {where}, as torch keeps them"
+                     for where, size in kept.items())
+    return moved, sum(sizes.values()), note
 
 
 def _slots(module: Any) -> list:
@@ -235,17 +278,9 @@ def _set_parameter(param: Any, data: Any) -> Any:
     return param
 
 
-def _unique_tensors(module: Any) -> list:
-    return list(module.parameters()) + list(module.buffers())
-
-
 def _on(tensor: Any, device: Any) -> bool:
     here = tensor.device
     return here.type == device.type and (device.index is None or here.index in (None, device.index))
-
-
-def _nbytes(tensor: Any) -> int:
-    return int(tensor.nelement()) * int(tensor.element_size())
 
 
 def _why(exc: BaseException) -> str:

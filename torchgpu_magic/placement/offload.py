@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .accounting import device_str
-
 
 def _hooks(module: Any) -> list:
     """The accelerate hooks on ``module`` (its ``_hf_hook``, a SequentialHook's parts), read from the
@@ -40,19 +38,18 @@ def offload_place(module: Any, name: str) -> Optional[str]:
     return None
 
 
-def offload_map(module: Any) -> dict:
-    """{id(tensor): 'cpu' | 'disk'} for the meta tensors of ``module``'s tree that stand in for weights
-    accelerate offloads; empty (one dict lookup per module) for a model without hooks."""
-    found: dict = {}
-    for mod in module.modules():
-        if "_hf_hook" not in mod.__dict__:
-            continue
-        for table in (mod._parameters, mod._buffers):
-            for name, tensor in table.items():
-                if tensor is not None and tensor.is_meta:
-                    place = offload_place(mod, name)
-                    if place is not None:
-                        found[id(tensor)] = place
+def offload_places(module: Any) -> dict:
+    """{tensor name: 'cpu' | 'disk'} for the meta tensors of one module (not its children) that stand in
+    for weights accelerate offloads; empty (one dict lookup) for a module without a hook."""
+    if "_hf_hook" not in module.__dict__:
+        return {}
+    found = {}
+    for table in (module._parameters, module._buffers):
+        for name, tensor in table.items():
+            if tensor is not None and tensor.is_meta:
+                place = offload_place(module, name)
+                if place is not None:
+                    found[name] = place
     return found
 
 
@@ -61,5 +58,5 @@ def execution_device(module: Any) -> Optional[str]:
     for hook in _hooks(module):
         device = getattr(hook, "execution_device", None)
         if device is not None:
-            return device_str(device) if not isinstance(device, int) else f"cuda:{device}"
+            return str(device) if not isinstance(device, int) else f"cuda:{device}"
     return None

@@ -1,5 +1,5 @@
-"""The namespace scan: the per-cell snapshot behind ``--watch`` and ``%%ontorch``'s footer, and the
-``--watch`` line (the ``%whereis`` table is in :mod:`.namespace`).
+"""The namespace scan: the per-cell snapshot behind ``--watch`` and ``%%ontorch``'s footer, the
+``--watch`` line and the footer's line (the ``%whereis`` table is in :mod:`.table`).
 
 Snapshots and reports hold names, strings, numbers and ``id()`` values, never the objects, so keeping
 one around pins no GPU memory.
@@ -7,22 +7,13 @@ one around pins no GPU memory.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 from itertools import compress
 from operator import ne
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
-from .accounting import (
-    _module_tensors,
-    _optimizer_tensors,
-    device_str,
-    devices_of,
-    dtype_str,
-    kind_of,
-    module_totals,
-    storage_key,
-    tensor_nbytes,
-)
+from .accounting import account, device_str, dtype_str, kind_of, optimizer_tensors, tensor_nbytes
+from .bydesign import LOADER_WHY, loader_names, tensor_why
+from .names import resolve
 from .text import _sep, fmt_count, shape_str
 from .walk import IPYTHON_NAMES, _container_items
 
@@ -39,19 +30,21 @@ SNAPSHOT_CONTAINER_LIMIT = 64
 def _module_sig(module: Any) -> tuple:
     """A hashable summary of a module's placement that changes when any of its parameters or
     buffers moves, changes dtype or shape, or when tensors are added or removed."""
-    return tuple((t.device, t.dtype, t.shape) for _, t, _ in _module_tensors(module))
+    return tuple((t.device, t.dtype, t.shape) for mod in module.modules()
+                 for table in (mod._parameters, mod._buffers) for t in table.values() if t is not None)
 
 
 def _optimizer_sig(optimizer: Any) -> tuple:
-    return tuple((t.device, t.dtype, is_state) for t, is_state in _optimizer_tensors(optimizer))
+    """The same for an optimizer: its parameters' devices, then its state tensors' keys and devices."""
+    params = tuple(p.device for group in optimizer.param_groups for p in group.get("params", ()))
+    return params + tuple((key, t.device, t.dtype) for _, _, key, t in optimizer_tensors(optimizer))
 
 
-@dataclass(frozen=True)
-class Placed:
+class Placed(NamedTuple):
     """What a name pointed to at snapshot time; holds no reference to the object itself.
 
-    ``fingerprint`` changes when the object is replaced, moved, reshaped or changes dtype.
-    """
+    ``fingerprint`` changes when the object is replaced, moved, reshaped or changes dtype. A named tuple:
+    one is made for each name a cell binds, before ``--watch``'s line and ``%%ontorch``'s footer."""
 
     name: str
     kind: str
@@ -62,24 +55,14 @@ class Placed:
 
 
 def _placed(name: str, obj: Any, kind: str, fingerprint: tuple) -> Placed:
-    if kind == "tensor":
+    if kind == "tensor":  # the hot path of the footer and --watch: the account's figures, read directly
         shape = tuple(obj.shape)
         summary = f"{dtype_str(obj.dtype)} {shape_str(shape)}"
         return Placed(name, kind, (device_str(obj.device),), summary, tensor_nbytes(obj), fingerprint)
-    if kind == "module":
-        numel, nbytes, _ = module_totals(obj)
-        summary = f"{type(obj).__name__} {fmt_count(numel)} params"
-        return Placed(name, kind, devices_of(obj), summary, nbytes, fingerprint)
-    seen = {}
-    n_params = 0
-    for tensor, is_state in _optimizer_tensors(obj):
-        if is_state:
-            key, size = storage_key(tensor)
-            seen[key] = size
-        else:
-            n_params += 1
-    summary = f"{type(obj).__name__} {n_params} params"
-    return Placed(name, kind, devices_of(obj), summary, sum(seen.values()), fingerprint)
+    acc = account(obj, gradients=False)
+    count = fmt_count(acc.tree.params) if kind == "module" else acc.params
+    summary = f"{type(obj).__name__} {count} params"
+    return Placed(name, kind, acc.devices, summary, acc.nbytes(), fingerprint)
 
 
 class SnapshotCache:
@@ -276,3 +259,106 @@ def watch_line(changes: list, before: Mapping[str, Placed]) -> str:
         else:
             parts.append(f"changed {placed.name} {where} {placed.summary}")
     return "whereis: " + sep.join(parts)
+
+
+def changed_elsewhere(before: Mapping[str, Placed], touched: Mapping[str, Any], device: Any,
+                      cache: Optional[SnapshotCache] = None) -> list:
+    """What :func:`changed` says of ``touched`` against ``before``, less the plain tensors already on
+    ``device``: the footer names only what is elsewhere, and a tensor on the device costs one read of
+    its device here instead of a snapshot entry (after a busy cell each read of a tensor misses the
+    CPU's caches)."""
+    here = str(device)
+    rest = {name: obj for name, obj in touched.items()
+            if kind_of(obj) != "tensor" or device_str(obj.device) != here}
+    return changed(before, namespace_snapshot(rest, cache))
+
+
+FOOTER_SKIPS = "the default device skips from_numpy, torch.Tensor(), torch.normal, device= and older objects"
+
+
+def footer_line(device: Any, changes: list, ns: Mapping[str, Any], cell: str = "") -> str:
+    """``%%ontorch``'s footer: the device that ran the cell, and the new or changed objects (``changes``,
+    from :func:`changed`) that are not on it. Tensors on the cpu on purpose are said apart, as such: RNG
+    states, pinned host buffers, and the batches ``cell`` takes from a DataLoader (only these few
+    names are looked up again in ``ns``, and only when something is elsewhere)."""
+    here = str(device)
+    elsewhere: list = []
+    by_design: dict = {}  # why: [names]
+    loaders: Optional[set] = None
+    for placed in changes:
+        if not placed.devices or placed.devices == (here,):
+            continue
+        why = None
+        if placed.kind == "tensor" and placed.devices == ("cpu",):
+            try:
+                why = tensor_why(resolve(placed.name, ns), "cpu")
+            except Exception:  # noqa: BLE001 - a name gone or unreadable: said as it is
+                why = None
+            if why is None:
+                loaders = loader_names(cell, ns) if loaders is None else loaders
+                if placed.name.split("[")[0].split(".")[0] in loaders:
+                    why = LOADER_WHY
+        if why is None:
+            elsewhere.append(placed)
+        else:
+            by_design.setdefault(why, []).append(placed.name)
+    line = f"%%ontorch: ran on {here}"
+    if elsewhere:
+        shown = [f"{p.name} ({'+'.join(p.devices)}, {p.summary})" for p in elsewhere[:5]]
+        more = f" and {len(elsewhere) - 5} more" if len(elsewhere) > 5 else ""
+        line += f"; not on {here}: {', '.join(shown)}{more} ({FOOTER_SKIPS})"
+    if by_design:
+        line += "; on cpu by design: " + "; ".join(f"{', '.join(names)} ({why})"
+                                                  for why, names in by_design.items())
+    return line
+
+
+# Names whose use lets a cell bind or change names the footer cannot see in its code: the namespace
+# itself (globals, vars, sys.modules['__main__']), exec and eval, IPython (magics become get_ipython()
+# calls), setattr on a module. A cell that uses any of them is watched whole.
+_DYNAMIC = frozenset({"globals", "vars", "locals", "exec", "eval", "execfile", "compile", "get_ipython",
+                      "setattr", "delattr", "__dict__", "__builtins__", "__import__", "importlib", "runpy",
+                      "sys", "builtins", "user_ns"})
+
+
+def cell_names(codes: list, source: str, ns: Mapping[str, Any], depth: int = 2) -> Optional[set]:
+    """The names a cell compiled to ``codes`` can bind or change: those its code mentions (every global
+    it loads, stores or deletes, and attribute names), with the functions and classes it defines, and
+    the code of the notebook's own functions, classes and objects it calls (``__main__``'s, ``depth``
+    calls deep: a helper that sets ``global model`` or moves ``model`` names it). None when the cell can
+    reach names its code does not mention (``exec``, ``globals()``, a magic, ``import *``): then the
+    caller watches the whole namespace. ``source`` is the cell's (transformed) text, where ``import *``
+    is looked for. Reads code only; runs nothing."""
+    import re
+    import types
+
+    if "*" in source and re.search(r"\bimport\s+\*", source):
+        return None
+    names: set = set()
+    seen: set = set()
+    stack = [(code, depth) for code in codes]
+    while stack:
+        code, left = stack.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        mentioned = code.co_names
+        if not _DYNAMIC.isdisjoint(mentioned):
+            return None
+        names.update(mentioned)
+        stack.extend((const, left) for const in code.co_consts if isinstance(const, types.CodeType))
+        if left <= 0:
+            continue
+        for name in mentioned:
+            obj = ns.get(name)
+            if obj is None:
+                continue
+            owner = obj if isinstance(obj, type) else type(obj)
+            if isinstance(obj, types.FunctionType):
+                if getattr(obj, "__module__", None) == "__main__":
+                    stack.append((obj.__code__, left - 1))
+            elif getattr(owner, "__module__", None) == "__main__":  # a class of the notebook, or its object
+                stack.extend((member.__code__, left - 1) for klass in owner.__mro__
+                             if getattr(klass, "__module__", None) == "__main__"
+                             for member in vars(klass).values() if isinstance(member, types.FunctionType))
+    return names

@@ -7,33 +7,24 @@ Reports hold names, strings and numbers, never the objects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
-from .accounting import (
-    _module_tensors,
-    _optimizer_tensors,
-    _pinned,
-    device_str,
-    dtype_str,
-    grad_of,
-    is_floating,
-    kind_of,
-    storage_key,
-    tensor_nbytes,
-)
-from .offload import offload_map
+from .accounting import account, dtype_str, kind_of, optimizer_tensors, tensor_columns
+from .kinds import gc_paused
 from .text import _device_order, _grad_state, _join, fmt_count, shape_str
 from .walk import Walk, _container_items
 
 # Rows shown per device when no --top is given: a namespace of a few hundred objects shows whole, one
 # of 10,000 tensors shows its first rows and one line for the rest.
 DEFAULT_TOP = 100
+_SHAPES: dict = {}  # torch.Size: its text, '(4, 8)' (a notebook has few distinct shapes)
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     """One line of the namespace table: an object (or the part of a split module) on one device.
-    ``grad_bytes`` are the gradients (``.grad``) it holds on that device, counted apart from ``nbytes``."""
+    ``grad_bytes`` are the gradients (``.grad``) it holds on that device, counted apart from ``nbytes``;
+    ``keys`` the storages behind the row (for the "... and N more" line; not in ``to_dict``). A named
+    tuple: a table of 10,000 tensors makes 10,000 of them."""
 
     name: str
     what: str
@@ -45,6 +36,13 @@ class Row:
     pinned: str
     note: str
     grad_bytes: int = 0
+    keys: tuple = ()
+
+    def to_dict(self) -> dict:
+        """The row as plain data."""
+        out = self._asdict()
+        del out["keys"]
+        return out
 
 
 @dataclass(repr=False)
@@ -61,6 +59,9 @@ class NamespaceReport:
     grad_totals: dict = field(default_factory=dict)
     top: Optional[int] = DEFAULT_TOP
     cut: list = field(default_factory=list)
+    sizes: dict = field(default_factory=dict)  # {storage key: bytes}, for the rows not shown
+    device: Optional[str] = None  # the --device filter
+    elsewhere: dict = field(default_factory=dict)  # {device: objects} left out by a device filter
 
     def tables(self) -> list:
         from ..render import Table, fmt_bytes
@@ -85,15 +86,32 @@ class NamespaceReport:
                           fmt_bytes(r.grad_bytes) if r.grad_bytes else "-", r.grad, r.pinned, r.note)
             if len(shown) < len(rows):
                 rest = rows[len(shown):]
-                size = fmt_bytes(sum(r.nbytes + r.grad_bytes for r in rest))
-                table.add(f"... and {len(rest):,} more", "", "", "", size, "", "", "",
-                          "--top N, or --top 0: all")
+                table.add(f"... and {len(rest):,} more", "", "", "", fmt_bytes(self.rest_bytes(shown, rest)),
+                          "", "", "", "--top N, or --top 0: all")
             tables.append(table)
         return tables
+
+    def rest_bytes(self, shown: list, rest: list) -> int:
+        """The memory the rows not shown hold beyond what the shown rows hold: each storage once, so
+        views and aliases of a shown tensor add nothing (the device total minus the shown rows')."""
+        sizes = self.sizes
+        seen = {key for row in shown for key in row.keys}
+        total = 0
+        for row in rest:
+            for key in row.keys:
+                if key not in seen:
+                    seen.add(key)
+                    total += sizes.get(key, 0)
+        return total
 
     def footer(self) -> list:
         from ..render import fmt_bytes
 
+        if not self.rows and self.elsewhere:
+            where = ", ".join(f"{d} ({n} object{'s' if n != 1 else ''})"
+                              for d, n in sorted(self.elsewhere.items(), key=lambda kv: _device_order(kv[0])))
+            return [f"Nothing on {self.device}; the namespace's tensors, modules and optimizers are on "
+                    f"{where}."]
         if not self.rows:
             return ["No tensors, modules or optimizers in the namespace."]
         lines = []
@@ -123,7 +141,7 @@ class NamespaceReport:
 
     def to_dict(self) -> dict:
         return {
-            "rows": [r.__dict__.copy() for r in self.rows],
+            "rows": [r.to_dict() for r in self.rows],
             "totals": dict(self.totals),
             "grad_totals": dict(self.grad_totals),
             "out_only_bytes": self.out_only_bytes,
@@ -166,98 +184,104 @@ class _Tally:
         self.data: dict = {}
         self.grads: dict = {}
 
-    def grad(self, tensor: Any) -> tuple:
-        """(device, bytes newly counted) of ``tensor.grad``; ('', 0) when it has none."""
-        grad = grad_of(tensor)
-        if grad is None:
-            return "", 0
-        key, size = storage_key(grad)
-        device = device_str(grad.device)
-        self.grads[key] = (device, size)
-        return device, size
+    def take(self, acc: Any) -> None:
+        """Count an object's :class:`~.accounting.Account`: its storages where it lives, and its gradients;
+        parts kept off its devices on purpose stay out of the device totals (its row's note says so)."""
+        placed = acc.devices
+        for key, (device, role, size) in acc.storages.items():
+            if role == "gradient":
+                self.grads[key] = (device, size)
+            elif device in placed:
+                self.data[key] = (device, size)
 
 
-def _tensor_row(name: str, tensor: Any, tally: _Tally, note: str) -> Row:
-    device = device_str(tensor.device)
-    _, grad_bytes = tally.grad(tensor)
+def _keys_on(acc: Any, device: str) -> tuple:
+    return tuple(key for key, (where, _, _) in acc.storages.items() if where == device)
+
+
+def _kept_note(acc: Any) -> str:
+    """'+16 B of step counters on cpu (torch keeps ...)' for what an account keeps off its devices."""
+    from ..render import fmt_bytes
+
+    return "; ".join(f"+{fmt_bytes(size)} of step counters on {device}, {why}"
+                     for _, device, size, why in acc.kept_off)
+
+
+def _tensor_row(name: str, columns: Any, index: int, tally: _Tally, notes: list) -> Row:
+    """A tensor's row from its facts (:func:`~.accounting.tensor_columns`, its account read for speed)."""
+    device, key, nbytes = columns.devices[index], columns.keys[index], columns.nbytes[index]
+    tally.data[key] = (device, nbytes)
+    keys: tuple = (key,)
+    grad_bytes = 0
+    grad = columns.grads[index]
+    if grad is not None:
+        gkey, gdevice, grad_bytes = grad
+        tally.grads[gkey] = (gdevice, grad_bytes)
+        keys = (key, gkey)
+    why = columns.why[index]
+    if why:
+        notes.append(why)
     if device == "meta":
-        note = "; ".join(filter(None, [note, "meta: no data"]))
-    return Row(
-        name, "tensor", device, dtype_str(tensor.dtype), shape_str(tuple(tensor.shape)),
-        tensor_nbytes(tensor), "yes" if tensor.requires_grad else "no", _pinned(tensor, device), note,
-        grad_bytes,
-    )
+        notes.append("meta: no data")
+    shape = columns.shapes[index]
+    shown = _SHAPES.get(shape)
+    if shown is None:
+        shown = shape_str(tuple(shape))
+        if len(_SHAPES) < 4096:
+            _SHAPES[shape] = shown
+    return Row(name, "tensor", device, dtype_str(columns.dtypes[index]), shown, columns.view_bytes[index],
+               "yes" if columns.requires_grad[index] else "no", columns.pinned[index],
+               "; ".join(filter(None, notes)) if any(notes) else "", grad_bytes, keys)
 
 
 def _module_rows(name: str, module: Any, tally: _Tally, note: str) -> list:
     """One row per device the module lives on, with the bytes on that device (storage deduplicated
     within the module) and its parameters' gradients."""
-    per_device: dict = {}
-    offloaded = offload_map(module)
-    for _, tensor, is_param in _module_tensors(module):
-        key, size = storage_key(tensor)
-        device = offloaded.get(id(tensor)) or device_str(tensor.device)
-        tally.data[key] = (device, size)
-        info = per_device.get(device)
-        if info is None:
-            info = per_device[device] = {"keys": {}, "dtypes": set(), "numel": 0, "trainable": 0, "grads": {}}
-        info["keys"][key] = size
-        if is_floating(tensor) or is_param:
-            info["dtypes"].add(dtype_str(tensor.dtype))
-        if is_param:
-            numel = tensor.nelement()
-            info["numel"] += numel
-            if tensor.requires_grad:
-                info["trainable"] += numel
-                grad = grad_of(tensor)
-                if grad is not None:
-                    gkey, gsize = storage_key(grad)
-                    tally.grads[gkey] = (device_str(grad.device), gsize)
-                    info["grads"][gkey] = gsize
+    acc = account(module)
+    tally.take(acc)
     what = type(module).__name__
-    if not per_device:
+    if not acc.devices:
         return [Row(name, what, "(no tensors)", "-", "0 params", 0, "-", "-", note)]
     notes = [note] if note else []
-    if len(per_device) > 1:
-        notes.append("split across " + ", ".join(sorted(per_device, key=_device_order)))
+    if len(acc.devices) > 1:
+        notes.append("split across " + ", ".join(acc.devices))
+    offloaded = {place for _, places in acc.hooks for place in places}
     rows = []
-    for device, info in per_device.items():
+    for device in acc.devices:
+        share = acc.shares[device]
         row_notes = list(notes)
         if device == "meta":
             row_notes.append("meta: no data")
-        elif offloaded and device in set(offloaded.values()):
+        elif device in offloaded:
             row_notes.append(f"offloaded by accelerate to {device}")
         rows.append(Row(
-            name, what, device, _join(sorted(info["dtypes"])), f"{fmt_count(info['numel'])} params",
-            sum(info["keys"].values()), _grad_state(info["trainable"], info["numel"]), "-",
-            "; ".join(row_notes), sum(info["grads"].values()),
+            name, what, device, _join(sorted(share.dtypes)), f"{fmt_count(share.numel)} params", share.nbytes,
+            _grad_state(share.trainable, share.numel), "-", "; ".join(row_notes), share.grad_bytes,
+            _keys_on(acc, device),
         ))
     return rows
 
 
 def _optimizer_rows(name: str, optimizer: Any, tally: _Tally, note: str) -> list:
-    per_device: dict = {}
-    param_devices = set()
-    n_params = 0
-    for tensor, is_state in _optimizer_tensors(optimizer):
-        device = device_str(tensor.device)
-        if not is_state:
-            param_devices.add(device)
-            n_params += 1
-            continue
-        key, size = storage_key(tensor)
-        tally.data[key] = (device, size)
-        per_device.setdefault(device, {})[key] = size
+    acc = account(optimizer)
+    tally.take(acc)
     what = type(optimizer).__name__
     notes = [note] if note else []
-    if not per_device:
+    with_state = [d for d in acc.devices if acc.shares[d].nbytes]
+    if not with_state:
         notes.append("no state yet (created by the first step())")
-        return [Row(name, what, d, "-", f"{n_params} params", 0, "-", "-", "; ".join(notes))
-                for d in sorted(param_devices, key=_device_order) or ["(no params)"]]
-    if set(per_device) - param_devices:
-        notes.append("state not on its params' device (" + _join(sorted(param_devices)) + ")")
-    return [Row(name, what, device, "-", f"{n_params} params, state", sum(sizes.values()), "-", "-",
-                "; ".join(notes)) for device, sizes in per_device.items()]
+        return [Row(name, what, d, "-", f"{acc.params} params", 0, "-", "-", "; ".join(notes))
+                for d in acc.devices or ["(no params)"]]
+    if acc.misplaced:
+        params = sorted({expected for _, _, expected in acc.misplaced}, key=_device_order)
+        notes.append(f"state not on its params' device ({_join(params)}): step() will fail")
+    kept = _kept_note(acc)
+    rows = []
+    for index, device in enumerate(with_state):
+        row_notes = notes + ([kept] if kept and index == 0 else [])
+        rows.append(Row(name, what, device, "-", f"{acc.params} params, state", acc.shares[device].nbytes,
+                        "-", "-", "; ".join(row_notes), 0, _keys_on(acc, device)))
+    return rows
 
 
 def namespace_report(
@@ -269,33 +293,45 @@ def namespace_report(
     """Everything placeable in ``ns`` (a shell's user namespace, with its ``Out`` cache), grouped by
     device; only ``device``'s table when given; rows by size (data + gradients) with ``sort='bytes'``,
     by name with ``sort='name'``, else in namespace order; ``top`` rows per device (None: all). Reads
-    only; keeps no reference."""
+    only; keeps no reference. The garbage collector is paused during the walk (:func:`.kinds.gc_paused`)."""
+    with gc_paused():
+        return _namespace_report(ns, device, sort, top)
+
+
+def _namespace_report(ns: Mapping[str, Any], device: Optional[str], sort: Optional[str],
+                      top: Optional[int]) -> NamespaceReport:
     rows: list = []
     tally = _Tally()
     user_ids: set = set()
     tensor_names: dict = {}
     walk = Walk(ns)
     found = list(walk)
-    for name, obj, kind in found:
+    why = walk.why
+    columns = _columns(found)
+    for index, (name, obj, kind) in enumerate(found):
         user_ids.add(id(obj))
-        _rows_for(name, obj, kind, tally, rows, "", tensor_names)
+        _rows_for(name, obj, kind, tally, rows, "", tensor_names, why.get(name), columns, index)
     # A submodule, parameter or state tensor of a named object is not "only in Out".
     for _name, obj, kind in found:
         if kind == "module":
-            user_ids.update(id(t) for _, t, _ in _module_tensors(obj))
-            user_ids.update(id(m) for m in obj.modules())
+            user_ids.update(map(id, obj.parameters()))
+            user_ids.update(map(id, obj.buffers()))
+            user_ids.update(map(id, obj.modules()))
         elif kind == "optimizer":
-            user_ids.update(id(t) for t, _ in _optimizer_tensors(obj))
+            user_ids.update(id(t) for *_, t in optimizer_tensors(obj))
     found = []
     user_keys = set(tally.data) | set(tally.grads)
     out_names: list = []
     out_tally = _Tally()
+    out_items = []
     for name, obj, kind in _out_cache_items(ns):
-        if id(obj) in user_ids:
-            continue
-        user_ids.add(id(obj))
+        if id(obj) not in user_ids:
+            user_ids.add(id(obj))
+            out_items.append((name, obj, kind))
+    out_columns = _columns(out_items)
+    for index, (name, obj, kind) in enumerate(out_items):
         out_names.append(name)
-        _rows_for(name, obj, kind, out_tally, rows, "only in Out", tensor_names)
+        _rows_for(name, obj, kind, out_tally, rows, "only in Out", tensor_names, None, out_columns, index)
     out_only = {k: v for table in (out_tally.data, out_tally.grads) for k, v in table.items()
                 if k not in user_keys}
     tally.data.update(out_tally.data)
@@ -312,7 +348,10 @@ def namespace_report(
     for row in rows:
         totals.setdefault(row.device, 0)
         counts[row.device] = counts.get(row.device, 0) + 1
+    sizes = {key: size for table in (tally.grads, tally.data) for key, (_, size) in table.items()}
+    elsewhere: dict = {}
     if device is not None:
+        elsewhere = {d: n for d, n in counts.items() if d != device}
         rows = [r for r in rows if r.device == device]
         totals = {device: totals[device]} if device in totals else {}
         counts = {device: counts[device]} if device in counts else {}
@@ -322,24 +361,33 @@ def namespace_report(
     elif sort == "name":
         rows.sort(key=lambda r: r.name)
     return NamespaceReport(rows, totals, counts, sum(size for _, size in out_only.values()), out_names,
-                           grad_totals, top, walk.cut)
+                           grad_totals, top, walk.cut, sizes, device, elsewhere)
+
+
+def _columns(found: list) -> Any:
+    """{index in ``found``: position in the columns} and the tensors' facts read at once."""
+    positions = (i for i, (_, _, kind) in enumerate(found) if kind == "tensor")
+    where = {index: at for at, index in enumerate(positions)}
+    tensors = [found[index][1] for index in where]
+    return where, (tensor_columns(tensors) if tensors else None)
 
 
 def _rows_for(name: str, obj: Any, kind: str, tally: _Tally, rows: list, note: str,
-              tensor_names: dict) -> None:
+              tensor_names: dict, why: Optional[str], columns: Any, index: int) -> None:
     try:
         if kind == "tensor":
-            key, size = storage_key(obj)
-            tally.data[key] = (device_str(obj.device), size)
+            where, facts = columns
+            at = where[index]
+            key = facts.keys[at]
             names = tensor_names.get(key)
+            shared = ""
             if names is None:
                 tensor_names[key] = [(name, id(obj))]
-                rows.append(_tensor_row(name, obj, tally, note))
-                return
-            names.append((name, id(obj)))
-            first, first_id = names[0]
-            same = "same tensor as " if first_id == id(obj) else "shares storage with "
-            rows.append(_tensor_row(name, obj, tally, "; ".join(filter(None, [note, same + first]))))
+            else:
+                names.append((name, id(obj)))
+                first, first_id = names[0]
+                shared = ("same tensor as " if first_id == id(obj) else "shares storage with ") + first
+            rows.append(_tensor_row(name, facts, at, tally, [note, shared, why or ""]))
         elif kind == "module":
             rows.extend(_module_rows(name, obj, tally, note))
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping, Optional
 
 from .accounting import _KIND_BY_TYPE, kind_of
+from .bydesign import holder_why
 
 # Names IPython itself binds in the user namespace; ``Out`` is read separately, as the output cache.
 IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
@@ -34,6 +35,7 @@ _CONTAINERS = (list, tuple, dict)
 # Types whose instances the walk never looks into: code, classes, modules, IPython's own machinery.
 _OPAQUE_MODULES = ("builtins", "IPython", "ipykernel", "ipywidgets", "traitlets", "types", "typing")
 _WALK_TYPE: dict = {}
+_HOLDER_WHY: dict = {}  # type: bydesign.holder_why of its instances (None for most)
 
 
 def _walkable(obj: Any) -> bool:
@@ -71,8 +73,9 @@ def _attributes(obj: Any) -> Optional[dict]:
 class Walk:
     """The bounded walk over a namespace: (name, object, kind) for every tensor, module and optimizer
     bound to a public name, or held (``WALK_DEPTH`` levels deep) in a list, tuple or dict or as an
-    attribute of a user object. Records what it did not look into in ``cut``. Keeps nothing once
-    iterated but names and counts."""
+    attribute of a user object. Records what it did not look into in ``cut``, and in ``why`` the names of
+    tensors held by objects that keep them anywhere on purpose (a GradScaler's scale). Keeps nothing
+    once iterated but names, reasons and counts."""
 
     def __init__(self, ns: Mapping[str, Any], depth: int = WALK_DEPTH, width: int = WALK_WIDTH,
                  limit: int = WALK_LIMIT) -> None:
@@ -80,6 +83,7 @@ class Walk:
         self.depth, self.width, self.limit = depth, width, limit
         self.visited = 0
         self.cut: list = []  # (name, why) for what the limits left out
+        self.why: dict = {}  # name: why its tensor is fine on any device (bydesign.holder_why)
 
     def __iter__(self) -> Iterator[tuple[str, Any, str]]:
         kinds = _KIND_BY_TYPE
@@ -101,6 +105,7 @@ class Walk:
         if id(obj) in seen:
             return
         seen.add(id(obj))
+        held = None
         if isinstance(obj, _CONTAINERS):
             size = len(obj)
             items: Any = _container_items(name, obj)
@@ -108,6 +113,9 @@ class Walk:
             attrs = _attributes(obj)
             if not attrs:
                 return
+            held = _HOLDER_WHY.get(type(obj), False)
+            if held is False:
+                held = _HOLDER_WHY[type(obj)] = holder_why(obj)
             size = len(attrs)
             items = ((f"{name}.{key}", value) for key, value in list(attrs.items())
                      if type(key) is str and key[:2] != "__")
@@ -127,6 +135,8 @@ class Walk:
                 return
             kind = kind_of(item)
             if kind == "tensor":
+                if held:
+                    self.why[sub] = held
                 yield sub, item, kind
             elif kind is not None:
                 if id(item) not in seen:

@@ -1,0 +1,121 @@
+"""What one tensor is, read cheaply and cached where torch allows: the kind of an object (tensor,
+module, optimizer), device and dtype names, the storage behind a tensor and its bytes, its gradient.
+The per-tensor reads :mod:`.accounting` builds every account from; torch is imported on first use.
+"""
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+_TORCH: Any = None
+_KIND_BY_TYPE: dict = {}
+_DEVICE_STR: dict = {}
+_DTYPE_STR: dict = {}
+
+
+def _torch() -> Any:
+    """The torch module, imported on first use so that importing the package stays free."""
+    global _TORCH
+    if _TORCH is None:
+        import torch
+        import torch.optim
+
+        _TORCH = torch
+    return _TORCH
+
+
+def kind_of(obj: Any) -> Optional[str]:
+    """'tensor', 'module' or 'optimizer' for the objects placement reports on; None for the rest.
+    Cached per type, so the namespace scan costs one dict lookup per object."""
+    typ = type(obj)
+    try:
+        return _KIND_BY_TYPE[typ]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable metaclass instance: not one of ours
+        return None
+    torch = _torch()
+    kind: Optional[str] = None
+    if issubclass(typ, torch.Tensor):
+        kind = "tensor"
+    elif issubclass(typ, torch.nn.Module):
+        kind = "module"
+    elif issubclass(typ, torch.optim.Optimizer):
+        kind = "optimizer"
+    _KIND_BY_TYPE[typ] = kind
+    return kind
+
+
+def device_str(device: Any) -> str:
+    """``str(torch.device)``, cached: 'cpu', 'cuda:0', 'meta'."""
+    try:
+        return _DEVICE_STR[device]
+    except KeyError:
+        text = str(device)
+        if len(_DEVICE_STR) < 256:
+            _DEVICE_STR[device] = text
+        return text
+
+
+def dtype_str(dtype: Any) -> str:
+    """'float32' for ``torch.float32`` (cached)."""
+    try:
+        return _DTYPE_STR[dtype]
+    except KeyError:
+        text = _DTYPE_STR[dtype] = str(dtype).replace("torch.", "")
+        return text
+
+
+def tensor_nbytes(tensor: Any) -> int:
+    """Bytes of the elements ``tensor`` addresses (its own view: numel × element size)."""
+    try:
+        return int(tensor.nelement()) * int(tensor.element_size())
+    except (RuntimeError, TypeError, NotImplementedError):
+        return 0
+
+
+def storage_key(tensor: Any) -> tuple:
+    """(key, bytes) of the memory behind ``tensor``: views and tied weights share one key (an int, the
+    address of torch's storage object, unique while it lives), so totals count their storage once.
+    Tensors without a storage (sparse, some subclasses) get a key of their own, ``('t', id)``, and their
+    view's size."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage._cdata, int(storage.nbytes())
+    except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+        return ("t", id(tensor)), tensor_nbytes(tensor)
+
+
+def grad_of(tensor: Any) -> Any:
+    """``tensor.grad`` for a leaf tensor (None otherwise), read without the warning a non-leaf gives."""
+    try:
+        return tensor.grad if tensor.is_leaf else None
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def is_floating(tensor: Any) -> bool:
+    """Whether ``tensor`` holds floating or complex values (whose dtype is worth a column: the dtypes
+    of integer buffers such as BatchNorm's counter are left out); False when it cannot say."""
+    try:
+        return bool(tensor.is_floating_point() or tensor.is_complex())
+    except (RuntimeError, AttributeError):
+        return False
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a report's walk, and back as it was after, however the
+    walk ends (as ``%%cudatime`` does while sampling). A report over 10,000 tensors makes tens of
+    thousands of small objects, and each 700 allocations set off a collection that traverses every
+    object of the process: with the model and the namespace alive, that was about two thirds of the
+    walk. Nothing the walk makes is cyclic garbage, so nothing is left for later but what the program
+    itself made meanwhile."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

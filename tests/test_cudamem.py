@@ -175,7 +175,6 @@ def test_fit_when_even_one_row_does_not_fit_and_names_that_share_the_batch(mip):
     ("loss = model(x).sum()\nprint(loss.item())", "needs real values"),
     ("idx = (x > 0).nonzero()", "needs real values"),
     ("helper.scaled(x)", "reached a real tensor that is not one of the copies"),
-    ("torch.cuda.synchronize()", "torch.cuda function"),
 ])
 def test_a_cell_fake_tensors_cannot_run_is_one_line_and_changes_nothing(mip, cell, why):
     import types
@@ -189,6 +188,23 @@ def test_a_cell_fake_tensors_cannot_run_is_one_line_and_changes_nothing(mip, cel
     assert isinstance(error, UsageError) and "\n" not in str(error)
     assert why in str(error) and f"line {line} (" in str(error)
     assert "nothing of yours was changed" in str(error)
+    assert _same(_state(mip.user_ns), before)
+
+
+def test_a_torch_cuda_call_ends_the_prediction_only_where_torch_has_no_cuda(mip):
+    """``torch.cuda.synchronize()`` needs CUDA, not real values: without CUDA it ends the prediction in one
+    line; where torch sees a GPU it runs as it would in the real cell. Either way nothing is changed."""
+    import torch
+
+    before = _state(mip.user_ns)
+    code = "%%cudamem --predict cpu -o -q\nx = x * 2\ntorch.cuda.synchronize()"
+    if torch.cuda.is_available():
+        assert run(mip, code).peak > 0
+    else:
+        error = run_error(mip, code)
+        assert isinstance(error, UsageError) and "\n" not in str(error)
+        assert "torch.cuda function" in str(error) and "line 2 (" in str(error)
+        assert "nothing of yours was changed" in str(error)
     assert _same(_state(mip.user_ns), before)
 
 
@@ -298,6 +314,17 @@ def test_dropout_and_attention_for_cuda_keep_what_cuda_kernels_keep(ip):
     assert cpu.categories["activations"] - cuda.categories["activations"] >= 2 * mask
 
 
+def _generation_line() -> str:
+    """What the report says of the GPU generation it predicted for: this machine's GPU (cuda:0, as
+    ``--predict cuda`` resolves it) where torch sees one, else unknown."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "GPU generation: unknown (name it with --arch)"
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"(sm_{major}{minor}, this GPU)"
+
+
 def test_the_report_as_text_html_and_dict(mip):
     report = run(mip, f"%%cudamem --predict cuda --capacity 80GiB -o -q\n{STEP}")
     text = PlainTextFormatter()(report)
@@ -305,7 +332,7 @@ def test_the_report_as_text_html_and_dict(mip):
     for line in ("peak ", "during optimizer step", "highest by phase: before the cell",
                  "reserved by the caching", "CUDA context", "By category", "parameters", "optimizer state",
                  "workspaces", "after the cell", "By module", "cuBLAS workspace:", "not counted:",
-                 "GPU generation: unknown"):
+                 _generation_line()):
         assert line in text, line
     assert "<table" in report._repr_html_() and "By category" in report._repr_html_()
     data = report.to_dict()

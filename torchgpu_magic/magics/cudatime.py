@@ -133,7 +133,7 @@ class CUDATimeMagics(MagicsPart):
         if len(devices) > 1:
             raise UsageError("%cudatime: with --cluster, --devices takes one device (each engine's own "
                              "cuda:N, or local)")
-        bridge = cluster.connect(self.shell.user_ns, args.cluster)
+        bridge = self.cluster_bridge(args.cluster)
         options = {name: getattr(opts, name) for name in ("loops", "samples", "warmup", "max_time", "cold",
                                                           "flush_l2", "kernels", "roofline", "peak")}
         outcome = cluster.time_cell(bridge, setup, body, options, devices[0], args.timeout)
@@ -171,9 +171,24 @@ class CUDATimeMagics(MagicsPart):
             if action is not None and action.nargs not in (0, "?") and not attached:
                 index += 1  # the option's value
             elif action is not None and action.nargs == "?" and not attached and index < len(tokens) \
-                    and tokens[index].group().isidentifier():
+                    and self._names_cluster(tokens, index):
                 index += 1  # --cluster NAME: an optional value, a name when there is one
         return line, ""
+
+    def _names_cluster(self, tokens: list, index: int) -> bool:
+        """Whether the word after ``--cluster`` is its NAME rather than the setup statement's first word
+        (``%%cudatime --cluster x = torch.ones(8)``): an identifier that holds a cluster object, or one
+        followed by nothing or by an option."""
+        import re
+
+        from ..cluster import kind_of
+
+        word = tokens[index].group()
+        if not word.isidentifier():
+            return False
+        if word in self.shell.user_ns and kind_of(self.shell.user_ns[word]):
+            return True
+        return index + 1 == len(tokens) or bool(re.match(r"--?[A-Za-z]", tokens[index + 1].group()))
 
     @staticmethod
     def _items(text: str, option: str) -> list:

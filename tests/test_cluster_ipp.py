@@ -423,6 +423,17 @@ def test_cudatime_cluster_rows_spread_and_crowded_cpu_engines(sh, rc):
     assert isinstance(result, TimingComparison)
 
 
+def test_cudatime_cluster_rows_carry_each_engines_roofline(sh, rc):
+    rc[:].execute("import torch; a = torch.ones(32, 32)", block=True)
+    result = run(sh, "%%cudatime --cluster rc -n 1 -r 3 --warmup 0 --peak 1T,10G -o\ny = a @ a")
+    assert all(r.roofline.flops == 2 * 32 ** 3 and r.roofline.peak_name == "--peak" for _, r in result.rows)
+    text = sh.display_formatter.formatters["text/plain"](result)
+    assert "achieved (% of peak)" in text and text.count("FLOP/s (") == 3
+    assert result.to_dict()["rows"][0]["roofline"]["bound"] == "memory"
+    skipped = run(sh, "%%cudatime --cluster rc -n 1 -r 3 --warmup 0 --no-roofline -o\ny = a @ a")
+    assert all(r.roofline is None for _, r in skipped.rows) and "achieved" not in skipped.to_text()
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs for two one-thread engines")
 def test_cudatime_cluster_straggler_on_cpus_enough(sh, rc):
     """Two one-thread engines on two CPUs: the slow one is a straggler, with CPU advice, not GPU advice."""

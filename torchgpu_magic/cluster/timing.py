@@ -11,7 +11,7 @@ from statistics import median
 from typing import Any, Sequence
 
 from ..render import Table, fmt_seconds, html_lines
-from ..timing import KernelRow, TimingComparison, TimingResult
+from ..timing import KernelRow, Roofline, TimingComparison, TimingResult
 
 STRAGGLER = 1.10
 """An engine whose median is this many times the cluster's median (or more) is a straggler: in a
@@ -24,6 +24,8 @@ def result_of(data: dict) -> TimingResult:
     fields["ci95"] = tuple(fields.get("ci95") or (None, None))
     if fields.get("kernels") is not None:
         fields["kernels"] = [KernelRow(**row) for row in fields["kernels"]]
+    if fields.get("roofline") is not None:
+        fields["roofline"] = Roofline.from_dict(fields["roofline"])
     return TimingResult(**fields)
 
 
@@ -60,17 +62,20 @@ class ClusterTiming(TimingComparison):
 
     def table(self) -> Table:
         title = "%%cudatime --cluster (median per loop; each engine against the median of medians)"
+        counted = any(result.roofline is not None for _, result in self.rows)
         table = Table(["engine", "host", "device", "time per loop", "IQR", "samples x loops", "vs median",
-                       "clock"], align="lllrrrrl", title=title)
+                       "clock"] + ["achieved (% of peak)"] * counted, align="lllrrrrl" + "r" * counted,
+                      title=title)
         slow = set(self.stragglers())
         for label, result in self.rows:
             ratio = result.median / self.median if self.median else float("nan")
             mark = (" slower" if self.crowded_rows() else " straggler") if label in slow else ""
+            achieved = [result.roofline.short() if result.roofline is not None else "-"] * counted
             table.add(label, self.hosts.get(label, ""), result.device_name, fmt_seconds(result.median),
                       fmt_seconds(result.iqr), f"{result.n} x {result.loops:,}", f"{ratio:.2f}x" + mark,
-                      result.clock)
+                      result.clock, *achieved)
         for label, problem in self.failed:
-            table.add(label, self.hosts.get(label, ""), "-", "-", "-", "-", "-", problem)
+            table.add(label, self.hosts.get(label, ""), "-", "-", "-", "-", "-", problem, *["-"] * counted)
         return table
 
     def summary(self) -> str:

@@ -39,6 +39,12 @@ class CUDATimeMagics(MagicsPart):
               help="comma-separated torch CPU thread counts, one row each (e.g. 1,4,16); restored after")
     @argument("--kernels", action="store_true",
               help="add a separate torch.profiler pass listing the top kernels (cpu: ops)")
+    @argument("--no-roofline", dest="no_roofline", action="store_true",
+              help="skip the extra, untimed run that counts FLOPs and bytes (for a cell that must not run "
+                   "again: one that appends, trains, sends...)")
+    @argument("--peak", metavar="FLOPS[,BYTES_PER_S]",
+              help="peak FLOP/s (and bytes/s) to give the percentage against, in place of the GPU table's "
+                   "(e.g. 1.5e12,2e11 or 1.5T,200G); on cpu the only way to get one")
     @argument("--cluster", nargs="?", const="", default=None, metavar="NAME",
               help="time the cell on every engine of the ipyparallel Client/view or Dask Client NAME at "
                    "once (without NAME: the one in the namespace); a row per engine and the spread")
@@ -59,6 +65,10 @@ class CUDATimeMagics(MagicsPart):
         ``--devices`` it times on torch's default device; when that is cpu, where the tensors of the
         setup and the first run were (on the GPU when they were on it, or when the cell initialised
         CUDA), however initialised CUDA already was; on cpu the figure is host time, and the report says so.
+        After the samples the cell runs once more, untimed, to count its FLOPs and bytes: the line under
+        the headline gives the achieved FLOP/s and bytes/s, the bound and the percentage of the GPU's
+        peak (``--no-roofline`` skips that run; ``--peak`` gives the peak where the table has none, as on
+        cpu).
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
         from .. import timing
@@ -70,7 +80,8 @@ class CUDATimeMagics(MagicsPart):
                              "or %%cudatime [options] [setup] with the cell below")
         opts = timing.Options(loops=args.loops, samples=args.samples, warmup=args.warmup,
                               max_time=args.max_time, cold=args.cold, flush_l2=args.flush_l2,
-                              kernels=args.kernels)
+                              kernels=args.kernels, roofline=not args.no_roofline,
+                              peak=None if args.peak is None else timing.parse_peak(args.peak))
         opts.check()
         if args.cluster is not None:
             return self._cluster(args, opts, statement if cell is not None else "",
@@ -124,7 +135,7 @@ class CUDATimeMagics(MagicsPart):
                              "cuda:N, or local)")
         bridge = self.cluster_bridge(args.cluster)
         options = {name: getattr(opts, name) for name in ("loops", "samples", "warmup", "max_time", "cold",
-                                                          "flush_l2", "kernels")}
+                                                          "flush_l2", "kernels", "roofline", "peak")}
         outcome = cluster.time_cell(bridge, setup, body, options, devices[0], args.timeout)
         if args.output:
             return outcome

@@ -16,6 +16,7 @@ Split by concern:
 - ``modules``: ``%whereis NAME`` for one tensor, module or optimizer, and the ``--repr`` line;
 - ``names``: resolving that NAME without evaluating code;
 - ``diagnosis``: recognising a device-mismatch error and naming what it involved;
+- ``oom``: recognising an out-of-memory error in any of PyTorch's wordings, and reading its figures;
 - ``moves``: ``%%ontorch --move``, all or nothing (the one module here that changes objects, on request).
 
 Apart from ``moves``, nothing here moves a tensor, runs ``forward`` or evaluates user code: objects are
@@ -53,6 +54,7 @@ from .modules import (
     tensor_line,
 )
 from .names import resolve
+from .oom import OOMFacts, is_oom, oom_facts
 from .scan import (
     SNAPSHOT_CONTAINER_LIMIT,
     Placed,
@@ -68,9 +70,11 @@ from .walk import IPYTHON_NAMES
 
 __all__ = [
     "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "ROLES", "SNAPSHOT_CONTAINER_LIMIT", "Account",
-    "Culprit", "Diagnosis", "Lines", "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport",
+    "Culprit", "Diagnosis", "Lines", "ModuleReport", "ModuleRow", "NamespaceReport", "OOMFacts",
+    "OptimizerReport",
     "Placed", "Row", "SnapshotCache", "account", "changed", "footer_line",
-    "describe", "device_str", "devices_of", "diagnose", "dtype_str", "fmt_count", "is_floating", "kind_of",
+    "describe", "device_str", "devices_of", "diagnose", "dtype_str", "fmt_count", "is_floating", "is_oom",
+    "kind_of", "oom_facts",
     "mismatch_devices", "module_report", "namespace_report", "namespace_snapshot", "optimizer_report",
     "placement_line", "resolve", "shape_str", "storage_key", "tensor_line", "tensor_nbytes", "watch_line",
 ]

@@ -2,7 +2,8 @@
 
 Besides the magic, two opt-in hooks (``--watch``: a line after each cell; ``--repr``: a placement line
 above tensors and modules shown as a result) and one that is always on: after a device-mismatch error,
-the names, devices and fix, from :func:`torchgpu_magic.placement.diagnose`.
+the names, devices and fix, from :func:`torchgpu_magic.placement.diagnose`; after an out-of-memory error,
+who holds the device's memory by name and what to do, from :func:`torchgpu_magic.memory.explain.explain`.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
+from .base import MagicsPart, TorchGPUMagics, ipython_tracebacks, parse_args, usage_errors
 
 
 @magics_class
@@ -192,16 +193,20 @@ class WhereIsMagics(MagicsPart):
 
     def _diagnose_cell(self, result: Any = None) -> None:
         """post_run_cell, always on: after a device-mismatch error's usual traceback, name the
-        tensors and modules involved, their devices, and the fix. Silent for every other outcome."""
+        tensors and modules involved, their devices, and the fix; after an out-of-memory error, who
+        holds the device's memory and what to do (:meth:`_explain_oom`). Silent for every other outcome."""
         error = getattr(result, "error_in_exec", None)
-        if not isinstance(error, (RuntimeError, ValueError)):
+        if not isinstance(error, (RuntimeError, ValueError, MemoryError)):
             return
         from .. import placement
 
-        if placement.mismatch_devices(error) is None:
-            return
         info = getattr(result, "info", None)
         source = getattr(info, "raw_cell", "") or ""
+        if not isinstance(error, ValueError) and placement.oom_facts(error) is not None:
+            self._explain_oom(error, source)
+            return
+        if placement.mismatch_devices(error) is None:
+            return
         try:
             diagnosis = placement.diagnose(error, source, self.shell.user_ns, self._is_cell_file)
         except Exception as exc:  # noqa: BLE001 - a diagnosis must never add a traceback of its own
@@ -211,6 +216,23 @@ class WhereIsMagics(MagicsPart):
             from IPython.display import display
 
             display(diagnosis)
+
+    def _explain_oom(self, error: BaseException, source: str) -> None:
+        """After an out-of-memory error's usual traceback: on the device that failed, what was asked and
+        what is free, who holds the memory by name (the failed cell's frames too) and what to do, from
+        :func:`torchgpu_magic.memory.explain.explain`. Reads only; keeps nothing; a failure of its own is
+        one line."""
+        from ..memory import explain
+
+        try:
+            report = explain.explain(error, self.shell.user_ns, ipython_tracebacks(self.shell), source)
+        except Exception as exc:  # noqa: BLE001 - an explanation must never add a traceback of its own
+            print(f"gpumem: could not explain this out-of-memory error ({type(exc).__name__}: {exc})")
+            return
+        if report is not None:
+            from IPython.display import display
+
+            display(report)
 
     def _is_cell_file(self, filename: str) -> bool:
         """True for the file names IPython compiles cells under, whatever names them: IPython 8+ keeps

@@ -78,9 +78,9 @@ class Holder:
 
 
 class Holdings:
-    """Every storage reached, once: ``storages[key] = (device, bytes, first holder)``, the holder that
-    counts it, and ``more[key]`` the holders reaching it after; the :class:`Holder` list in claiming
-    order, and what the walks left out (``cut``)."""
+    """Every storage reached, once: ``storages[key] = (device, bytes, first holder, role)``, the holder
+    that counts it and its role there, and ``more[key]`` the holders reaching it after; the
+    :class:`Holder` list in claiming order, and what the walks left out (``cut``)."""
 
     def __init__(self) -> None:
         self.storages: dict = {}
@@ -101,7 +101,7 @@ class Holdings:
             return
         entry = self.storages.get(key)
         if entry is None:
-            self.storages[key] = (device, size, holder.index)
+            self.storages[key] = (device, size, holder.index, role)
             counted = holder.counted
             if counted is None:
                 counted = holder.counted = {}
@@ -128,14 +128,14 @@ class Holdings:
         """Devices with memory counted, accelerators first."""
         from ..placement.text import _device_order
 
-        return sorted({d for d, _, _ in self.storages.values()}, key=_device_order)
+        return sorted({entry[0] for entry in self.storages.values()}, key=_device_order)
 
     def freed_by(self, released: Any) -> dict:
         """{device: bytes} of the storages every holder of which is in ``released`` (holder indices):
         what letting go of those holders gives back."""
         out: dict = {}
         more = self.more
-        for key, (device, size, first) in self.storages.items():
+        for key, (device, size, first, _) in self.storages.items():
             if first in released and all(i in released for i in more.get(key, ())):
                 out[device] = out.get(device, 0) + size
         return out

@@ -205,7 +205,7 @@ def device_holders(holdings: Any, device: str, state: Optional[devicestate.Devic
     counted = 0
     names = [h.name for h in holdings.holders]
     more = holdings.more
-    for key, (where, size, first) in holdings.storages.items():
+    for key, (where, size, first, _) in holdings.storages.items():
         if where != device:
             continue
         counted += size

@@ -72,6 +72,7 @@ class GPUMemMagics(MagicsPart):
         self._cell_refresh = False  # refresh the panel after each cell instead of from the thread
         self._text = False  # text mode: a line after each cell, no panel, no thread
         self._cells: Any = None  # memory.CellLog while per-cell accounting is hooked in
+        self._growth: Any = None  # memory.growth.GrowthWatch beside it: a cell that grows run after run
         self._records: Any = None  # the last cell log's records, kept after it stops
         self._cells_wanted = True  # the last --cells choice for the live panel
         self._targets_state: Optional[str] = None  # CUDA's state when the targets were last worked out
@@ -390,17 +391,30 @@ class GPUMemMagics(MagicsPart):
         self._unhook_cells()
 
     # ---- the cell events --------------------------------------------------------------------------
+    def _grew(self, record: Any, source: str) -> Optional[str]:
+        """The warning when this cell, run again and again, grew memory each time (once per streak)."""
+        watch = self._growth
+        if watch is None:
+            return None
+        try:
+            return watch.observe(record, source, self.shell.user_ns)
+        except Exception as exc:  # noqa: BLE001 - the warning must never break a cell
+            return f"[gpumem] could not check this cell's growth ({type(exc).__name__}: {exc})"
 
     def _hook_cells(self) -> None:
         """Start per-cell accounting: a fresh cell log, fed by the pre/post_run_cell events."""
         from .. import memory
+        from ..memory.growth import GrowthWatch
+
         self._cells = memory.CellLog(targets=self._panel.sampler.targets if self._panel else self._targets())
+        self._growth = GrowthWatch()
         self.shell.events.register("pre_run_cell", self._pre_cell)
         self.shell.events.register("post_run_cell", self._post_cell)
 
     def _unhook_cells(self) -> None:
         """Stop per-cell accounting and unregister its events, keeping the records; a no-op when off."""
         log, self._cells = self._cells, None
+        self._growth = None
         if log is None:
             return
         log.close()
@@ -428,14 +442,17 @@ class GPUMemMagics(MagicsPart):
         self._retarget()
         if record is None:
             return
+        warning = self._grew(record, source)
         if self._text:
             print(record.line())
+            if warning:
+                print(warning)
             return
         live = self._panel
         if live is None:
             return
         live.sampler.note_cell(record)
-        live.show_cells(log.records)
+        live.show_cells(log.records, warning=warning)
         if self._cell_refresh:
             live.refresh()
         if time.monotonic() - self._snapshot_at >= SNAPSHOT_EVERY:

@@ -108,52 +108,67 @@ def _explain(facts: Any, ns: Mapping[str, Any], tracebacks: list, cell_source: s
     return OOMExplanation(device, facts, holders, advice, too_big)
 
 
-def _sets(holdings: Holdings) -> dict:
-    """Holder indices by what releases them: each user name with the graph it holds, the output history
-    and the traceback (each with their graphs)."""
-    roots: dict = {}
-    for h in holdings.holders:
-        if h.source in ("name", "output", "traceback"):
-            roots[h.root] = h.source
-    sets: dict = {"output": set(), "traceback": set()}
-    names: dict = {}
+def _release_groups(holdings: Holdings) -> list:
+    """Per holder, what lets go of it: its user name (with the graph that name holds), 'output' or
+    'traceback' (each with the graphs they hold)."""
+    roots = {h.root: h.source for h in holdings.holders if h.source in ("name", "output", "traceback")}
+    groups = []
     for h in holdings.holders:
         source = h.source if h.source != "graph" else roots.get(h.root, "name")
-        if source == "name":
-            names.setdefault(h.root, set()).add(h.index)
-        else:
-            sets[source].add(h.index)
-    sets["names"] = names
-    return sets
+        groups.append(h.root if source == "name" else source)
+    return groups
+
+
+class _Freed:
+    """What each release gives back on one device, from one pass over the storages (a pass per name
+    would be quadratic in a namespace of 10,000 tensors): ``free`` the storages only the traceback and
+    the output history hold (``traceback``, ``output``: those only one of them holds), ``alone[name]``
+    those only ``name`` holds, ``with_free[name]`` those ``name`` holds with only the traceback or the
+    output history besides."""
+
+    def __init__(self, holdings: Holdings, device: str) -> None:
+        groups = _release_groups(holdings)
+        self.free = self.traceback = self.output = 0
+        self.alone: dict = {}
+        self.with_free: dict = {}
+        more = holdings.more
+        freeable = ("output", "traceback")
+        for key, (where, size, first, _) in holdings.storages.items():
+            if where != device:
+                continue
+            held = {groups[first], *(groups[i] for i in more.get(key, ()))}
+            names = held.difference(freeable)
+            if not names:
+                self.free += size
+                if len(held) == 1:
+                    setattr(self, groups[first], getattr(self, groups[first]) + size)
+            elif len(names) == 1:
+                name = next(iter(names))
+                table = self.alone if len(held) == 1 else self.with_free
+                table[name] = table.get(name, 0) + size
 
 
 def _freeing(holdings: Holdings, device: str, state: Any, facts: Any, source: str) -> list:
     """The advice that frees memory on ``device`` now, largest first, each with its bytes."""
-    sets = _sets(holdings)
-    freeable = sets["output"] | sets["traceback"]
-    base = holdings.freed_by(freeable).get(device, 0)
+    freed = _Freed(holdings, device)
     advice: list = []
-    if base:
-        parts = []
-        for key, words in (("traceback", "the failed cell's traceback"), ("output", "the output history")):
-            alone = holdings.freed_by(sets[key]).get(device, 0)
-            if alone:
-                parts.append(f"{words} {fmt_bytes(alone)}")
-        advice.append((base, f"%gpumem free gives back {fmt_bytes(base)} without touching your names: "
-                             + ", ".join(parts)))
+    if freed.free:
+        sources = (("the failed cell's traceback", freed.traceback), ("the output history", freed.output))
+        parts = [f"{words} {fmt_bytes(size)}" for words, size in sources if size]
+        advice.append((freed.free, f"%gpumem free gives back {fmt_bytes(freed.free)} without touching your "
+                                   "names: " + ", ".join(parts)))
     dels = []
     graphs = {h.root for h in holdings.holders if h.source == "name" and h.scalar}  # .item() advice instead
-    for name, members in sets["names"].items():
+    for name in sorted(set(freed.alone) | set(freed.with_free)):
         if name in graphs:
             continue
-        alone = holdings.freed_by(members).get(device, 0)
-        with_free = holdings.freed_by(members | freeable).get(device, 0) - base
+        alone, with_free = freed.alone.get(name, 0), freed.with_free.get(name, 0)
         if alone:
             dels.append((alone, f"del {name} frees {fmt_bytes(alone)}"))
-        elif with_free > 0:
+        elif with_free:
             dels.append((with_free, f"del {name}, with %gpumem free (its traceback or output holds it too), "
                                     f"frees {fmt_bytes(with_free)}"))
-    dels.sort(key=lambda d: -d[0])
+    dels.sort(key=lambda d: -d[0])  # stable: names in order for equal sizes
     advice.extend(dels[:DEL_LINES])
     advice.extend(_graph_advice(holdings, device, source))
     advice.extend(_gradients(holdings, device))

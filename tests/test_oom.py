@@ -111,10 +111,15 @@ def test_freeing_advice_largest_first_with_numbers(ip):
 
 
 def test_shared_names_are_advised_together(ip):
-    run(ip, "import torch\nbig = torch.ones(1024, 1024)\nsame = big\nsolo = torch.ones(512, 1024)\n")
+    run(ip, "import torch\nbig = torch.ones(1024, 1024)\nsame = big\nsolo = torch.ones(512, 1024)\n"
+            "output = torch.ones(256, 1024)\n")  # a name like the output history's: still a name
     text = _texts(_cell(ip, SMALL)[0])[0]
-    assert "del solo frees 2.00 MiB" in text
+    assert "del solo frees 2.00 MiB" in text and "del output frees 1.00 MiB" in text
     assert "del big" not in text and "del same" not in text  # neither alone frees the storage both hold
+    from torchgpu_magic.memory.free import kept
+
+    listed = {name: fix for name, _, _, fix in kept(ip.user_ns)}
+    assert listed["big"] == "del big, same together" and listed["solo"] == "del solo frees 2.00 MiB"
 
 
 def test_an_evaluation_cell_is_advised_no_grad(ip):

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from ..render import fmt_bytes, html_lines
 from . import devicestate
-from .holders import Holdings, collect, no_gc
+from .holders import Holdings, Released, collect, no_gc
 from .holdersreport import DeviceHolders, device_holders, fragmented
 
 DEL_LINES = 3  # `del` advice for the largest few names; %gpumem holders lists every one
@@ -108,49 +108,9 @@ def _explain(facts: Any, ns: Mapping[str, Any], tracebacks: list, cell_source: s
     return OOMExplanation(device, facts, holders, advice, too_big)
 
 
-def _release_groups(holdings: Holdings) -> list:
-    """Per holder, what lets go of it: its user name (with the graph that name holds), 'output' or
-    'traceback' (each with the graphs they hold)."""
-    roots = {h.root: h.source for h in holdings.holders if h.source in ("name", "output", "traceback")}
-    groups = []
-    for h in holdings.holders:
-        source = h.source if h.source != "graph" else roots.get(h.root, "name")
-        groups.append(h.root if source == "name" else source)
-    return groups
-
-
-class _Freed:
-    """What each release gives back on one device, from one pass over the storages (a pass per name
-    would be quadratic in a namespace of 10,000 tensors): ``free`` the storages only the traceback and
-    the output history hold (``traceback``, ``output``: those only one of them holds), ``alone[name]``
-    those only ``name`` holds, ``with_free[name]`` those ``name`` holds with only the traceback or the
-    output history besides."""
-
-    def __init__(self, holdings: Holdings, device: str) -> None:
-        groups = _release_groups(holdings)
-        self.free = self.traceback = self.output = 0
-        self.alone: dict = {}
-        self.with_free: dict = {}
-        more = holdings.more
-        freeable = ("output", "traceback")
-        for key, (where, size, first, _) in holdings.storages.items():
-            if where != device:
-                continue
-            held = {groups[first], *(groups[i] for i in more.get(key, ()))}
-            names = held.difference(freeable)
-            if not names:
-                self.free += size
-                if len(held) == 1:
-                    setattr(self, groups[first], getattr(self, groups[first]) + size)
-            elif len(names) == 1:
-                name = next(iter(names))
-                table = self.alone if len(held) == 1 else self.with_free
-                table[name] = table.get(name, 0) + size
-
-
 def _freeing(holdings: Holdings, device: str, state: Any, facts: Any, source: str) -> list:
     """The advice that frees memory on ``device`` now, largest first, each with its bytes."""
-    freed = _Freed(holdings, device)
+    freed = Released(holdings, device)
     advice: list = []
     if freed.free:
         sources = (("the failed cell's traceback", freed.traceback), ("the output history", freed.output))

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ..render import fmt_bytes, html_lines
 from .figures import HostCounters, _nvml_figures, initialised_cuda
-from .holders import collect
+from .holders import Released, collect
 
 KEPT_SHOWN = 10  # names listed as still holding memory
 
@@ -208,35 +208,31 @@ def give_back(steps: Sequence[tuple], ns: Mapping[str, Any]) -> FreeReport:
 
 def kept(ns: Mapping[str, Any]) -> list:
     """(name, device, bytes, the del that frees it) for each user name still holding memory, largest
-    first; 'del x' when that alone frees it, else the names sharing its storage ('del x, y')."""
+    first: 'del x frees N' when that alone frees it, else the names sharing its storage ('del x, y
+    together'). One pass over the storages per device, whatever the number of names."""
     holdings = collect(ns, tracebacks=())
-    names = [h for h in holdings.holders if h.source == "name"]
-    graph_of = {h.root: h.index for h in holdings.holders if h.source == "graph"}
+    holders = holdings.holders
+    sharers: dict = {}  # holder index -> the other names holding what it counts
+    for key, (_, _, first, _) in holdings.storages.items():
+        for i in holdings.more.get(key, ()):
+            if holders[i].source == "name" and holders[i].root != holders[first].root:
+                listed = sharers.setdefault(first, [])
+                if holders[i].root not in listed:
+                    listed.append(holders[i].root)
     found = []
-    for h in names:
-        members = {h.index} | ({graph_of[h.root]} if h.root in graph_of else set())
-        for device in list((h.counted or {}).keys()):
-            size = h.nbytes(device)
-            alone = holdings.freed_by(members).get(device, 0)
+    for device in holdings.devices():
+        released = Released(holdings, device)
+        for h in holders:
+            size = h.nbytes(device) if h.source == "name" else 0
+            if not size:
+                continue
+            alone = released.alone.get(h.root, 0)
             if alone:
                 fix = f"del {h.root} frees {fmt_bytes(alone)}"
+            elif h.index in sharers:
+                fix = f"del {', '.join([h.root, *sharers[h.index]])} together"
             else:
-                sharing = _sharers(holdings, h)
-                fix = f"del {', '.join([h.root, *sharing])} together" if sharing else f"del {h.root}"
+                fix = f"del {h.root}"
             found.append((h.root, device, size, fix))
     found.sort(key=lambda k: -k[2])
     return found
-
-
-def _sharers(holdings: Any, holder: Any) -> list:
-    """The other names holding the storages ``holder`` counts."""
-    names = {h.index: h.root for h in holdings.holders if h.source == "name" and h.index != holder.index}
-    out: list = []
-    for key, (_, _, first, _) in holdings.storages.items():
-        if first != holder.index:
-            continue
-        for i in holdings.more.get(key, ()):
-            if i in names and names[i] not in out:
-                out.append(names[i])
-    return out
-

@@ -141,6 +141,46 @@ class Holdings:
         return out
 
 
+def release_groups(holdings: Holdings) -> list:
+    """Per holder, what lets go of it: ('name', its user name) with the graph that name holds, or
+    'output' / 'traceback' (with the graphs they hold)."""
+    roots = {h.root: h.source for h in holdings.holders if h.source in ("name", "output", "traceback")}
+    groups: list = []
+    for h in holdings.holders:
+        source = h.source if h.source != "graph" else roots.get(h.root, "name")
+        groups.append(("name", h.root) if source == "name" else source)
+    return groups
+
+
+class Released:
+    """What each release gives back on one device, from one pass over the storages (a pass per name
+    would be quadratic in a namespace of 10,000 tensors): ``free`` the storages only the traceback and
+    the output history hold (``traceback``, ``output``: those only one of them holds), ``alone[name]``
+    those only ``name`` holds, ``with_free[name]`` those ``name`` holds with only the traceback or the
+    output history besides."""
+
+    def __init__(self, holdings: Holdings, device: str) -> None:
+        groups = release_groups(holdings)
+        self.free = self.traceback = self.output = 0
+        self.alone: dict = {}
+        self.with_free: dict = {}
+        more = holdings.more
+        freeable = ("output", "traceback")
+        for key, (where, size, first, _) in holdings.storages.items():
+            if where != device:
+                continue
+            held = {groups[first], *(groups[i] for i in more.get(key, ()))}
+            names = held.difference(freeable)
+            if not names:
+                self.free += size
+                if len(held) == 1:
+                    setattr(self, groups[first], getattr(self, groups[first]) + size)
+            elif len(names) == 1:
+                name = next(iter(names))[1]
+                table = self.alone if len(held) == 1 else self.with_free
+                table[name] = table.get(name, 0) + size
+
+
 def _tensor(holdings: Holdings, holder: Holder, tensor: Any, role: str = "tensor",
             dtypes: bool = False) -> None:
     """Claim a tensor's storage (and its gradient's, for a leaf) for ``holder``; ``dtypes``: note the

@@ -170,9 +170,9 @@ class GPUMemMagics(MagicsPart):
         else:
             from ..memory.free import give_back
 
-            steps = [("the last error's traceback", lambda: release_traceback(self.shell)),
-                     ("the output history", lambda: release_outputs(self.shell))]
-            report = give_back(steps, self.shell.user_ns)
+            steps = [("the last error's traceback", "traceback", lambda: release_traceback(self.shell)),
+                     ("the output history", "output", lambda: release_outputs(self.shell))]
+            report = give_back(steps, self.shell.user_ns, ipython_tracebacks(self.shell))
         if args.output:
             return report
         from IPython.display import display

@@ -26,15 +26,18 @@ KEPT_SHOWN = 10  # names listed as still holding memory
 
 @dataclass(repr=False)
 class FreeStep:
-    """One source let go: its name, what was released (names of references), and per device the bytes
-    measured free afterwards (``freed``; a device whose figure did not fall reads 0) and how."""
+    """One source let go: its name, what was released (names of references), per device the bytes
+    measured free afterwards (``freed``; a device whose figure did not fall reads 0), and the bytes that
+    only this source held before, as the holders count them (``held``)."""
 
     source: str
     released: list
     freed: dict
+    held: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "released": list(self.released), "freed": dict(self.freed)}
+        return {"source": self.source, "released": list(self.released), "freed": dict(self.freed),
+                "held": dict(self.held)}
 
 
 @dataclass(repr=False)
@@ -58,12 +61,17 @@ class FreeReport:
         given = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in total.items() if b) or "nothing measurable"
         out = [f"%gpumem free: gave back {given} (measured: "
                + "; ".join(f"{d} {how}" for d, how in self.measured.items()) + ")"]
+        kept_by_c = False
         for step in self.steps:
             freed = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in step.freed.items() if b)
             more = ", ..." if len(step.released) > 6 else ""
             what = f" ({', '.join(step.released[:6])}{more})" if step.released else " (nothing held)"
-            freed = freed or "nothing measurable"
-            out.append(f"  {step.source}{what}: {freed}")
+            held = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in step.held.items() if b)
+            out.append(f"  {step.source}{what}: " + (f"held {held}; " if held else "")
+                       + f"gave back {freed or 'nothing measurable'}")
+            kept_by_c = kept_by_c or (step.held.get("cpu", 0) > step.freed.get("cpu", 0))
+        if kept_by_c:
+            out.append("  (on the cpu, freed memory the C allocator keeps for reuse does not leave the RSS)")
         if self.kept:
             out.append("Your names still hold (not touched):")
             for name, device, size, fix in self.kept[:KEPT_SHOWN]:
@@ -172,10 +180,19 @@ def _nvml_process() -> dict:
     return out
 
 
-def give_back(steps: Sequence[tuple], ns: Mapping[str, Any]) -> FreeReport:
-    """Run ``steps`` ((source, release) pairs; ``release()`` lets go of references and returns their
-    names), each followed by ``gc.collect()`` and a measurement, then empty torch's caches; list the names
-    in ``ns`` still holding memory, with the ``del`` that frees each."""
+def give_back(steps: Sequence[tuple], ns: Mapping[str, Any], tracebacks: Sequence[Any] = ()) -> FreeReport:
+    """Run ``steps`` ((source, 'traceback' or 'output', release); ``release()`` lets go of references and
+    returns their names), each followed by ``gc.collect()`` and a measurement, then empty torch's caches;
+    list the names in ``ns`` still holding memory, with the ``del`` that frees each. ``tracebacks`` are
+    what keeps the last error's frames (beside ``sys.last_*``), to count what each step held before."""
+    holdings = collect(ns, tracebacks)
+    tracebacks = ()  # the caller's list would keep the very frames the first step lets go of
+    held = {}
+    for device in holdings.devices():
+        released = Released(holdings, device)
+        for group in ("traceback", "output"):
+            held.setdefault(group, {})[device] = getattr(released, group)
+    holdings = None
     host = HostCounters()
     try:
         measured = {"cpu": "RSS"}
@@ -185,11 +202,11 @@ def give_back(steps: Sequence[tuple], ns: Mapping[str, Any]) -> FreeReport:
                 nvml = " and NVML" if device.startswith("cuda") else ""
                 measured[device] = f"torch allocated; cache: reserved{nvml}"
         done = []
-        for source, release in steps:
+        for source, group, release in steps:
             released = list(release())
             gc.collect()
             after = measure(host)
-            done.append(FreeStep(source, released, _drop(before, after, 0)))
+            done.append(FreeStep(source, released, _drop(before, after, 0), held.get(group, {})))
             before = after
         nvml_before = _nvml_process()
         calls = empty_caches()

@@ -43,12 +43,14 @@ class Holder:
     that an earlier holder counts. A plain slotted class whose dicts are made on first use: a namespace of
     10,000 tensors makes 10,000 of them."""
 
-    __slots__ = ("name", "source", "root", "_what", "counted", "shared", "index", "dtypes", "scalar", "kind")
+    __slots__ = ("name", "source", "root", "_what", "counted", "shared", "index", "dtypes", "scalar", "kind",
+                 "library")
 
     def __init__(self, name: str, source: str, root: str, what: Any, index: int) -> None:
         self.name, self.source, self.root, self._what, self.index = name, source, root, what, index
         self.scalar = False  # a one-element tensor with a graph: a loss kept (or summed) as a tensor
         self.kind = ""  # 'tensor', 'module', 'optimizer' for one object; 'container' for several
+        self.library = False  # a frame of torch's own (a module's _call_impl holding its input as args)
         self.counted: Optional[dict] = None
         self.shared: Optional[dict] = None
         self.dtypes: Optional[dict] = None  # device -> {dtype: bytes} of activations (mixed precision)
@@ -389,7 +391,9 @@ def _traceback(tracebacks: Iterable[Any], holdings: Holdings, graph_roots: list,
                      if not (k != "tensor" and id(o) in held)]
             if not found:
                 continue
-            _hold(holdings, f"{function}: {local}", "traceback", found, value, graph_roots, own=local)
+            holder = _hold(holdings, f"{function}: {local}", "traceback", found, value, graph_roots,
+                           own=local)
+            holder.library = in_torch
         local_vars = frame = None
 
 

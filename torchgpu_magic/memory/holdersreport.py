@@ -203,7 +203,8 @@ def device_holders(holdings: Any, device: str, state: Optional[devicestate.Devic
     state = devicestate.read(device) if state is None else state
     also: dict = {}
     counted = 0
-    names = [h.name for h in holdings.holders]
+    names = [None if h.library else h.name for h in holdings.holders]  # torch's frames: never 'also'
+
     more = holdings.more
     for key, (where, size, first, _) in holdings.storages.items():
         if where != device:
@@ -212,7 +213,7 @@ def device_holders(holdings: Any, device: str, state: Optional[devicestate.Devic
         others = more.get(key)
         if others:
             listed = also.setdefault(first, [])
-            listed.extend(names[i] for i in others if names[i] not in listed)
+            listed.extend(names[i] for i in others if names[i] is not None and names[i] not in listed)
     rows = []
     for h in holdings.holders:
         roles = h.counted.get(device) if h.counted else None

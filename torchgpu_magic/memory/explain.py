@@ -117,18 +117,14 @@ def _freeing(holdings: Holdings, device: str, state: Any, facts: Any, source: st
         parts = [f"{words} {fmt_bytes(size)}" for words, size in sources if size]
         advice.append((freed.free, f"%gpumem free gives back {fmt_bytes(freed.free)} without touching your "
                                    "names: " + ", ".join(parts)))
-    dels = []
-    graphs = {h.root for h in holdings.holders if h.source == "name" and h.scalar}  # .item() advice instead
-    for name in sorted(set(freed.alone) | set(freed.with_free)):
-        if name in graphs:
-            continue
-        alone, with_free = freed.alone.get(name, 0), freed.with_free.get(name, 0)
-        if alone:
-            dels.append((alone, f"del {name} frees {fmt_bytes(alone)}"))
-        elif with_free:
-            dels.append((with_free, f"del {name}, with %gpumem free (its traceback or output holds it too), "
-                                    f"frees {fmt_bytes(with_free)}"))
-    dels.sort(key=lambda d: -d[0])  # stable: names in order for equal sizes
+    graphs = {h.root for h in holdings.holders if h.scalar}  # their .item() advice says more than del
+    alone = sorted(((-size, name) for name, size in freed.alone.items() if name not in graphs))[:DEL_LINES]
+    shared = sorted(((-size, name) for name, size in freed.with_free.items()
+                     if name not in graphs and name not in freed.alone))[:DEL_LINES]
+    dels = [(-size, f"del {name} frees {fmt_bytes(-size)}") for size, name in alone]
+    dels += [(-size, f"del {name}, with %gpumem free (its traceback or output holds it too), frees "
+                     f"{fmt_bytes(-size)}") for size, name in shared]
+    dels.sort(key=lambda d: -d[0])  # stable: by name for equal sizes
     advice.extend(dels[:DEL_LINES])
     advice.extend(_graph_advice(holdings, device, source))
     advice.extend(_gradients(holdings, device))

@@ -163,24 +163,36 @@ class Released:
 
     def __init__(self, holdings: Holdings, device: str) -> None:
         groups = release_groups(holdings)
-        self.free = self.traceback = self.output = 0
-        self.alone: dict = {}
-        self.with_free: dict = {}
+        only = {"output": 0, "traceback": 0}  # what only the output history / the traceback holds
+        alone: dict = {}
+        with_free: dict = {}
+        free = 0
         more = holdings.more
         freeable = ("output", "traceback")
         for key, (where, size, first, _) in holdings.storages.items():
             if where != device:
                 continue
-            held = {groups[first], *(groups[i] for i in more.get(key, ()))}
+            others = more.get(key)
+            if others is None:  # one holder: the common case, kept short
+                group = groups[first]
+                if group.__class__ is tuple:
+                    alone[group[1]] = alone.get(group[1], 0) + size
+                else:
+                    free += size
+                    only[group] += size
+                continue
+            held = {groups[first], *(groups[i] for i in others)}
             names = held.difference(freeable)
             if not names:
-                self.free += size
+                free += size
                 if len(held) == 1:
-                    setattr(self, groups[first], getattr(self, groups[first]) + size)
+                    only[groups[first]] += size
             elif len(names) == 1:
                 name = next(iter(names))[1]
-                table = self.alone if len(held) == 1 else self.with_free
+                table = alone if len(held) == 1 else with_free
                 table[name] = table.get(name, 0) + size
+        self.free, self.traceback, self.output = free, only["traceback"], only["output"]
+        self.alone, self.with_free = alone, with_free
 
 
 def _tensor(holdings: Holdings, holder: Holder, tensor: Any, role: str = "tensor",
@@ -260,6 +272,8 @@ def _names(ns: Mapping[str, Any], holdings: Holdings, graph_roots: list) -> set:
     walk = Walk(ns)
     held: set = set()
     holders = holdings.holders
+    storages = holdings.storages
+    devices = _DEVICE_STR
     root, found = None, []
     for name, obj, kind in walk:  # the walk yields everything under one top-level name together
         plain = "[" not in name and "." not in name
@@ -270,6 +284,18 @@ def _names(ns: Mapping[str, Any], holdings: Holdings, graph_roots: list) -> set:
             holder = Holder(name, "name", name, (obj.dtype, obj.shape), len(holders))
             holder.kind = "tensor"
             holders.append(holder)
+            device = devices.get(obj.device)
+            if device is not None and device not in _NO_MEMORY and not obj.requires_grad:
+                try:  # Holdings.claim for a tensor without gradient, inlined: 10,000 of them cost this loop
+                    storage = obj.untyped_storage()
+                    key = ("s", storage._cdata)
+                except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+                    key = None
+                if key is not None and key not in storages:
+                    size = storage.nbytes()
+                    storages[key] = (device, size, holder.index, "tensor")
+                    holder.counted = {device: {"tensor": size}}
+                    continue
             _tensor(holdings, holder, obj)
             if obj.grad_fn is not None:
                 graph_roots.append((holder, [obj]))

@@ -158,7 +158,7 @@ class GPUMemMagics(MagicsPart):
     # ---- holders and free --------------------------------------------------------------------------
     def _holders_or_free(self, args: Any, line: str) -> Any:
         """``%gpumem holders [DEVICE] [-o]`` and ``%gpumem free [-o]``: each takes -o alone."""
-        options = [word for word in line.split()[1:] if word != args.device]
+        options = [word for word in line.split() if word not in (args.action, args.device)]
         if any(word != "-o" for word in options):
             takes = "DEVICE and -o" if args.action == "holders" else "-o"
             raise MagicInputError(f"'{args.action}' takes {takes}, not "

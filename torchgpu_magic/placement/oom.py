@@ -46,7 +46,8 @@ class OOMFacts:
     ``backend`` the allocator that raised ('cuda', 'hip', 'cuda-async', 'mps', 'xpu', 'cpu', 'python');
     ``wording`` which form of the message it was. ``in_use`` is what this process has on the device
     (PyTorch's and the rest), ``others`` the (pid, bytes) of other processes the message lists,
-    ``allocated`` what PyTorch's tensors hold, ``cached`` reserved but unallocated (torch's cache, which
+    ``allocated`` what PyTorch's tensors hold (its private pools, e.g. CUDA graphs', included; those alone
+    are ``private_pools``), ``cached`` reserved but unallocated (torch's cache, which
     the allocator already emptied of whole free segments before raising: what is left is fragments),
     ``limit`` a per-process cap (``set_per_process_memory_fraction``, MPS' high watermark)."""
 
@@ -182,7 +183,7 @@ def _facts(wording: str, found: Any, backend: Optional[str], text: str, details:
             values["in_use"] = values["allocated"] + parse_size(other_alloc)
     allocated, cached, reserved = values.get("allocated"), values.get("cached"), values.get("reserved")
     if allocated is not None and cached is not None and reserved is None:
-        values["reserved"] = allocated + cached + (values.get("private_pools") or 0)
+        values["reserved"] = allocated + cached  # 'allocated by PyTorch' includes the private pools
     elif reserved is not None and allocated is not None and cached is None:
         values["cached"] = max(0, reserved - allocated)
     if (values.get("limit") or 0) >= _NO_LIMIT:  # cudaMallocAsync prints its 'no limit' as 16 EiB

@@ -6,7 +6,8 @@ Arms, in one real InteractiveShell, interleaved round by round (the machine is s
 - ``gpumem panel``: ``%gpumem --widget`` with per-cell accounting (the record, the panel told; its sampler
   thread ticks once a second in the background, as for a user);
 - ``gpumem text``: ``%gpumem --text``, which prints one ``[gpumem] ...`` line per cell (no thread).
-Printed output goes to an in-memory buffer in every arm alike.
+Printed output goes to an in-memory buffer in every arm alike. Equal terms: every arm runs the same
+cells in the same shell, on the same live objects (nothing is created for one arm only).
 
 For each arm: the median wall time of ``run_cell`` for a trivial cell (``pass``) and for a 50 ms cell
 (a loop that runs 50 ms by the clock), and the extra over ``empty``. Targets (issue 13): ≤ 0.1 ms on

@@ -11,7 +11,8 @@ Rows (arms interleaved, round by round, medians reported; the machine is shared 
   engines share the cores and time each other's CPU work.
 
 Run: ``PYTHONPATH=$PWD python benchmarks/bench_cluster.py [--engines 8] [--rounds 5] [--window 10]``.
-The engines need this package importable: they inherit this process's PYTHONPATH.
+The engines need this package importable: they inherit this process's PYTHONPATH. Equal terms: both
+arms of a row ask the same engines, holding the same objects, in the same run.
 """
 from __future__ import annotations
 

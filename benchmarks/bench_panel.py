@@ -10,7 +10,8 @@ Rows:
   (target at 1 Hz: ≤ 1 %), beside a second no-sampler arm whose "slowdown" is this machine's noise floor.
 
 The panel's widgets have no frontend here (ipywidgets' dummy comm), so the figures include building
-and serialising the state but not the zmq send of a real kernel.
+and serialising the state but not the zmq send of a real kernel. Equal terms: every window and every
+run of the cell is in the same process, on the same live objects; only the sampler differs.
 
 Run: `python benchmarks/bench_panel.py [--window 6] [--rounds 3] [--cell 1.0]`.
 """

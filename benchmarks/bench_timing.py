@@ -14,7 +14,8 @@ GPU (`--gpu`, needs CUDA):
 CPU also checks that a 1 s first run with --max-time 0.5 still leaves >= 7 samples.
 
 Every comparison runs in alternating rounds (ours, theirs, ours, theirs, ...) and compares medians of the
-rounds, so drift of a noisy machine hits both sides alike.
+rounds, so drift of a noisy machine hits both sides alike. Equal terms: both timers time the same
+statement on the same tensors, bound once in the same namespace.
 Usage: python benchmarks/bench_timing.py [--gpu] [--strict]   (--strict: exit 1 when a target is missed)
 """
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -74,8 +75,9 @@ def cell_text(cell: Any) -> str:
                 parts.append(data["text/plain"] + "\n")
             elif "application/vnd.jupyter.widget-view+json" in data:
                 parts.append("[live widget]\n")
-        elif kind == "error":
-            parts.append(f"{out.get('ename')}: {out.get('evalue')}\n")
+        elif kind == "error":  # the traceback as a person reads it, colours taken out
+            frames = [re.sub(r"\x1b\[[0-9;]*m", "", part) for part in out.get("traceback", [])]
+            parts.append("\n".join(frames) + "\n" if frames else f"{out.get('ename')}: {out.get('evalue')}\n")
     return "".join(parts)
 
 

@@ -83,8 +83,24 @@ def test_typos_get_a_did_you_mean(spec, guess):
         devices.resolve(spec)
     assert not isinstance(info.value, devices.DeviceUnavailable)  # a typo is not "unavailable"
     message = str(info.value)
-    assert f"Did you mean '{guess}'?" in message
-    assert "Devices here: cpu" in message and "\n" not in message
+    if devices._missing(guess.split(":")[0]) is None:  # the guess exists here: suggest it
+        assert f"Did you mean '{guess}'?" in message
+    else:  # never suggest what would fail next: say torch's name and why it is not here
+        assert "Did you mean" not in message
+        assert f"; torch calls it '{guess}', which is not available here: " in message
+    assert message.count("Devices here:") == 1 and "Devices here: cpu" in message and "\n" not in message
+
+
+def test_gpu_without_cuda_says_why_instead_of_suggesting_cuda(monkeypatch):
+    monkeypatch.setattr(devices, "_cuda_count", lambda: 0)
+    with pytest.raises(MagicInputError) as info:
+        devices.resolve("gpu")
+    message = str(info.value)
+    assert message.startswith("unknown device 'gpu'; torch calls it 'cuda', which is not available here: ")
+    assert "Did you mean" not in message
+    monkeypatch.setattr(devices, "_cuda_count", lambda: 2)
+    with pytest.raises(MagicInputError, match=r"Did you mean 'cuda'\?"):
+        devices.resolve("gpu")
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import sys
 
 from conftest import ROOT
 
-OUR_MAGICS = {"gpuinfo", "ontorch", "cudatime", "whereis", "gpumem"}
+OUR_MAGICS = {"gpuinfo", "ontorch", "cudatime", "whereis", "gpumem", "cudamem"}
 
 
 def _ours(shell):
@@ -47,7 +47,7 @@ def test_whereis_help_states_the_default_top():
     from torchgpu_magic.placement import DEFAULT_TOP
 
     [top] = [a for a in WhereIsMagics.whereis.parser._actions if a.dest == "top"]
-    assert f"(default {DEFAULT_TOP}:" in top.help
+    assert f"(default {DEFAULT_TOP})" in top.help
 
 
 def test_load_registers_all_magics(ip):

@@ -48,7 +48,20 @@ def test_no_driver(fake_nvml, fresh_env, scenario):
     fake_nvml(scenario)
     report = inv.build_report(view_fn=lambda: cuda_view([]))
     assert causes(report) == ["no_driver"]
-    assert report.diagnosis[0].fix == nvml.status().hint
+    if scenario == "no_library":  # what to install here, not the cause said again
+        assert report.diagnosis[0].fix == inv.driver_fix()
+        assert "not found" not in report.diagnosis[0].fix
+    else:
+        assert report.diagnosis[0].fix == nvml.status().hint
+
+
+def test_no_driver_advice_fits_the_machine():
+    laptop = inv.driver_fix("Linux", container=False, wsl=False)
+    assert "ubuntu-drivers" in laptop and "docker" not in laptop
+    assert "--gpus all" in inv.driver_fix("Linux", container=True, wsl=False)
+    assert "on Windows, not inside WSL" in inv.driver_fix("Linux", container=False, wsl=True)
+    assert "'mps'" in inv.driver_fix("Darwin") and "docker" not in inv.driver_fix("Darwin")
+    assert "nvidia.com" in inv.driver_fix("Windows") and "docker" not in inv.driver_fix("Windows")
 
 
 @pytest.mark.parametrize("value", ["", "-1", "NoDevFiles", "GPU-ffffffff"])
@@ -215,3 +228,13 @@ def test_real_gpu_report_agrees_with_torch_and_nvml():
             assert entry.snapshot.compute_capability == f"{props.major}.{props.minor}"
             assert abs(entry.snapshot.memory_total - props.total_memory) <= 0.02 * entry.snapshot.memory_total
     assert len([g for g in report.gpus if g.torch_index is not None]) == torch.cuda.device_count()
+
+
+def test_readme_names_the_pid_as_the_report_does(fake_nvml, fresh_env):
+    from conftest import ROOT
+
+    fake_nvml("no_library")
+    text = inv.build_report(view_fn=lambda: inv.TorchView(version="2.13.0+cpu")).to_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "this process's PID" in text and "this process's PID" in readme
+    assert "this kernel's PID" not in readme and "<- this kernel" not in readme

@@ -15,7 +15,7 @@ from conftest import ROOT
 PACKAGE = ROOT / "torchgpu_magic"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 MAX_LINES = 500
-MAGICS = ("gpuinfo", "ontorch", "cudatime", "whereis", "gpumem")
+MAGICS = ("gpuinfo", "ontorch", "cudatime", "whereis", "gpumem", "cudamem")
 
 
 def _dotted(path: Path) -> str:

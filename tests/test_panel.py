@@ -1,6 +1,7 @@
 """panel.py and %gpumem: the widget model without a frontend, through a real InteractiveShell."""
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -450,3 +451,35 @@ def test_the_panels_bundle_carries_text_and_html_snapshots(ip, monkeypatch):
     assert WIDGET_MIME not in final  # the view is gone: the snapshot alone
     assert "panel closed: the figures as they were last" in final["text/plain"]
     assert "snap_cell = 1" in final["text/html"]
+
+
+def test_records_returned_by_o_are_live_and_stay_after_stop(ip):
+    with capture_output():
+        records = run(ip, "%gpumem --text -o")
+    assert len(records) == 0
+    with capture_output():
+        ip.run_cell("a = 1", store_history=True).raise_error()
+        ip.run_cell("b = 2", store_history=True).raise_error()
+    assert [r.first_line for r in records][-2:] == ["a = 1", "b = 2"]  # filled as the cells ran
+    with capture_output():
+        run(ip, "%gpumem stop")
+        ip.run_cell("c = 3", store_history=True).raise_error()
+    assert "c = 3" not in [r.first_line for r in records]
+    assert [r.first_line for r in run(ip, "%gpumem --records")] == [r.first_line for r in records]
+
+
+def test_widget_in_a_terminal_is_not_reprinted_after_each_cell(ip, monkeypatch):
+    from torchgpu_magic.magics import gpumem
+
+    monkeypatch.setattr(gpumem, "SNAPSHOT_EVERY", 0.0)  # every cell would be due a rewrite
+    with capture_output() as started:
+        run(ip, "%gpumem --widget")
+    assert len(started.outputs) == 1  # shown once
+    with capture_output() as cells:
+        for code in ("a = 1", "b = 2", "c = 3"):
+            ip.run_cell(code, store_history=True).raise_error()
+    assert cells.outputs == [] and "Memory" not in cells.stdout
+    with capture_output() as stopped:
+        run(ip, "%gpumem stop")
+    (final,) = [o.data["text/plain"] for o in stopped.outputs]
+    assert "panel closed" in final and re.search(r"\[gpumem\] In\[\d+\] ", final)

@@ -229,3 +229,19 @@ def test_account_to_dict_is_plain_data():
     assert data["devices"] == ["meta"] and data["bytes"] == {"meta": 864}
     assert {"device": "cpu", "role": "step", "bytes": 16} in data["by_role"]
     assert data["kept_off"][0]["device"] == "cpu" and data["misplaced"] == []
+
+
+def test_many_tensors_read_at_once_say_what_each_says_alone():
+    base = torch.ones(10, requires_grad=True)
+    base.sum().backward()
+    tensors = [base, base[2:5], torch.ones(3, device="meta"), torch.get_rng_state(),
+               torch.zeros(2, 3, dtype=torch.float64).t(), torch.ones(())]
+    fields = len(accounting.TensorFacts._fields)
+    for group in (tensors, tensors + [torch.ones(4).to_sparse()]):  # the sparse one: read one by one
+        columns = accounting.tensor_columns(group)
+        for index, tensor in enumerate(group):
+            together = accounting.TensorFacts(*(column[index] for column in columns[:fields]))
+            assert together == accounting.tensor_facts(tensor), index
+        assert columns.why[3] == bydesign.RNG_WHY and columns.grads[0][2] == 40
+        assert columns.devices[2] == "meta"
+        assert len(placement.namespace_report({f"t{i}": t for i, t in enumerate(group)}).rows) == len(group)

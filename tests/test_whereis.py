@@ -27,6 +27,16 @@ def _cell(ip, code):
     return captured
 
 
+def _explained(captured) -> list:
+    """The explanations a failing cell showed: above its traceback (stdout, up to IPython's line of
+    dashes), and any displayed after the cell (when another handler showed the traceback)."""
+    found = []
+    head = captured.stdout.split("-" * 20)[0].strip()
+    if head.startswith("whereis:"):
+        found.append(head)
+    return found + [t for t in _texts(captured) if t.startswith("whereis:")]
+
+
 def test_table_through_the_magic(ip):
     run(ip, SETUP + "batch = [x, torch.zeros(2, dtype=torch.int64)]\n")
     out = _cell(ip, "%whereis")
@@ -87,7 +97,7 @@ def test_diagnosis_on_real_errors(ip, code, names, fix):
     run(ip, SETUP)
     out = _cell(ip, code)
     assert "Traceback" in out.stdout and "RuntimeError" in out.stdout
-    texts = _texts(out)
+    texts = _explained(out)
     assert len(texts) == 1, texts
     text = texts[0]
     assert text.startswith("whereis: a device mismatch")
@@ -101,7 +111,7 @@ def test_diagnosis_in_a_function_defined_in_the_cell(ip):
     """The user's line and objects first, the callee's line in its own terms second; the fix goes on
     the user's line."""
     run(ip, SETUP)
-    text = _texts(_cell(ip, "def step(inp):\n    return model(inp)\nstep(x)"))[0]
+    text = _explained(_cell(ip, "def step(inp):\n    return model(inp)\nstep(x)"))[0]
     assert "On line 3: step(x)" in text and "inside step(), line 2: return model(inp)" in text
     assert re.search(r"used there:\n\s+x\s+cpu", text)
     assert "Fix: x = x.to(next(model.parameters()).device)" in text and "inp = inp" not in text
@@ -128,7 +138,7 @@ NET = (
 ])
 def test_diagnosis_inside_forward_names_the_users_objects(ip, code, used, fix):
     run(ip, SETUP + NET + "net = Net().to('meta')\n")
-    text = _texts(_cell(ip, code))[0]
+    text = _explained(_cell(ip, code))[0]
     mine = text.split("used there:")[1].split("inside forward()")[0]
     for name in used:
         assert re.search(rf"^\s+{re.escape(name)}\s", mine, re.M), (name, text)
@@ -140,7 +150,7 @@ def test_diagnosis_inside_forward_names_the_users_objects(ip, code, used, fix):
 def test_diagnosis_of_a_training_step_that_names_an_optimizer(ip):
     """The optimizer on the failing line used to kill the diagnosis with an AttributeError."""
     run(ip, SETUP + "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
-    text = _texts(_cell(ip, "opt.zero_grad(); loss = model(x).sum(); loss.backward(); opt.step()"))[0]
+    text = _explained(_cell(ip, "opt.zero_grad(); loss = model(x).sum(); loss.backward(); opt.step()"))[0]
     assert "could not diagnose" not in text
     assert re.search(r"^\s+opt\s+meta\s+SGD \(optimizer\)", text, re.M)
     assert "Fix: x = x.to(next(model.parameters()).device)" in text
@@ -157,24 +167,28 @@ def test_diagnosis_of_a_training_step_that_names_an_optimizer(ip):
 ])
 def test_diagnosis_of_rnn_attention_and_index_errors(ip, code, devices):
     run(ip, SETUP)
-    texts = _texts(_cell(ip, code))
+    texts = _explained(_cell(ip, code))
     assert len(texts) == 1, texts
     assert texts[0].startswith(f"whereis: a device mismatch {devices}") and "Fix: " in texts[0]
 
 
-def test_traceback_unchanged(ip):
+def test_traceback_of_other_errors_unchanged(ip):
+    """Only the errors it explains get the extension's traceback (tests/test_tracebacks.py); any other
+    error in an ordinary cell shows exactly IPython's."""
     import torchgpu_magic
 
     run(ip, SETUP)
-    with_ext = _cell(ip, "c = a + b").stdout
+    code = "m = torch.ones(2, 3)\nc = m @ m"
+    with_ext = _cell(ip, code)
     torchgpu_magic.unload_ipython_extension(ip)
     try:
-        without = _cell(ip, "c = a + b")
+        without = _cell(ip, code)
     finally:
         torchgpu_magic.load_ipython_extension(ip)
-    assert without.outputs == []
-    strip = re.compile(r"In\[\d+\]")
-    assert strip.sub("", with_ext) == strip.sub("", without.stdout)
+    assert with_ext.outputs == without.outputs == []
+    strip = re.compile(r"In\[\d+\]|<ipython-input-\d+-\w+>")
+    assert strip.sub("", with_ext.stdout) == strip.sub("", without.stdout)
+    assert "site-packages" in with_ext.stdout or "mat1 and mat2" in with_ext.stdout
 
 
 def test_nothing_for_other_errors(ip):
@@ -203,7 +217,8 @@ def test_coexists_with_a_custom_exception_handler(ip):
         run(ip, SETUP)
         out = _cell(ip, "c = a + b")
         assert seen == [RuntimeError]
-        assert "RuntimeError" in out.stdout and _texts(out)[0].startswith("whereis: a device mismatch")
+        # the handler showed the traceback through the shell: explained above it, and once
+        assert "RuntimeError" in out.stdout and len(_explained(out)) == 1
         assert (ip.CustomTB, ip.custom_exceptions) == custom
         torchgpu_magic.unload_ipython_extension(ip)
         assert (ip.CustomTB, ip.custom_exceptions) == custom
@@ -299,7 +314,7 @@ def test_no_reference_kept(ip):
     _cell(ip, "%whereis big model")
     # A diagnosis that names `big` (IPython itself keeps the frames of a failing operation alive, so
     # `big` is used elsewhere in the cell, not by the operation that fails).
-    assert "big" in _texts(_cell(ip, "s = big.sum()\nc = a + b"))[0]
+    assert "big" in _explained(_cell(ip, "s = big.sum()\nc = a + b"))[0]
     assert "float32" in ip.display_formatter.format(ip.user_ns["big"])[0]["text/plain"]  # --repr printer
     ref = ip.user_ns["ref"]
     assert ref() is not None
@@ -325,7 +340,7 @@ def test_gpu_model_table_and_dataparallel(ip):
 @pytest.mark.gpu
 def test_gpu_diagnosis_on_real_cuda_cpu_mismatch(ip):
     run(ip, "import torch\nmodel = torch.nn.Linear(3, 2).cuda()\nx = torch.ones(4, 3)")
-    text = _texts(_cell(ip, "y = model(x)"))[0]
+    text = _explained(_cell(ip, "y = model(x)"))[0]
     assert "cuda:0" in text and "x = x.to(next(model.parameters()).device)" in text
 
 
@@ -405,3 +420,12 @@ def test_training_notebook_diagnoses_each_forgotten_move():
             assert line in text, (line, text)
     shown = "\n".join(runner.cell_text(c) for c in nb.cells if c.source.startswith("%whereis --sort"))
     assert re.search(r"^model\s+Sequential\s+float32\s+178 params\s+712 B\s+712 B\s", shown, re.M), shown
+
+
+def test_help_speaks_to_the_user_not_of_the_implementation(ip):
+    from torchgpu_magic import placement
+    from torchgpu_magic.magics.whereis import WhereIsMagics
+
+    text = WhereIsMagics.whereis.__doc__ + WhereIsMagics.whereis.parser.format_help()
+    assert "imported" not in text and "placement." not in text
+    assert f"(default {placement.DEFAULT_TOP})" in " ".join(text.split())

@@ -190,7 +190,8 @@ class DeviceState:
             module = _module(kind)
             if module.current_device() != index:  # the block itself switched devices
                 module.set_device(index)
-        torch.set_default_dtype(self.dtype)
+        if torch.get_default_dtype() != self.dtype:  # setting it costs more than asking
+            torch.set_default_dtype(self.dtype)
         if _raw_default_device() != self.default_device:
             torch.set_default_device(self.default_device)
 
@@ -226,11 +227,13 @@ def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:
         state.guards.append(guard)
     if dtype is not None:
         torch.set_default_dtype(dtype)
-    target = None if device == torch.device("cpu") else device
+    target = None if device.type == "cpu" and device.index in (None, 0) else device
     if _raw_default_device() != target:
         torch.set_default_device(target)
-    if target is None and _default_device() != device:
-        torch.set_default_device(device)  # a `with torch.device(...)` block outside us: override it
+    # A `with torch.device(...)` block outside us is a mode on torch's function-mode stack: override it.
+    # (Only then is torch.get_default_device() asked: it searches that stack, a cost on every cell.)
+    if target is None and torch._C._len_torch_function_stack() and _default_device() != device:
+        torch.set_default_device(device)
 
 
 @contextmanager
@@ -284,10 +287,22 @@ def _module(kind: str) -> Any:
     return getattr(torch, kind)
 
 
+_CUDA_COUNT: dict = {}  # (is_available, device_count, CUDA_VISIBLE_DEVICES): the count they gave
+
+
 def _cuda_count() -> int:
+    """How many CUDA devices torch sees, remembered: ``%%ontorch`` and ``%%cudatime`` ask before every
+    cell, and before CUDA is initialised ``torch.cuda.is_available()`` asks NVML each time. Asked again
+    when ``CUDA_VISIBLE_DEVICES`` changes (which, before CUDA starts, changes the count: the reason torch
+    does not cache it then) or when torch's functions are replaced (a test's stand-in for a GPU)."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    key = (torch.cuda.is_available, torch.cuda.device_count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    count = _CUDA_COUNT.get(key)
+    if count is None:
+        _CUDA_COUNT.clear()
+        count = _CUDA_COUNT[key] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count
 
 
 def _xpu_count() -> int:
@@ -369,12 +384,41 @@ def shown(text: str, limit: int = 40) -> str:
     return text.encode("unicode_escape").decode("ascii")
 
 
+def without_device_list(message: str) -> str:
+    """A device error's message without its closing "Devices here: ..." list, for a caller that lists
+    the devices it takes itself (``%%cudatime --devices``, ``--fallback``)."""
+    return message.split(" Devices here:")[0].rstrip(".")
+
+
+def _missing(kind: str) -> Optional[str]:
+    """Why device type ``kind`` is not usable here, or None when it is."""
+    if kind in ("cpu", "meta", "auto"):
+        return None
+    if kind == "cuda":
+        return None if _cuda_count() else _cuda_missing()
+    if kind == "xpu":
+        return None if _xpu_count() else "torch sees no Intel XPU here"
+    if kind == "mps":
+        return None if _mps_available() else (
+            "this torch has no MPS support" if not _mps_built() else "no Apple-silicon GPU is usable")
+    return None
+
+
 def _unknown(text: str) -> str:
+    """A malformed or misspelt spec: a did-you-mean for a device that exists here; for one that does not
+    (``gpu`` on a machine without CUDA), torch's name for it and why it is not available, so the message
+    suggests nothing that would fail next."""
     shown_text = shown(text)
     kind, _, index = text.strip().lower().partition(":")
     close = difflib.get_close_matches(kind, KINDS + ("auto",), n=1, cutoff=0.5)
     guess = _HINTS.get(kind) or (close[0] if close else None)
     if guess and index.isdigit() and guess in ("cuda", "xpu"):
         guess = f"{guess}:{int(index)}"
-    hint = f" Did you mean '{guess}'?" if guess else ""
-    return f"unknown device '{shown_text}'.{hint} {_here()}"
+    missing = _missing(guess.split(":")[0]) if guess else None
+    if guess is None:
+        hint = "."
+    elif missing is None:
+        hint = f". Did you mean '{guess}'?"
+    else:
+        hint = f"; torch calls it '{guess}', which is not available here: {missing}."
+    return f"unknown device '{shown_text}'{hint} {_here()}"

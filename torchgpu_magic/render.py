@@ -161,6 +161,11 @@ class Table:
         )
 
 
+def html_pre(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> str:
+    """Escape the lines and keep them as one preformatted block, so aligned columns stay aligned."""
+    return f'<pre class="{css_class}">' + html.escape("\n".join(lines)) + "</pre>"
+
+
 def html_lines(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> str:
     """Escape each line and join them as a block of HTML paragraphs."""
     return "".join(f'<div class="{css_class}">{html.escape(line)}</div>' for line in lines)

@@ -21,6 +21,7 @@ from ..render import Table, fmt_bytes, fmt_value, html_lines, is_na
 from . import nvml
 from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, parse_cuda_visible_devices, torch_view
 from .nvml import NA
+from .problems import driver_fix
 
 __all__ = [
     "TorchDevice",
@@ -337,7 +338,8 @@ def diagnose(view: TorchView, problem: Any, gpus: list, env: dict) -> list:
             "driver_not_loaded": "no NVIDIA driver loaded: NVML says the kernel driver is not loaded",
             "driver_mismatch": "the NVIDIA driver is half-upgraded: its library and kernel module differ",
         }[problem.code]
-        causes.append(Diagnosis("no_driver", what, problem.hint))
+        fix = driver_fix() if problem.code == "library_not_found" else problem.hint
+        causes.append(Diagnosis("no_driver", what, fix))
     elif problem is None and not gpus:
         causes.append(Diagnosis("no_gpu", "the NVIDIA driver works but finds no GPU",
                                 "is a GPU attached to this machine or container? (`nvidia-smi -L`)"))

@@ -1,7 +1,8 @@
 """The IPython side of torchgpu_magic: one ``Magics`` class per magic, registered together.
 
 As IPython keeps its own magics (``IPython/core/magics/``), each magic has a module named after it
-(``gpuinfo.py``, ``ontorch.py``, ``cudatime.py``, ``whereis.py``, ``gpumem.py``) holding its options, hooks
+(``gpuinfo.py``, ``ontorch.py``, ``cudatime.py``, ``whereis.py``, ``gpumem.py``,
+``cudamem.py``) holding its options, hooks
 and state; ``base.py`` holds what they share. This package is the only part of torchgpu_magic that knows
 IPython's magic machinery and the only one that turns the core's
 :class:`~torchgpu_magic.errors.MagicInputError` into IPython's ``UsageError``. :func:`load` registers every
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .base import TorchGPUMagics
+from .cudamem import CUDAMemMagics
 from .cudatime import CUDATimeMagics
 from .gpuinfo import GPUInfoMagics
 from .gpumem import GPUMemMagics
@@ -23,7 +25,7 @@ from .whereis import WhereIsMagics
 __all__ = ["TorchGPUMagics", "instance", "load", "unload"]
 
 # One Magics class per magic, in the order %lsmagic and the README list them.
-_PARTS = (GPUInfoMagics, OnTorchMagics, CUDATimeMagics, WhereIsMagics, GPUMemMagics)
+_PARTS = (GPUInfoMagics, OnTorchMagics, CUDATimeMagics, WhereIsMagics, GPUMemMagics, CUDAMemMagics)
 
 
 def instance(shell: Any) -> Optional[TorchGPUMagics]:

@@ -9,6 +9,7 @@ together. This is the only module the magics' modules import from each other.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, Callable, Iterable, TypeVar
 
 from IPython.core.error import UsageError
@@ -34,15 +35,24 @@ def parse_args(magic: Callable[..., Any], line: str) -> Any:
 
 
 def usage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the core's :class:`MagicInputError` into a one-line ``UsageError`` for ``method``."""
+    """Turn the core's :class:`MagicInputError` into a one-line ``UsageError`` for ``method``, named as
+    the user typed the magic: ``%%cudatime: ...`` for the cell form (whose errors would otherwise say
+    ``%cudatime``, the line form's name, as do the usage lines argparse writes)."""
+    name = method.__name__
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        cell = kwargs.get("cell", args[2] if len(args) > 2 else None)
         try:
             return method(*args, **kwargs)
         except MagicInputError as exc:
-            raise UsageError(f"%{method.__name__}: {exc}") from None
+            raise UsageError(f"{'%%' if cell is not None else '%'}{name}: {exc}") from None
+        except UsageError as exc:
+            named = re.sub(rf"(?<!%)%{name}\b", f"%%{name}", str(exc)) if cell is not None else str(exc)
+            if named == str(exc):
+                raise
+            raise UsageError(named) from None
 
     return wrapper
 
@@ -149,8 +159,11 @@ class TorchGPUMagics(Magics):
     that undo whatever those hooked into the shell (event callbacks, formatters, threads)."""
 
     def __init__(self, shell: Any, parts: Iterable[type[MagicsPart]]) -> None:
+        from .tracebacks import Tracebacks
+
         super().__init__(shell)
         self._closers: list[Callable[[], None]] = []
+        self.tracebacks = Tracebacks(shell)  # the user's cell first; parts add their explainers
         self.parts: list[MagicsPart] = [cls(shell, self) for cls in parts]
 
     def part(self, cls: type[P]) -> P:
@@ -158,7 +171,10 @@ class TorchGPUMagics(Magics):
         return next(part for part in self.parts if isinstance(part, cls))
 
     def start(self) -> None:
-        """Hook the always-on features of every part into the shell (called once, by ``load``)."""
+        """Hook the always-on features of every part into the shell (called once, by ``load``): the
+        traceback wrapper first, then each part's (a part may register an explainer with it)."""
+        self.tracebacks.install()
+        self.add_closer(self.tracebacks.uninstall)
         for part in self.parts:
             part.start()
 

@@ -183,7 +183,7 @@ class CUDATimeMagics(MagicsPart):
         try:
             return devices.resolve(spec)
         except MagicInputError as exc:
-            reason = str(exc).split(". Devices here:")[0]
+            reason = devices.without_device_list(str(exc))
             takes = [d for d in devices.available_devices() if d != "meta"] + ["auto"]
             raise UsageError(f"%cudatime: --devices: {reason}; it takes: {', '.join(takes)}") from None
 

@@ -153,7 +153,7 @@ class GPUMemMagics(MagicsPart):
             self._start_panel(interval, args.refresh, args.cells)
             self._display = display(self._panel.widget, display_id=True)
             self._snapshot_at = time.monotonic()
-        return self.records() if args.output else None
+        return self._live_records() if args.output else None
 
     # ---- holders and free --------------------------------------------------------------------------
     def _holders_or_free(self, args: Any, line: str) -> Any:
@@ -194,6 +194,12 @@ class GPUMemMagics(MagicsPart):
             print(f"%gpumem: text mode; for the live panel: {_INSTALL}")
             return True
         return not widget and not shows_widgets(self.shell)
+
+    def _live_records(self) -> Any:
+        """``r = %gpumem -o``: the running ``%gpumem``'s records themselves, which keep filling as cells
+        run (and stay as they were when it stops); a copy of the last ones when per-cell accounting is
+        off."""
+        return self._cells.records if self._cells is not None else self.records()
 
     def records(self) -> Any:
         """A copy of the per-cell records of the running (or last) ``%gpumem``; empty before one ran."""
@@ -310,9 +316,12 @@ class GPUMemMagics(MagicsPart):
 
     def _update_snapshot(self, final: bool = False) -> None:
         """Rewrite the panel output's static snapshot (what a saved notebook keeps). While the panel is
-        live the output keeps its widget view too; ``final``: the snapshot alone, the view being gone."""
+        live the output keeps its widget view too; ``final``: the snapshot alone, the view being gone.
+        Where the frontend cannot rewrite an output in place (a terminal, shown the panel by
+        ``--widget``) an update would print the whole snapshot again after every cell: there only the
+        final one is printed, once, when the panel stops."""
         live, handle = self._panel, self._display
-        if live is None or handle is None:
+        if live is None or handle is None or (not final and not shows_widgets(self.shell)):
             return
         try:
             if final:

@@ -15,6 +15,7 @@ from .base import MagicsPart, TorchGPUMagics, cell_number, ends_with_semicolon, 
 
 # type -> whether the footer watches its instances for in-place changes (modules, optimizers, containers)
 _HELD_TYPE: dict = {}
+_IPYTHON = frozenset({"In", "Out", "exit", "quit", "get_ipython"})  # IPython's own names: never the user's
 
 
 def _rebound(keys: list, ids: list, ns: dict) -> set:
@@ -43,6 +44,7 @@ class OnTorchMagics(MagicsPart):
         self._depth = 0  # how many %%ontorch cells are running (nested ones included)
         self._closer_added = False
         self._parsed: dict = {}  # parsed options by magic line: see _args
+        self._footer_caches: Any = None  # (before, after) placement.SnapshotCache of the footer
 
     @magic_arguments()
     @argument("spec", nargs="?", default=None,
@@ -178,7 +180,7 @@ class OnTorchMagics(MagicsPart):
         except devices.DeviceUnavailable as exc:
             if backup is None:
                 raise
-            reason = str(exc).split(". Devices here:")[0]
+            reason = devices.without_device_list(str(exc))
             return backup, f"{magic}: {reason}; running on {backup} instead (--fallback)"
 
     def _targets(self, move: Optional[str]) -> list:
@@ -274,10 +276,15 @@ class OnTorchMagics(MagicsPart):
         from .. import devices, placement
 
         ns = self.shell.user_ns
+        compiled = self._compile(cell, line)  # first: a syntax error moves and changes nothing
         if not quiet:  # footer: what the cell binds anew, and the insides of models and containers
-            keys, ids = list(ns), list(map(id, ns.values()))  # at C speed: the whole namespace
-            held = self._held(ns)
-            before = placement.namespace_snapshot(held)
+            if self._footer_caches is None:  # one each: alternating mappings would make one start over
+                self._footer_caches = (placement.SnapshotCache(), placement.SnapshotCache())
+            watch = placement.cell_names([code for code in compiled[:2] if code is not None], compiled[2], ns)
+            if watch is not None:
+                watch.update(name for name, _ in targets)
+            keys, ids, held = self._watched(ns, watch)
+            before = placement.namespace_snapshot(held, self._footer_caches[0])
         self._depth += 1
         try:
             with devices.use_device(device, dtype):
@@ -286,19 +293,42 @@ class OnTorchMagics(MagicsPart):
                 except MagicInputError as exc:
                     raise UsageError(f"%%ontorch: {exc}") from None
                 self._report_move(moved, device, quiet, "%%ontorch")
-                value = self._exec(cell, line)
+                value = self._run(*compiled[:2])
         finally:
             self._depth -= 1
         if not quiet:
-            names = _rebound(keys, ids, ns)
+            if watch is None:
+                names = _rebound(keys, ids, ns)
+            else:
+                names = {name for name, obj_id in zip(keys, ids) if name in ns and id(ns[name]) != obj_id}
             names.update(held)  # the names bound anew, and what may have changed in place
-            touched = dict(compress(ns.items(), map(names.__contains__, ns)))
-            after = placement.namespace_snapshot(touched)
-            print(placement.footer_line(device, placement.changed(before, after), ns, cell))
+            touched = {name: ns[name] for name in ns.keys() & names}  # the few names, not the namespace
+            if len(touched) > 1:  # in the namespace's order, as the footer lists them
+                touched = dict(compress(ns.items(), map(touched.__contains__, ns)))
+            changes = placement.changed_elsewhere(before, touched, device, self._footer_caches[1])
+            print(placement.footer_line(device, changes, ns, cell))
         return value
 
+    def _watched(self, ns: dict, watch: Optional[set]) -> tuple:
+        """What the footer notes before the cell: (names, their objects' ids, the held ones by name).
+
+        ``watch`` (from :func:`~torchgpu_magic.placement.cell_names`) is the names the cell can bind or
+        change; None means any, and then the whole namespace is read, in one pass. After a busy cell the
+        namespace's objects are out of the CPU's caches, and touching one costs more than the Python
+        work on it (about 0.2 us a name, measured), which is why the few names a cell mentions are read
+        rather than all of them whenever that is enough. Names the cell binds that did not exist yet
+        have no id here, so they count as bound anew after it."""
+        if watch is None:
+            keys, values = list(ns), list(ns.values())
+        else:
+            keys = list(watch)
+            values = list(map(ns.get, keys))
+        ids = list(map(id, values))
+        held = self._held(keys, values)
+        return keys, ids, held
+
     @staticmethod
-    def _held(ns: dict) -> dict:
+    def _held(keys: list, values: list) -> dict:
         """Names bound to modules, optimizers or containers: objects a cell can change in place.
 
         The footer snapshots only these before the cell, and after it only these plus the names the
@@ -308,14 +338,19 @@ class OnTorchMagics(MagicsPart):
         import torch
 
         kinds = (torch.nn.Module, torch.optim.Optimizer, list, tuple, dict)
-        types = list(map(type, ns.values()))
+        types = list(map(type, values))
         try:
-            for typ in set(types).difference(_HELD_TYPE):
-                _HELD_TYPE[typ] = issubclass(typ, kinds)
+            try:
+                flags = list(map(_HELD_TYPE.__getitem__, types))  # at C speed, per type cached
+            except KeyError:  # a type not seen yet
+                for typ in set(types).difference(_HELD_TYPE):
+                    _HELD_TYPE[typ] = issubclass(typ, kinds)
+                flags = list(map(_HELD_TYPE.__getitem__, types))
         except TypeError:  # an unhashable metaclass: ask each object
-            return {name: obj for name, obj in ns.items() if name[:1] != "_" and isinstance(obj, kinds)}
-        found = compress(ns.items(), map(_HELD_TYPE.__getitem__, types))  # at C speed, per type cached
-        return {name: obj for name, obj in found if name[:1] != "_"}
+            return {name: obj for name, obj in zip(keys, values)
+                    if name[:1] != "_" and isinstance(obj, kinds)}
+        found = compress(zip(keys, values), flags)
+        return {name: obj for name, obj in found if name[:1] != "_" and name not in _IPYTHON}
 
     def _stock(self, cell: str) -> bool:
         """True when IPython's transforms would leave ``cell`` as it is: no extension added transforms
@@ -334,15 +369,15 @@ class OnTorchMagics(MagicsPart):
             )
         )
 
-    def _exec(self, cell: str, line: str) -> Any:
-        """Run ``cell`` in the user namespace the way a cell runs: IPython's transforms, tracebacks that
-        show the cell's own lines, and the value of a last expression returned for display.
+    def _compile(self, cell: str, line: str) -> tuple:
+        """Compile ``cell`` the way a cell is compiled: IPython's transforms, and tracebacks that show the
+        cell's own lines and number; (the body's code, the last expression's code or None when the cell
+        shows no value, the transformed source).
 
-        The body is compiled once and executed here rather than through a nested ``run_cell``, so an
-        exception propagates to the enclosing cell (which shows it as usual and stops "Run all"), and
-        so ``%%time`` / ``%%cudatime`` around or inside it work as they do on any cell.
+        The body is compiled once and executed by :meth:`_run` rather than through a nested ``run_cell``,
+        so an exception propagates to the enclosing cell (which shows it as usual and stops "Run all"),
+        and so ``%%time`` / ``%%cudatime`` around or inside it work as they do on any cell.
         """
-        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
         import ast
 
         shell = self.shell
@@ -364,7 +399,12 @@ class OnTorchMagics(MagicsPart):
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             tail = "\n".join(source.splitlines()[tree.body[-1].lineno - 1:])
             if not ends_with_semicolon(tail):
-                last = ast.Expression(tree.body.pop().value)
-        ns = shell.user_ns
-        exec(shell.compile(tree, filename, "exec"), ns)
-        return eval(shell.compile(last, filename, "eval"), ns) if last is not None else None
+                last = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
+        return shell.compile(tree, filename, "exec"), last, source
+
+    def _run(self, code: Any, last: Any) -> Any:
+        """Run the compiled cell in the user namespace; the last expression's value, or None."""
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        ns = self.shell.user_ns
+        exec(code, ns)
+        return eval(last, ns) if last is not None else None

@@ -29,9 +29,23 @@ class WhereIsMagics(MagicsPart):
         self._closer_added = False
 
     def start(self) -> None:
-        """Hook the mismatch diagnosis into the shell: always on, from load to unload."""
+        """Hook the mismatch diagnosis into the shell, always on from load to unload: above the traceback
+        of a device-mismatch error (an explainer of the extension's tracebacks), and after the cell where
+        that traceback was not ours to show (another extension's ``set_custom_exc`` handler showed it)."""
+        self._owner.tracebacks.add_explainer(self._explain)
         self.shell.events.register("post_run_cell", self._diagnose_cell)
         self.add_closer(lambda: self.shell.events.unregister("post_run_cell", self._diagnose_cell))
+
+    @staticmethod
+    def _explain(error: BaseException, source: str, ns: Any, is_cell_file: Callable[[str], bool]) -> Any:
+        """The mismatch diagnosis of ``error`` (None for any other error), for the traceback."""
+        if not isinstance(error, (RuntimeError, ValueError)):
+            return None
+        from .. import placement
+
+        if placement.mismatch_devices(error) is None:
+            return None
+        return placement.diagnose(error, source, ns, is_cell_file)
 
     @magic_arguments()
     @argument("names", nargs="*", metavar="NAME",
@@ -46,7 +60,7 @@ class WhereIsMagics(MagicsPart):
               help="the table: largest first (data + gradients), or by name; default: namespace order")
     @argument("--top", type=int, default=None, metavar="N",
               help="the table: the first N rows per device, then one line for the rest; 0: all "
-                   "(default 100: placement.DEFAULT_TOP, not imported here so that loading stays light)")
+                   "(default 100)")
     @argument("-o", dest="return_report", action="store_true",
               help="return the report object instead of displaying it")
     @argument("--cluster", nargs="?", const="", default=None, metavar="CLIENT",
@@ -196,7 +210,8 @@ class WhereIsMagics(MagicsPart):
         tensors and modules involved, their devices, and the fix; after an out-of-memory error, who
         holds the device's memory and what to do (:meth:`_explain_oom`). Silent for every other outcome."""
         error = getattr(result, "error_in_exec", None)
-        if not isinstance(error, (RuntimeError, ValueError, MemoryError)):
+        if (not isinstance(error, (RuntimeError, ValueError, MemoryError))
+                or self._owner.tracebacks.explained == id(error)):
             return
         from .. import placement
 
@@ -235,14 +250,10 @@ class WhereIsMagics(MagicsPart):
             display(report)
 
     def _is_cell_file(self, filename: str) -> bool:
-        """True for the file names IPython compiles cells under, whatever names them: IPython 8+ keeps
-        them in its compiler's ``_filename_map``; IPython 7 in ``linecache._ipython_cache``, whether it
-        named them (``<ipython-input-N-...>``) or ipykernel did (``/tmp/ipykernel_PID/HASH.py``)."""
-        import linecache
+        """True for the file names IPython compiles cells under (see :func:`.tracebacks.is_cell_file`)."""
+        from .tracebacks import is_cell_file
 
-        return (filename in getattr(self.shell.compile, "_filename_map", {})
-                or filename in getattr(linecache, "_ipython_cache", {})
-                or filename.startswith("<ipython-input-"))
+        return is_cell_file(self.shell, filename)
 
 
 def _plain_printer(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:

@@ -8,9 +8,16 @@ storage the names, the output history, a failed cell's frames and their autograd
 counted once; :mod:`.graphs` walks a graph), :mod:`.devicestate` (a device read live),
 :mod:`.holdersreport` (``%gpumem holders``), :mod:`.explain` (the out-of-memory explanation),
 :mod:`.free` (``%gpumem free``) and :mod:`.growth` (a cell whose re-runs grow memory).
+
+A cell's memory for ``%%cudamem``: the tracked run (:mod:`.tracking`, torch's MemTracker), the prediction
+on fake tensors (:mod:`.prediction`, over :mod:`.fakecopy` and :mod:`.standin`), the target device and
+its allowances (:mod:`.targets`), the accounting and the CUDA caching allocator's model
+(:mod:`.allocator`), and the reports (:mod:`.cellmem`, whose classes are named here). Those modules import
+torch only inside their functions.
 """
 from __future__ import annotations
 
+from .cellmem import CellMemory, FitResult, ModuleRow
 from .figures import (
     GPUMemory,
     GPUTarget,
@@ -45,5 +52,5 @@ __all__ = [
     "peak_rss",
     "reset_peak_rss", "cuda_state", "torch_figures", "collect", "empty_cache",
     "MIN_INTERVAL", "MAX_INTERVAL", "DEFAULT_INTERVAL", "HISTORY_SECONDS", "THREAD_NAME", "validate_interval",
-    "CellGPU", "CellRecord", "CellRecords", "CellLog", "Sampler",
+    "CellGPU", "CellRecord", "CellRecords", "CellLog", "Sampler", "CellMemory", "FitResult", "ModuleRow",
 ]

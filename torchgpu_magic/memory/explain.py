@@ -12,9 +12,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from ..placement.kinds import gc_paused
 from ..render import fmt_bytes, html_lines
 from . import devicestate
-from .holders import Holdings, Released, collect, no_gc
+from .holders import Holdings, Released, collect
 from .holdersreport import DeviceHolders, device_holders, fragmented
 
 DEL_LINES = 3  # `del` advice for the largest few names; %gpumem holders lists every one
@@ -87,7 +88,7 @@ def explain(exc: BaseException, ns: Mapping[str, Any], tracebacks: Iterable[Any]
     facts = oom_facts(exc)
     if facts is None:
         return None
-    with no_gc():
+    with gc_paused():
         return _explain(facts, ns, [exc, *tracebacks], cell_source)
 
 

@@ -16,13 +16,11 @@ report for one device, with torch's cache and other processes beside the names.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import sys
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
-from ..placement import account, device_str, dtype_str, kind_of, shape_str
-from ..placement.accounting import _DEVICE_STR
+from ..placement import account, device_str, dtype_str, kind_of, shape_str, storage_key
+from ..placement.kinds import _DEVICE_STR, gc_paused
 from ..placement.walk import Walk
 from .graphs import GraphWalk
 
@@ -197,14 +195,15 @@ class Released:
 
 def _tensor(holdings: Holdings, holder: Holder, tensor: Any, role: str = "tensor",
             dtypes: bool = False) -> None:
-    """Claim a tensor's storage (and its gradient's, for a leaf) for ``holder``; ``dtypes``: note the
-    bytes by dtype (activations, for the mixed-precision advice)."""
+    """Claim a tensor's storage (and its gradient's, for a leaf) for ``holder``, under placement's
+    :func:`~torchgpu_magic.placement.storage_key` (the key accounts use, so a parameter reached through a
+    model and through a frame or a graph is one storage); ``dtypes``: note the bytes by dtype
+    (activations, for the mixed-precision advice)."""
     try:
         device = _DEVICE_STR.get(tensor.device) or device_str(tensor.device)
-        storage = tensor.untyped_storage()
-        key, size = ("s", storage._cdata), storage.nbytes()
-    except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+    except (RuntimeError, TypeError, AttributeError):
         return
+    key, size = storage_key(tensor)
     holdings.claim(holder, key, device, role, size, tensor.dtype if dtypes else None)
     if tensor.requires_grad and tensor.is_leaf:
         grad = tensor.grad
@@ -288,7 +287,7 @@ def _names(ns: Mapping[str, Any], holdings: Holdings, graph_roots: list) -> set:
             if device is not None and device not in _NO_MEMORY and not obj.requires_grad:
                 try:  # Holdings.claim for a tensor without gradient, inlined: 10,000 of them cost this loop
                     storage = obj.untyped_storage()
-                    key = ("s", storage._cdata)
+                    key = storage._cdata  # placement.storage_key's key, read inline
                 except (RuntimeError, TypeError, NotImplementedError, AttributeError):
                     key = None
                 if key is not None and key not in storages:
@@ -457,7 +456,7 @@ def collect(ns: Mapping[str, Any], tracebacks: Iterable[Any] = (), graph_limit: 
     holds names, numbers and storage keys, no object."""
     holdings = Holdings()
     graph_roots: list = []
-    with no_gc():
+    with gc_paused():
         try:
             held = _names(ns, holdings, graph_roots)
             _outputs(ns, holdings, graph_roots)
@@ -466,16 +465,3 @@ def collect(ns: Mapping[str, Any], tracebacks: Iterable[Any] = (), graph_limit: 
         finally:
             graph_roots.clear()
     return holdings
-
-
-@contextlib.contextmanager
-def no_gc() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block, as it was afterwards: the walks make a few
-    objects per tensor, and collection passes over a big heap meanwhile cost more than the walk."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()

@@ -12,9 +12,10 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
+from ..placement.kinds import gc_paused
 from ..render import Table, fmt_bytes, html_lines
 from . import devicestate
-from .holders import collect, no_gc
+from .holders import collect
 
 TOP = 15  # rows shown per device; the rest in one line
 ALSO = 2  # other holders named beside one
@@ -175,7 +176,7 @@ def holders_report(ns: Mapping[str, Any], device: Optional[str] = None, tracebac
                    top: Optional[int] = TOP) -> HoldersReport:
     """``%gpumem holders [DEVICE]``: who holds memory on ``device``, or on every device where the holders
     reach memory or torch has allocated some (CUDA GPUs, once CUDA is initialised). Reads only."""
-    with no_gc():
+    with gc_paused():
         holdings = collect(ns, tracebacks)
         devices = [device] if device is not None else _devices_in_use(holdings)
         return HoldersReport([device_holders(holdings, d, top=top) for d in devices])

@@ -3,6 +3,9 @@
 
 Split by concern:
 
+- ``kinds``: the cheap per-tensor reads (kind of an object, device and dtype names, storage and bytes),
+  and the garbage-collector pause the report walks take;
+- ``tree``: the one walk of a module tree, every tensor's facts read at once, figures per module;
 - ``accounting``: the one account of an object's tensors (each with its role: parameter, buffer,
   gradient, optimizer state, step counters; storages counted once; devices; bytes per device and role)
   that every view below reads;
@@ -11,7 +14,8 @@ Split by concern:
 - ``walk``: the bounded walk over a namespace, and static attribute lookup;
 - ``offload``: where accelerate keeps offloaded weights, and where the forward runs;
 - ``text``: the formatting helpers the reports share;
-- ``scan``: the namespace snapshot (``--watch``, ``%%ontorch``'s footer) and the footer's line;
+- ``scan``: the namespace snapshot (``--watch``, ``%%ontorch``'s footer), the names a cell's code can
+  bind, and the footer's line;
 - ``table``: the ``%whereis`` table (names, containers and user objects walked, gradients counted);
 - ``modules``: ``%whereis NAME`` for one tensor, module or optimizer, and the ``--repr`` line;
 - ``names``: resolving that NAME without evaluating code;
@@ -59,7 +63,9 @@ from .scan import (
     SNAPSHOT_CONTAINER_LIMIT,
     Placed,
     SnapshotCache,
+    cell_names,
     changed,
+    changed_elsewhere,
     footer_line,
     namespace_snapshot,
     watch_line,
@@ -71,10 +77,9 @@ from .walk import IPYTHON_NAMES
 __all__ = [
     "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "ROLES", "SNAPSHOT_CONTAINER_LIMIT", "Account",
     "Culprit", "Diagnosis", "Lines", "ModuleReport", "ModuleRow", "NamespaceReport", "OOMFacts",
-    "OptimizerReport",
-    "Placed", "Row", "SnapshotCache", "account", "changed", "footer_line",
-    "describe", "device_str", "devices_of", "diagnose", "dtype_str", "fmt_count", "is_floating", "is_oom",
-    "kind_of", "oom_facts",
+    "OptimizerReport", "Placed", "Row", "SnapshotCache", "account", "cell_names", "changed",
+    "changed_elsewhere", "footer_line", "describe", "device_str", "devices_of", "diagnose", "dtype_str",
+    "fmt_count", "is_floating", "is_oom", "kind_of", "oom_facts",
     "mismatch_devices", "module_report", "namespace_report", "namespace_snapshot", "optimizer_report",
     "placement_line", "resolve", "shape_str", "storage_key", "tensor_line", "tensor_nbytes", "watch_line",
 ]

@@ -21,7 +21,9 @@ An account holds numbers, strings and storage keys, never a tensor. torch is imp
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any, Iterator, NamedTuple, Optional
 
 from . import bydesign
@@ -37,15 +39,22 @@ from .kinds import (
     storage_key,
     tensor_nbytes,
 )
-from .offload import execution_device, offload_place, offload_places
+from .offload import offload_places
 from .text import _device_order
+from .tree import ModuleNode, Walk
+
+_DEVICE = operator.attrgetter("device")
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+_CDATA = operator.attrgetter("_cdata")
 
 ROLES = ("tensor", "parameter", "buffer", "gradient", "state", "step")
 """The roles a held tensor can have, in the order reports list them."""
 
-__all__ = ["ROLES", "Account", "ModuleNode", "Share", "TensorFacts", "_DEVICE_STR", "_KIND_BY_TYPE", "_torch",
-           "account", "device_str", "devices_of", "dtype_str", "grad_of", "is_floating", "kind_of",
-           "optimizer_tensors", "storage_key", "tensor_facts", "tensor_nbytes"]
+__all__ = ["ROLES", "Account", "ModuleNode", "Share", "TensorColumns", "TensorFacts", "_KIND_BY_TYPE",
+           "_torch", "account", "device_str", "devices_of", "dtype_str", "grad_of", "is_floating", "kind_of",
+           "optimizer_tensors", "storage_key", "tensor_columns", "tensor_facts", "tensor_nbytes"]
 
 
 class Share:
@@ -59,25 +68,6 @@ class Share:
         self.device = device
         self.nbytes = self.grad_bytes = self.numel = self.trainable = 0
         self.dtypes: set = set()
-
-
-class ModuleNode:
-    """Placement facts of one module's subtree, computed bottom-up by the one walk of a module: its
-    devices and dtypes, parameter and buffer elements, storage bytes (each storage counted in the
-    first module holding it), trainable elements, notes (tied weights, accelerate), submodule count."""
-
-    __slots__ = ("name", "cls", "children", "devices", "dtypes", "params", "buffers", "nbytes",
-                 "trainable", "notes", "n_modules")
-
-    def __init__(self, name: str, cls: str) -> None:
-        self.name = name
-        self.cls = cls
-        self.children: list = []
-        self.devices: set = set()
-        self.dtypes: set = set()
-        self.params = self.buffers = self.nbytes = self.trainable = 0
-        self.notes: list = []
-        self.n_modules = 1
 
 
 @dataclass(repr=False)
@@ -204,17 +194,66 @@ class TensorFacts(NamedTuple):
 
 def tensor_facts(tensor: Any, gradients: bool = True) -> TensorFacts:
     """The :class:`TensorFacts` of a tensor: what :func:`account` says of it, without the objects."""
-    device = device_str(tensor.device)
-    key, size = storage_key(tensor)
-    grad = None
-    if gradients:
-        found = grad_of(tensor)
-        if found is not None:
-            gkey, gsize = storage_key(found)
-            grad = (gkey, device_str(found.device), gsize)
-    pinned = bydesign.pinned(tensor, device)
-    return TensorFacts(device, key, size, tensor_nbytes(tensor), grad, pinned,
-                       bydesign.tensor_why(tensor, device, pinned))
+    columns = tensor_columns([tensor], gradients)
+    return TensorFacts(*(column[0] for column in columns[:len(TensorFacts._fields)]))
+
+
+class TensorColumns(NamedTuple):
+    """:class:`TensorFacts` of many tensors as columns (lists in the tensors' order), plus their dtypes,
+    shapes and ``requires_grad``: what the namespace table reads for 10,000 tensors at once."""
+
+    devices: list
+    keys: list
+    nbytes: list
+    view_bytes: list
+    grads: list
+    pinned: list
+    why: list
+    dtypes: list
+    shapes: list
+    requires_grad: list
+
+
+def tensor_columns(tensors: list, gradients: bool = True) -> TensorColumns:
+    """The facts of ``tensors`` read at once: torch's getters mapped over the list (tens of nanoseconds a
+    tensor, where a Python loop pays a microsecond); the rare parts (gradients, pinned memory, RNG states)
+    only for the tensors they can concern. One tensor that cannot be read this way (a sparse tensor, an
+    exotic subclass) sends the whole list through :func:`storage_key` one by one."""
+    torch = _torch()
+    devs = list(map(_DEVICE, tensors))
+    devices = list(map(_DEVICE_STR.get, devs))
+    if None in devices:
+        devices = list(map(device_str, devs))
+    try:
+        storages = list(map(torch.Tensor.untyped_storage, tensors))
+        keys = list(map(_CDATA, storages))
+        sizes = list(map(torch.UntypedStorage.nbytes, storages))
+        del storages
+        views = list(map(operator.mul, map(torch.Tensor.nelement, tensors),
+                         map(torch.Tensor.element_size, tensors)))
+    except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+        pairs = list(map(storage_key, tensors))
+        keys, sizes = [k for k, _ in pairs], [s for _, s in pairs]
+        views = list(map(tensor_nbytes, tensors))
+    dtypes = list(map(_DTYPE, tensors))
+    requires_grad = list(map(_REQUIRES_GRAD, tensors))
+    grads: list = [None] * len(tensors)
+    if gradients and any(requires_grad):
+        for index in compress(range(len(tensors)), requires_grad):
+            found = grad_of(tensors[index])
+            if found is not None:
+                gkey, gsize = storage_key(found)
+                grads[index] = (gkey, device_str(found.device), gsize)
+    maybe_pinned = bydesign.pinned_possible()
+    pinned = [("no" if d == "cpu" else "-") for d in devices] if not maybe_pinned else [
+        bydesign.pinned(t, d) for t, d in zip(tensors, devices)]
+    why: list = [None] * len(tensors)
+    uint8 = torch.uint8
+    for index, (dtype, pin) in enumerate(zip(dtypes, pinned)):
+        if dtype is uint8 or pin == "yes":
+            why[index] = bydesign.tensor_why(tensors[index], devices[index], pin)
+    shapes = list(map(_SHAPE, tensors))
+    return TensorColumns(devices, keys, sizes, views, grads, pinned, why, dtypes, shapes, requires_grad)
 
 
 def _tensor_account(tensor: Any, gradients: bool) -> Account:
@@ -233,18 +272,23 @@ def _tensor_account(tensor: Any, gradients: bool) -> Account:
 
 
 def _module_account(module: Any, gradients: bool) -> Account:
-    storages: dict = {}
-    hooks: list = []
-    tree = _walk_module("", module, {}, storages, hooks, gradients)
-    shares = _shares(storages, tree.devices)
-    if len(tree.devices) == 1:  # the common case: the whole tree's figures are the one device's
-        share = _share(shares, next(iter(tree.devices)))
+    walk = Walk(module, gradients)
+    tree, storages = walk.tree, walk.storages
+    if len(tree.devices) == 1 and not walk.grads:  # the common case: the whole tree on one device
+        device = next(iter(tree.devices))
+        share = Share(device)
+        share.nbytes = tree.nbytes
+        shares = {device: share}
+    else:
+        shares = _shares(storages, tree.devices)
+    if len(tree.devices) == 1:
+        share = shares[next(iter(tree.devices))]
         share.numel, share.trainable = tree.params, tree.trainable
         share.dtypes = {dtype_str(d) for d in tree.dtypes}
     elif tree.devices:
         _split_shares(module, shares)
     return Account("module", type(module).__name__, _ordered(tree.devices), storages, shares, tree=tree,
-                   hooks=hooks)
+                   hooks=walk.hooks)
 
 
 def _split_shares(module: Any, shares: dict) -> None:
@@ -265,93 +309,6 @@ def _split_shares(module: Any, shares: dict) -> None:
                     share.numel += numel
                     if tensor.requires_grad:
                         share.trainable += numel
-
-
-def _walk_module(name: str, module: Any, seen: dict, storages: dict, hooks: list,
-                 grads: bool) -> ModuleNode:
-    """The placement facts of ``module``'s subtree, bottom-up; each tensor object counted in the first
-    module that holds it (``seen``: id -> qualified name; a later holder notes the tie), each storage
-    once (``storages``). Weights accelerate offloads (meta tensors behind a hook) are placed where the
-    hook keeps them, 'cpu' or 'disk'; ``hooks`` collects (execution device, offload places) per hooked
-    module; with ``grads`` the parameters' gradients go into ``storages`` too. Written for speed:
-    this is the whole cost of ``%whereis MODEL``."""
-    node = ModuleNode(name, type(module).__name__)
-    hooked = "_hf_hook" in module.__dict__  # set by accelerate; no Module.__getattr__ miss per module
-    runs_on = execution_device(module) if hooked else None
-    devices, dtypes = node.devices, node.dtypes
-    params = buffers = nbytes = trainable = 0
-    places: set = set()
-    names = _DEVICE_STR
-    for table, role in ((module._parameters, "parameter"), (module._buffers, "buffer")):
-        if not table:
-            continue
-        for key_name, tensor in table.items():
-            if tensor is None:
-                continue
-            dev = tensor.device
-            device = names.get(dev) or device_str(dev)
-            if hooked and device == "meta":
-                place = offload_place(module, key_name)
-                if place is not None:
-                    device = place
-                    places.add(place)
-            devices.add(device)
-            tid = id(tensor)
-            if tid in seen:
-                dtypes.add(tensor.dtype)
-                prefix_of, first = seen[tid]
-                node.notes.append(f"{key_name} tied to {prefix_of}{first} (counted there)")
-                continue
-            seen[tid] = (name + "." if name else "", key_name)
-            dtype = tensor.dtype
-            if role == "parameter" or dtype.is_floating_point or dtype.is_complex:
-                dtypes.add(dtype)
-            try:  # storage_key, inlined: two C calls per tensor
-                storage = tensor.untyped_storage()
-                key = ("s", storage._cdata)
-            except (RuntimeError, TypeError, NotImplementedError, AttributeError):
-                key, size = storage_key(tensor)
-                storage = None
-            if key not in storages:
-                size = int(storage.nbytes()) if storage is not None else size
-                storages[key] = (device, role, size)
-                nbytes += size
-            numel = tensor.nelement()
-            if role == "parameter":
-                params += numel
-                if tensor.requires_grad:
-                    trainable += numel
-                    if grads and tensor.grad is not None:
-                        _add_grad(tensor, storages)
-            else:
-                buffers += numel
-    if hooked:
-        hooks.append((runs_on, places))
-        if places:
-            node.notes.append(f"accelerate: weights on {'+'.join(sorted(places))}, loaded onto {runs_on} "
-                              "for each forward")
-        elif runs_on is not None and (module._parameters or module._buffers):
-            node.notes.append(f"accelerate: runs on {runs_on}")
-    prefix = name + "." if name else ""
-    n_modules = 1
-    children = node.children
-    for child_name, child in module._modules.items():
-        if child is None:
-            continue
-        sub = _walk_module(prefix + child_name, child, seen, storages, hooks, grads)
-        children.append(sub)
-        if not sub.devices <= devices:
-            devices |= sub.devices
-        if not sub.dtypes <= dtypes:
-            dtypes |= sub.dtypes
-        params += sub.params
-        buffers += sub.buffers
-        nbytes += sub.nbytes
-        trainable += sub.trainable
-        n_modules += sub.n_modules
-    node.params, node.buffers, node.nbytes, node.trainable, node.n_modules = (
-        params, buffers, nbytes, trainable, n_modules)
-    return node
 
 
 def optimizer_tensors(optimizer: Any) -> Iterator[tuple]:

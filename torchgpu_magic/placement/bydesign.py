@@ -53,6 +53,17 @@ def is_step(key: Any, tensor: Any) -> bool:
         return False
 
 
+def pinned_possible() -> bool:
+    """Whether any tensor here can be in pinned memory: only once a CUDA context exists (pinned memory
+    comes from one). Asked once per report, so that without CUDA no tensor is asked at all."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized() and any(
+            torch._C._cuda_hasPrimaryContext(i) for i in range(torch.cuda.device_count())))
+    except (RuntimeError, AttributeError):
+        return False
+
+
 def pinned(tensor: Any, device: str) -> str:
     """'yes' / 'no' for a cpu tensor in page-locked memory or not; '-' on other devices, where it means
     nothing. ``device`` is the tensor's device as a string, which the callers already have."""
@@ -60,11 +71,9 @@ def pinned(tensor: Any, device: str) -> str:
         return "-"
     # torch's is_pinned asks cudaPointerGetAttributes, which creates a CUDA context on the current GPU
     # when none has one yet. Pinned memory comes from a CUDA context, so without one the answer is no.
-    torch = sys.modules.get("torch")
+    if not pinned_possible():
+        return "no"
     try:
-        if torch is None or not torch.cuda.is_initialized() or not any(
-                torch._C._cuda_hasPrimaryContext(i) for i in range(torch.cuda.device_count())):
-            return "no"
         return "yes" if tensor.is_pinned() else "no"
     except (RuntimeError, AttributeError):
         return "no"

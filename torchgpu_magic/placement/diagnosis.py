@@ -222,9 +222,10 @@ class Diagnosis:
         p.text(self.to_text())
 
     def _repr_html_(self) -> str:
-        from ..render import html_lines
+        """The lines in one preformatted block: the culprits' columns keep their alignment."""
+        from ..render import html_pre
 
-        return html_lines(self.lines())
+        return html_pre(self.lines())
 
     def to_dict(self) -> dict:
         return {"devices": list(self.devices), "line": self.line, "lineno": self.lineno,

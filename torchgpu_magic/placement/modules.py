@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional
 
 from .accounting import _torch, account, dtype_str, kind_of, storage_key
 from .bydesign import pinned
+from .kinds import gc_paused
 from .text import _device_order, _grad_state, _join, _sep, fmt_count, shape_str
 from .walk import _placeables
 
@@ -52,9 +53,9 @@ def tensor_line(name: str, tensor: Any, ns: Optional[Mapping[str, Any]] = None) 
         parts.append("Parameter")
     key = next(iter(acc.storages))
     size = acc.nbytes()
-    if key[0] == "s" and size != nbytes:
+    if isinstance(key, int) and size != nbytes:
         parts.append(f"a view of a {fmt_bytes(size)} storage")
-    if ns is not None and key[0] == "s":
+    if ns is not None and isinstance(key, int):
         others = [n for n, obj, kind in _placeables(ns) if kind == "tensor" and obj is not tensor
                   and storage_key(obj)[0] == key]
         if others:
@@ -88,14 +89,17 @@ def _node_grad(node: Any) -> str:
     return _grad_state(node.trainable, node.params)
 
 
-def _signature(node: Any) -> tuple:
-    """What two sibling subtrees must share to be merged into one row; compared, never hashed, so the
-    sets and the list go in as they are (no frozenset per node: 5,000 siblings are common)."""
-    return (node.cls, node.devices, node.dtypes, _node_grad(node), node.notes, node.params, node.buffers)
-
-
 def _uniform(node: Any) -> bool:
-    return len(node.devices) <= 1 and len(node.dtypes) <= 1 and "%" not in _node_grad(node)
+    """One device, one dtype, and all or none of it trainable: a subtree that can show as one row."""
+    return len(node.devices) <= 1 and len(node.dtypes) <= 1 and node.trainable in (0, node.params)
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """Whether two uniform sibling subtrees can merge into one row (``layers.0..11  12 × Block``): same
+    class, placement, sizes and notes. Fields are compared one by one, cheapest first, with no tuple
+    built per sibling: 5,000 alike siblings are common."""
+    return (a.params == b.params and a.cls == b.cls and a.buffers == b.buffers and a.trainable == b.trainable
+            and a.devices == b.devices and a.dtypes == b.dtypes and a.notes == b.notes)
 
 
 class _TableReport:
@@ -174,11 +178,12 @@ def _emit(node: Any, rows: list, expand: bool) -> None:
     rows.append((node, False))
     i = 0
     children = node.children
-    while i < len(children):
+    count = len(children)
+    while i < count:
         j = i + 1
-        sig = _signature(children[i])
-        if _uniform(children[i]):
-            while j < len(children) and _uniform(children[j]) and _signature(children[j]) == sig:
+        first = children[i]
+        if _uniform(first):
+            while j < count and _alike(children[j], first) and _uniform(children[j]):
                 j += 1
         if j - i > 1:
             rows.append(children[i:j])
@@ -189,7 +194,12 @@ def _emit(node: Any, rows: list, expand: bool) -> None:
 
 def module_report(name: str, module: Any) -> ModuleReport:
     """Where ``module``'s parameters and buffers are, module by module. Never runs forward and never
-    moves anything."""
+    moves anything; the garbage collector is paused during the walk (:func:`.kinds.gc_paused`)."""
+    with gc_paused():
+        return _module_report(name, module)
+
+
+def _module_report(name: str, module: Any) -> ModuleReport:
     torch = _torch()
     from ..render import fmt_bytes
 

@@ -7,10 +7,9 @@ one around pins no GPU memory.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 from itertools import compress
 from operator import ne
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 from .accounting import account, device_str, dtype_str, kind_of, optimizer_tensors, tensor_nbytes
 from .bydesign import LOADER_WHY, loader_names, tensor_why
@@ -41,12 +40,11 @@ def _optimizer_sig(optimizer: Any) -> tuple:
     return params + tuple((key, t.device, t.dtype) for _, _, key, t in optimizer_tensors(optimizer))
 
 
-@dataclass(frozen=True)
-class Placed:
+class Placed(NamedTuple):
     """What a name pointed to at snapshot time; holds no reference to the object itself.
 
-    ``fingerprint`` changes when the object is replaced, moved, reshaped or changes dtype.
-    """
+    ``fingerprint`` changes when the object is replaced, moved, reshaped or changes dtype. A named tuple:
+    one is made for each name a cell binds, before ``--watch``'s line and ``%%ontorch``'s footer."""
 
     name: str
     kind: str
@@ -263,6 +261,18 @@ def watch_line(changes: list, before: Mapping[str, Placed]) -> str:
     return "whereis: " + sep.join(parts)
 
 
+def changed_elsewhere(before: Mapping[str, Placed], touched: Mapping[str, Any], device: Any,
+                      cache: Optional[SnapshotCache] = None) -> list:
+    """What :func:`changed` says of ``touched`` against ``before``, less the plain tensors already on
+    ``device``: the footer names only what is elsewhere, and a tensor on the device costs one read of
+    its device here instead of a snapshot entry (after a busy cell each read of a tensor misses the
+    CPU's caches)."""
+    here = str(device)
+    rest = {name: obj for name, obj in touched.items()
+            if kind_of(obj) != "tensor" or device_str(obj.device) != here}
+    return changed(before, namespace_snapshot(rest, cache))
+
+
 FOOTER_SKIPS = "the default device skips from_numpy, torch.Tensor(), torch.normal, device= and older objects"
 
 
@@ -301,3 +311,54 @@ def footer_line(device: Any, changes: list, ns: Mapping[str, Any], cell: str = "
         line += "; on cpu by design: " + "; ".join(f"{', '.join(names)} ({why})"
                                                   for why, names in by_design.items())
     return line
+
+
+# Names whose use lets a cell bind or change names the footer cannot see in its code: the namespace
+# itself (globals, vars, sys.modules['__main__']), exec and eval, IPython (magics become get_ipython()
+# calls), setattr on a module. A cell that uses any of them is watched whole.
+_DYNAMIC = frozenset({"globals", "vars", "locals", "exec", "eval", "execfile", "compile", "get_ipython",
+                      "setattr", "delattr", "__dict__", "__builtins__", "__import__", "importlib", "runpy",
+                      "sys", "builtins", "user_ns"})
+
+
+def cell_names(codes: list, source: str, ns: Mapping[str, Any], depth: int = 2) -> Optional[set]:
+    """The names a cell compiled to ``codes`` can bind or change: those its code mentions (every global
+    it loads, stores or deletes, and attribute names), with the functions and classes it defines, and
+    the code of the notebook's own functions, classes and objects it calls (``__main__``'s, ``depth``
+    calls deep: a helper that sets ``global model`` or moves ``model`` names it). None when the cell can
+    reach names its code does not mention (``exec``, ``globals()``, a magic, ``import *``): then the
+    caller watches the whole namespace. ``source`` is the cell's (transformed) text, where ``import *``
+    is looked for. Reads code only; runs nothing."""
+    import re
+    import types
+
+    if "*" in source and re.search(r"\bimport\s+\*", source):
+        return None
+    names: set = set()
+    seen: set = set()
+    stack = [(code, depth) for code in codes]
+    while stack:
+        code, left = stack.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        mentioned = code.co_names
+        if not _DYNAMIC.isdisjoint(mentioned):
+            return None
+        names.update(mentioned)
+        stack.extend((const, left) for const in code.co_consts if isinstance(const, types.CodeType))
+        if left <= 0:
+            continue
+        for name in mentioned:
+            obj = ns.get(name)
+            if obj is None:
+                continue
+            owner = obj if isinstance(obj, type) else type(obj)
+            if isinstance(obj, types.FunctionType):
+                if getattr(obj, "__module__", None) == "__main__":
+                    stack.append((obj.__code__, left - 1))
+            elif getattr(owner, "__module__", None) == "__main__":  # a class of the notebook, or its object
+                stack.extend((member.__code__, left - 1) for klass in owner.__mro__
+                             if getattr(klass, "__module__", None) == "__main__"
+                             for member in vars(klass).values() if isinstance(member, types.FunctionType))
+    return names

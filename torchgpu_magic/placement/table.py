@@ -7,21 +7,24 @@ Reports hold names, strings and numbers, never the objects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
-from .accounting import account, dtype_str, kind_of, optimizer_tensors, tensor_facts
+from .accounting import account, dtype_str, kind_of, optimizer_tensors, tensor_columns
+from .kinds import gc_paused
 from .text import _device_order, _grad_state, _join, fmt_count, shape_str
 from .walk import Walk, _container_items
 
 # Rows shown per device when no --top is given: a namespace of a few hundred objects shows whole, one
 # of 10,000 tensors shows its first rows and one line for the rest.
 DEFAULT_TOP = 100
+_SHAPES: dict = {}  # torch.Size: its text, '(4, 8)' (a notebook has few distinct shapes)
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     """One line of the namespace table: an object (or the part of a split module) on one device.
-    ``grad_bytes`` are the gradients (``.grad``) it holds on that device, counted apart from ``nbytes``."""
+    ``grad_bytes`` are the gradients (``.grad``) it holds on that device, counted apart from ``nbytes``;
+    ``keys`` the storages behind the row (for the "... and N more" line; not in ``to_dict``). A named
+    tuple: a table of 10,000 tensors makes 10,000 of them."""
 
     name: str
     what: str
@@ -33,7 +36,13 @@ class Row:
     pinned: str
     note: str
     grad_bytes: int = 0
-    keys: tuple = field(default=(), repr=False, compare=False)  # storage keys on this device (not in to_dict)
+    keys: tuple = ()
+
+    def to_dict(self) -> dict:
+        """The row as plain data."""
+        out = self._asdict()
+        del out["keys"]
+        return out
 
 
 @dataclass(repr=False)
@@ -132,7 +141,7 @@ class NamespaceReport:
 
     def to_dict(self) -> dict:
         return {
-            "rows": [r.__dict__.copy() for r in self.rows],
+            "rows": [r.to_dict() for r in self.rows],
             "totals": dict(self.totals),
             "grad_totals": dict(self.grad_totals),
             "out_only_bytes": self.out_only_bytes,
@@ -198,25 +207,31 @@ def _kept_note(acc: Any) -> str:
                      for _, device, size, why in acc.kept_off)
 
 
-def _tensor_row(name: str, tensor: Any, facts: Any, tally: _Tally, notes: list) -> Row:
-    """A tensor's row from its :class:`~.accounting.TensorFacts` (its account, read for speed)."""
-    device = facts.device
-    tally.data[facts.key] = (device, facts.nbytes)
-    keys: tuple = (facts.key,)
+def _tensor_row(name: str, columns: Any, index: int, tally: _Tally, notes: list) -> Row:
+    """A tensor's row from its facts (:func:`~.accounting.tensor_columns`, its account read for speed)."""
+    device, key, nbytes = columns.devices[index], columns.keys[index], columns.nbytes[index]
+    tally.data[key] = (device, nbytes)
+    keys: tuple = (key,)
     grad_bytes = 0
-    if facts.grad is not None:
-        gkey, gdevice, grad_bytes = facts.grad
+    grad = columns.grads[index]
+    if grad is not None:
+        gkey, gdevice, grad_bytes = grad
         tally.grads[gkey] = (gdevice, grad_bytes)
-        keys = (facts.key, gkey)
-    if facts.why:
-        notes.append(facts.why)
+        keys = (key, gkey)
+    why = columns.why[index]
+    if why:
+        notes.append(why)
     if device == "meta":
         notes.append("meta: no data")
-    return Row(
-        name, "tensor", device, dtype_str(tensor.dtype), shape_str(tuple(tensor.shape)), facts.view_bytes,
-        "yes" if tensor.requires_grad else "no", facts.pinned, "; ".join(filter(None, notes)), grad_bytes,
-        keys,
-    )
+    shape = columns.shapes[index]
+    shown = _SHAPES.get(shape)
+    if shown is None:
+        shown = shape_str(tuple(shape))
+        if len(_SHAPES) < 4096:
+            _SHAPES[shape] = shown
+    return Row(name, "tensor", device, dtype_str(columns.dtypes[index]), shown, columns.view_bytes[index],
+               "yes" if columns.requires_grad[index] else "no", columns.pinned[index],
+               "; ".join(filter(None, notes)) if any(notes) else "", grad_bytes, keys)
 
 
 def _module_rows(name: str, module: Any, tally: _Tally, note: str) -> list:
@@ -278,7 +293,13 @@ def namespace_report(
     """Everything placeable in ``ns`` (a shell's user namespace, with its ``Out`` cache), grouped by
     device; only ``device``'s table when given; rows by size (data + gradients) with ``sort='bytes'``,
     by name with ``sort='name'``, else in namespace order; ``top`` rows per device (None: all). Reads
-    only; keeps no reference."""
+    only; keeps no reference. The garbage collector is paused during the walk (:func:`.kinds.gc_paused`)."""
+    with gc_paused():
+        return _namespace_report(ns, device, sort, top)
+
+
+def _namespace_report(ns: Mapping[str, Any], device: Optional[str], sort: Optional[str],
+                      top: Optional[int]) -> NamespaceReport:
     rows: list = []
     tally = _Tally()
     user_ids: set = set()
@@ -286,9 +307,10 @@ def namespace_report(
     walk = Walk(ns)
     found = list(walk)
     why = walk.why
-    for name, obj, kind in found:
+    columns = _columns(found)
+    for index, (name, obj, kind) in enumerate(found):
         user_ids.add(id(obj))
-        _rows_for(name, obj, kind, tally, rows, "", tensor_names, why.get(name))
+        _rows_for(name, obj, kind, tally, rows, "", tensor_names, why.get(name), columns, index)
     # A submodule, parameter or state tensor of a named object is not "only in Out".
     for _name, obj, kind in found:
         if kind == "module":
@@ -301,12 +323,15 @@ def namespace_report(
     user_keys = set(tally.data) | set(tally.grads)
     out_names: list = []
     out_tally = _Tally()
+    out_items = []
     for name, obj, kind in _out_cache_items(ns):
-        if id(obj) in user_ids:
-            continue
-        user_ids.add(id(obj))
+        if id(obj) not in user_ids:
+            user_ids.add(id(obj))
+            out_items.append((name, obj, kind))
+    out_columns = _columns(out_items)
+    for index, (name, obj, kind) in enumerate(out_items):
         out_names.append(name)
-        _rows_for(name, obj, kind, out_tally, rows, "only in Out", tensor_names, None)
+        _rows_for(name, obj, kind, out_tally, rows, "only in Out", tensor_names, None, out_columns, index)
     out_only = {k: v for table in (out_tally.data, out_tally.grads) for k, v in table.items()
                 if k not in user_keys}
     tally.data.update(out_tally.data)
@@ -339,12 +364,21 @@ def namespace_report(
                            grad_totals, top, walk.cut, sizes, device, elsewhere)
 
 
+def _columns(found: list) -> Any:
+    """{index in ``found``: position in the columns} and the tensors' facts read at once."""
+    positions = (i for i, (_, _, kind) in enumerate(found) if kind == "tensor")
+    where = {index: at for at, index in enumerate(positions)}
+    tensors = [found[index][1] for index in where]
+    return where, (tensor_columns(tensors) if tensors else None)
+
+
 def _rows_for(name: str, obj: Any, kind: str, tally: _Tally, rows: list, note: str,
-              tensor_names: dict, why: Optional[str]) -> None:
+              tensor_names: dict, why: Optional[str], columns: Any, index: int) -> None:
     try:
         if kind == "tensor":
-            facts = tensor_facts(obj)
-            key = facts.key
+            where, facts = columns
+            at = where[index]
+            key = facts.keys[at]
             names = tensor_names.get(key)
             shared = ""
             if names is None:
@@ -353,7 +387,7 @@ def _rows_for(name: str, obj: Any, kind: str, tally: _Tally, rows: list, note: s
                 names.append((name, id(obj)))
                 first, first_id = names[0]
                 shared = ("same tensor as " if first_id == id(obj) else "shares storage with ") + first
-            rows.append(_tensor_row(name, obj, facts, tally, [note, shared, why or ""]))
+            rows.append(_tensor_row(name, facts, at, tally, [note, shared, why or ""]))
         elif kind == "module":
             rows.extend(_module_rows(name, obj, tally, note))
         else:

@@ -1,0 +1,143 @@
+"""magics/tracebacks.py: the user's cell first. A device-mismatch error shows its explanation and the
+user's failing line above the traceback, the user's own frames, and one line per run of frames inside
+torch; %xmode Verbose shows every frame; errors passing through %%ontorch lose the magic machinery's
+frames. Checked in terminal text (a real InteractiveShell, both IPython legs) and in the error output of
+a real Jupyter kernel (nbclient)."""
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+from conftest import ROOT, run
+from IPython.utils.capture import capture_output
+
+SETUP = (
+    "import torch\n"
+    "model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).to('meta')\n"
+    "x = torch.ones(4, 8)\n"
+    "class Net(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc = torch.nn.Linear(8, 8).to('meta')\n"
+    "    def forward(self, inp):\n"
+    "        return self.fc(inp)\n"
+    "net = Net()\n"
+)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _shown(ip, code):
+    """Run a failing cell; what the terminal shows (the traceback, and anything displayed after)."""
+    with capture_output() as cap:
+        result = ip.run_cell(code, store_history=True)
+    assert result.error_in_exec is not None
+    texts = [o.data.get("text/plain", "") for o in cap.outputs]
+    return "\n".join([cap.stdout, *texts])
+
+
+@pytest.fixture
+def tip(ip):
+    run(ip, SETUP)
+    ip.run_line_magic("xmode", "Context")
+    yield ip
+    ip.run_line_magic("xmode", "Context")
+
+
+def test_explanation_and_failing_line_come_first_and_torch_is_one_line(tip):
+    text = _shown(tip, "logits = model(x)")
+    lines = text.strip().splitlines()
+    assert lines[0] == ("whereis: a device mismatch (meta, cpu): the tensors of one operation must be on one "
+                        "device.")
+    assert lines[1] == "On line 1: logits = model(x)"
+    fix = next(i for i, line in enumerate(lines) if line.startswith("Fix: "))
+    header = next(i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line)
+    marker = next(i for i, line in enumerate(lines) if re.search(r"\d+ frames inside torch", line))
+    last = lines.index("RuntimeError: Tensor on device meta is not on the expected device cpu!")
+    assert fix < header < marker < last == len(lines) - 1
+    assert "logits = model(x)" in "\n".join(lines[header:marker])  # the user's frame is shown
+    assert "%xmode Verbose shows them" in lines[marker]
+    assert len(lines) < 25, text  # was about 170 lines of torch's frames
+    assert "site-packages" not in text
+    assert text.count("whereis: a device mismatch") == 1  # not shown again after the cell
+
+
+def test_frames_of_the_users_forward_stay_between_runs_of_torch(tip):
+    text = _shown(tip, "y = net(x)")
+    markers = [m.start() for m in re.finditer(r"\d+ frames? inside torch", text)]
+    assert len(markers) == 2
+    forward = text.index("return self.fc(inp)", text.index("Traceback"))
+    assert markers[0] < forward < markers[1]
+
+
+def test_xmode_verbose_shows_every_frame_and_minimal_only_the_error(tip):
+    tip.run_line_magic("xmode", "Verbose")
+    verbose = _shown(tip, "logits = model(x)")
+    assert verbose.lstrip().startswith("whereis: a device mismatch")
+    assert "frames inside torch" not in verbose and "site-packages/torch" in verbose
+    tip.run_line_magic("xmode", "Minimal")
+    minimal = _shown(tip, "logits = model(x)").strip().splitlines()
+    assert minimal[0].startswith("whereis: a device mismatch")
+    assert minimal[-1] == "RuntimeError: Tensor on device meta is not on the expected device cpu!"
+    assert not any("Traceback" in line for line in minimal)
+
+
+def test_other_errors_keep_ipythons_traceback(tip):
+    text = _shown(tip, "torch.ones(2) @ torch.ones(3)")
+    assert "whereis" not in text and "frames inside" not in text
+    assert "Traceback (most recent call last)" in text
+
+
+def test_an_error_inside_a_magic_cell_loses_the_machinery_not_torch(tip):
+    text = _shown(tip, "%%ontorch cpu\nz = 1\nraise ValueError('boom')")
+    assert re.search(r"\d+ frames inside IPython.*torchgpu_magic", text), text
+    assert "raise ValueError('boom')" in text and "decorator/__init__.py" not in text
+    assert "interactiveshell.py" not in text and text.strip().endswith("ValueError: boom")
+
+
+def test_unload_puts_showtraceback_back(ip):
+    from torchgpu_magic import unload_ipython_extension
+
+    assert "showtraceback" in vars(ip)
+    unload_ipython_extension(ip)
+    assert "showtraceback" not in vars(ip)
+    run(ip, "%load_ext torchgpu_magic")
+
+
+def test_the_diagnosis_as_html_keeps_its_columns(tip):
+    from torchgpu_magic import placement
+    from torchgpu_magic.magics.tracebacks import is_cell_file
+
+    with capture_output():
+        error = tip.run_cell("logits = model(x)", store_history=True).error_in_exec
+    diagnosis = placement.diagnose(error, "logits = model(x)", tip.user_ns, lambda f: is_cell_file(tip, f))
+    markup = diagnosis._repr_html_()
+    assert markup.startswith("<pre") and "    model  meta" in markup
+
+
+# ---- in a real Jupyter kernel ----------------------------------------------------------------------
+@pytest.mark.notebook
+def test_traceback_order_in_a_kernels_error_output():
+    pytest.importorskip("nbclient", reason="needs nbclient and nbformat (the IPython 7 leg has neither)")
+    import nbformat
+    from nbclient import NotebookClient
+
+    spec = importlib.util.spec_from_file_location("notebook_runner", ROOT / "notebooks" / "run.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in ("%load_ext torchgpu_magic", SETUP, "y = net(x)")]
+    with runner.this_python_kernel() as kernel:
+        client = NotebookClient(nb, kernel_name=kernel, timeout=180, allow_errors=True,
+                                resources={"metadata": {"path": "."}})
+        client.execute()
+    outputs = nb.cells[2].outputs
+    (error,) = [o for o in outputs if o.output_type == "error"]
+    assert not [o for o in outputs if o.output_type == "display_data"]  # explained once, above
+    frames = [ANSI.sub("", part) for part in error["traceback"]]
+    text = "\n".join(frames)
+    assert frames[0].startswith("whereis: a device mismatch (meta, cpu)")
+    assert "On line 1: y = net(x)" in frames[0] and "Fix: " in frames[0]
+    assert re.search(r"\d+ frames inside torch", text) and "return self.fc(inp)" in text
+    assert frames[-1].startswith("RuntimeError: Tensor on device meta")
+    assert len(text.splitlines()) < 40, text

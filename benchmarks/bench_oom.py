@@ -3,21 +3,24 @@
 interleaved (ABAB...) so machine noise hits both alike.
 
 Rows:
-- the explanation as the post_run_cell hook makes it (``memory.explain.explain``: the walk of names, the
-  output history, the failed cell's frames and the graphs they hold, the device read live, the advice,
-  and its text), for a real CPU out-of-memory error (``torch.empty(2**50, dtype=torch.uint8)``) raised
-  inside a function whose frame holds a tensor, with 10,000 tensors bound to names (one of them a loss
-  summed over 20 steps of a small model, so the graph walk has work); next to ``placement.namespace_report``
-  (``%whereis``) over the same namespace, the other view that reads every name;
+- the explanation as the traceback's explainer makes it (``memory.explain.explain``: the walk of names,
+  the output history, the failed cell's frames and the graphs they hold, the device read live, the
+  advice, the failing line, and its text), for a real CPU out-of-memory error
+  (``torch.empty(2**50, dtype=torch.uint8)``) raised inside a function whose frame holds a tensor, with
+  10,000 tensors bound to names (one of them a loss summed over 20 steps of a small model, so the graph
+  walk has work); next to ``placement.namespace_report`` (``%whereis``) over the same namespace, the
+  other view that reads every name;
 - the same explanation when a failure freeing would fix (the CPU allocator's wording asking 1 MiB), which
-  adds the advice's ``freed_by`` passes;
-- the whole hook through a real InteractiveShell: a cell raising the error, the traceback printed and the
-  explanation shown (output captured), next to the same cell with the hook off (``%unload_ext``): what a
-  user waits for.
+  adds the advice (``memory.holders.Released``: what each release gives back, one pass over the storages);
+- the whole of it through a real InteractiveShell: a cell raising the error, shown with the explanation
+  above the traceback and torch's frames folded (``magics/tracebacks.py``; output captured), next to the
+  same cell with the extension unloaded (IPython's own traceback; the unload and load themselves are not
+  timed): what a user waits for.
 
-Each row prints both medians (and the CPU time of ours: on a shared machine wall time includes waiting
-for a core), the median of the per-pair ratios, and the explanation's median wall time against the
-200 ms target. Run: `python benchmarks/bench_oom.py [--pairs N]`.
+Equal terms: both arms of a row run in this one process on the same live namespace (the same 10,000
+tensors, model and loss graph), alternately. Each row prints both medians (and the CPU time of ours: on a
+shared machine wall time includes waiting for a core), the median of the per-pair ratios, and the
+explanation's median wall time against the 200 ms target. Run: `python benchmarks/bench_oom.py [--pairs N]`.
 """
 from __future__ import annotations
 
@@ -32,19 +35,30 @@ SMALL = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can
 
 
 def _pairs(label: str, ours: Callable[[], Any], base: Callable[[], Any], base_label: str, pairs: int,
-           extra: bool = False) -> None:
+           extra: bool = False, around_base: tuple = (None, None)) -> None:
     """Run the arms alternately ``pairs`` times and print one line: both medians, the ratio, and against
-    the target the median of ours (or, with ``extra``, of the per-pair differences: what ours adds)."""
-    ours(), base()  # first runs apart: lazy imports, caches
+    the target the median of ours (or, with ``extra``, of the per-pair differences: what ours adds).
+    ``around_base``: untimed calls before and after each run of ``base``."""
+    before, after = around_base
+    ours()
+    if before:
+        before()
+    base()  # first runs apart: lazy imports, caches
+    if after:
+        after()
     mine, theirs, ratios, diffs, cpu = [], [], [], [], []
     for _ in range(pairs):
         t0 = time.perf_counter()
         c0 = time.process_time()
         ours()
         cpu.append(time.process_time() - c0)
+        if before:
+            before()
         t1 = time.perf_counter()
         base()
         t2 = time.perf_counter()
+        if after:
+            after()
         mine.append(t1 - t0)
         theirs.append(t2 - t1)
         ratios.append((t1 - t0) / (t2 - t1))
@@ -102,10 +116,14 @@ def main(argv: list | None = None) -> int:
           f"load average {load:.2f}")
 
     ns = _namespace(torch)
+
+    def is_cell(filename: str) -> bool:  # which files are notebook cells, as the shell's explainer is told
+        return filename.startswith("<ipython-input-")
+
     for small in (False, True):
         error = _error(torch, small)
         label = "explanation, 10,000 tensors" + (" (freeing advice)" if small else "")
-        _pairs(label, lambda e=error: explain.explain(e, ns).to_text(),
+        _pairs(label, lambda e=error: explain.explain(e, ns, (), "", is_cell).to_text(),
                lambda: placement.namespace_report(ns).to_text(), "%whereis table", args.pairs)
 
     shell = InteractiveShell.instance()
@@ -114,22 +132,15 @@ def main(argv: list | None = None) -> int:
     # the heavier case: a failure freeing would fix, so the advice is worked out too
     cell = f"def forward():\n    attn = torch.ones(256, 256)\n    raise RuntimeError({SMALL!r})\nforward()"
 
-    def with_hook() -> None:
+    def failing_cell() -> None:  # both arms: loaded (explained) and unloaded (IPython's own traceback)
         with capture_output():
             shell.run_cell(cell)
 
-    def without_hook() -> None:
-        torchgpu_magic.unload_ipython_extension(shell)
-        try:
-            with capture_output():
-                shell.run_cell(cell)
-        finally:
-            torchgpu_magic.load_ipython_extension(shell)
-
     torchgpu_magic.load_ipython_extension(shell)
     try:
-        _pairs("failing cell through the shell: the hook", with_hook, without_hook, "without it", args.pairs,
-               extra=True)
+        _pairs("failing cell through the shell: explained", failing_cell, failing_cell, "unloaded",
+               args.pairs, extra=True, around_base=(lambda: torchgpu_magic.unload_ipython_extension(shell),
+                                        lambda: torchgpu_magic.load_ipython_extension(shell)))
     finally:
         torchgpu_magic.unload_ipython_extension(shell)
     return 0

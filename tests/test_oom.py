@@ -1,6 +1,8 @@
 """The out-of-memory explanation, `%gpumem holders` and `%gpumem free` through a real InteractiveShell (and a
 real kernel, nbclient), on the CPU: `torch.empty(2**50, dtype=torch.uint8)` is a real allocation failure,
-and the CPU allocator's own wording with a small size stands in for a failure that freeing would fix."""
+and the CPU allocator's own wording with a small size stands in for a failure that freeing would fix.
+The explanation is shown above the traceback (magics/tracebacks.py; the order itself is checked in
+tests/test_tracebacks.py): :func:`_explanation` reads it there."""
 from __future__ import annotations
 
 import gc
@@ -47,6 +49,17 @@ def _texts(captured) -> list:
     return [o.data.get("text/plain", "") for o in captured.outputs]
 
 
+def _explanation(captured) -> str:
+    """The explanation a failing cell printed above its traceback (IPython's traceback starts with a
+    line of dashes in every mode but Minimal), checked to be there once and nothing shown after the
+    cell."""
+    assert not captured.outputs, _texts(captured)  # explained once, above: nothing displayed after
+    text = captured.stdout
+    assert text.count("gpumem: out of memory on ") == 1, text
+    assert text.startswith("gpumem: out of memory on "), text
+    return re.split(r"^-{20,}$", text, maxsplit=1, flags=re.M)[0].rstrip("\n")
+
+
 def _row(text: str, name: str, size: str) -> bool:
     return re.search(rf"^\s+{re.escape(name)}\s+{re.escape(size)}\s", text, re.M) is not None
 
@@ -57,9 +70,7 @@ def _fail(ip, fail=REAL):
     run(ip, SETUP)
     _, shown = _cell(ip, "torch.ones(128, 1024)")  # shown: Out[n] keeps it (512 KiB)
     out, result = _cell(ip, NET.format(fail=fail))
-    texts = _texts(out)
-    assert len(texts) == 1, texts
-    return out, result, texts[0], shown.execution_count
+    return out, result, _explanation(out), shown.execution_count
 
 
 def test_a_real_cpu_out_of_memory_names_each_holder_with_its_bytes(ip):
@@ -67,6 +78,9 @@ def test_a_real_cpu_out_of_memory_names_each_holder_with_its_bytes(ip):
     assert "Traceback" in out.stdout and "DefaultCPUAllocator: can't allocate memory" in out.stdout
     assert text.startswith("gpumem: out of memory on cpu: asked 1.00 PiB; ")
     assert re.search(r"GiB available now, of [\d.]+ GiB", text.splitlines()[0])
+    assert text.splitlines()[1:3] == [  # the user's failing line, and where it raised in their forward
+        "On line 6: net(torch.ones(512, 512))",
+        "  inside forward(), line 4: return torch.empty(2**50, dtype=torch.uint8)"]
     assert _row(text, "keep (also alias)", "1.00 MiB")  # a name, and the other name of the same storage
     assert _row(text, "forward: attn", "1.00 MiB")  # a frame of the failed cell's traceback
     assert _row(text, "forward: x", "1.00 MiB")
@@ -83,7 +97,17 @@ def test_the_users_error_and_traceback_stay(ip):
     error = result.error_in_exec
     assert isinstance(error, RuntimeError) and sys.last_value is error
     assert error.__traceback__ is not None and sys.last_traceback is error.__traceback__
-    assert out.stdout.count("Traceback") == 1 and "gpumem" not in out.stdout
+    assert out.stdout.count("Traceback") == 1
+    assert out.stdout.rstrip().endswith(f"RuntimeError: {error}")  # the user's error, whole, last
+    with capture_output() as again:  # %tb shows it again, from sys.last_traceback, every frame there
+        ip.run_line_magic("tb", "")
+    assert again.stdout.rstrip().endswith(f"RuntimeError: {error}") and "attn = x @ x.T" in again.stdout
+    assert sys.last_traceback is error.__traceback__ and sys.last_value is error
+    ip.run_line_magic("gpumem", "free -o")  # until the user lets go of it
+    assert getattr(sys, "last_traceback", None) is None and getattr(sys, "last_value", None) is None
+    with capture_output() as gone:
+        ip.run_line_magic("tb", "")
+    assert "No traceback available to show." in gone.stdout + gone.stderr
 
 
 def test_freeing_advice_largest_first_with_numbers(ip):
@@ -91,7 +115,7 @@ def test_freeing_advice_largest_first_with_numbers(ip):
                     "model(torch.ones(2, 512)).sum().backward()\n")
     _cell(ip, "torch.ones(128, 1024)")
     out, result = _cell(ip, NET.format(fail=SMALL) + "total_loss.backward()  # not reached\n")
-    text = _texts(out)[0]
+    text = _explanation(out)
     assert text.startswith("gpumem: out of memory on cpu: asked 1.00 MiB; ")
     advice = text.split("What to do, largest first:\n")[1].splitlines()
     assert advice[0].strip().startswith("1. %gpumem free gives back 2.50 MiB without touching your names: "
@@ -114,7 +138,7 @@ def test_freeing_advice_largest_first_with_numbers(ip):
 def test_shared_names_are_advised_together(ip):
     run(ip, "import torch\nbig = torch.ones(1024, 1024)\nsame = big\nsolo = torch.ones(512, 1024)\n"
             "output = torch.ones(256, 1024)\n")  # a name like the output history's: still a name
-    text = _texts(_cell(ip, SMALL)[0])[0]
+    text = _explanation(_cell(ip, SMALL)[0])
     assert "del solo frees 2.00 MiB" in text and "del output frees 1.00 MiB" in text
     assert "del big" not in text and "del same" not in text  # neither alone frees the storage both hold
     from torchgpu_magic.memory.free import kept
@@ -126,7 +150,7 @@ def test_shared_names_are_advised_together(ip):
 def test_an_evaluation_cell_is_advised_no_grad(ip):
     run(ip, "import torch\nmodel = torch.nn.Linear(256, 256)\n"
             "outs = [model(torch.ones(512, 256)) for _ in range(2)]\n")
-    text = _texts(_cell(ip, SMALL)[0])[0]
+    text = _explanation(_cell(ip, SMALL)[0])
     assert re.search(r"this cell does no backward\(\): run it under torch\.no_grad\(\) .* "
                      r"\(1\.00 MiB is now\)",
                      text)
@@ -141,11 +165,50 @@ def test_a_failure_inside_the_explanation_is_one_line(ip, monkeypatch):
     monkeypatch.setattr(explain, "collect", broken)
     run(ip, "import torch")
     out, result = _cell(ip, REAL)
-    assert isinstance(result.error_in_exec, RuntimeError)
-    assert "Traceback" in out.stdout
-    said = [line for line in out.stdout.splitlines() if line.startswith("gpumem:")]
+    error = result.error_in_exec
+    assert isinstance(error, RuntimeError) and sys.last_value is error
+    lines = out.stdout.strip().splitlines()
+    assert "Traceback" in out.stdout and f"RuntimeError: {error}" in lines  # IPython's own, whole
+    said = [line for line in lines if line.startswith("gpumem:")]
     assert said == ["gpumem: could not explain this out-of-memory error (ValueError: boom)"]
+    assert lines.index(said[0]) > lines.index(f"RuntimeError: {error}")
     assert not out.outputs
+
+
+@pytest.mark.parametrize("through_ipython", [True, False])
+def test_a_custom_exception_handler(ip, through_ipython):
+    """Another extension's set_custom_exc handler: when it shows the error through the shell's
+    showtraceback, the explanation is above the traceback; when it shows it its own way, the explanation
+    comes after the cell instead (the failing line and the frames too). Once either way."""
+    import torchgpu_magic
+
+    def handler(shell, etype, value, tb, tb_offset=None):
+        print(f"handled {etype.__name__}")
+        if through_ipython:
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+
+    torchgpu_magic.unload_ipython_extension(ip)
+    ip.set_custom_exc((RuntimeError,), handler)
+    try:
+        torchgpu_magic.load_ipython_extension(ip)
+        run(ip, SETUP)
+        out, result = _cell(ip, NET.format(fail=REAL))
+        assert isinstance(result.error_in_exec, RuntimeError)
+        assert out.stdout.startswith("handled RuntimeError\n")
+        if through_ipython:
+            shown = out.stdout.split("\n", 1)[1]  # what the shell's showtraceback printed
+            assert not out.outputs and shown.count("gpumem: out of memory") == 1
+            text = re.split(r"^-{20,}$", shown, maxsplit=1, flags=re.M)[0]
+            assert "Traceback (most recent call last)" in shown[len(text):]
+        else:
+            assert "Traceback" not in out.stdout and "gpumem" not in out.stdout
+            (text,) = _texts(out)
+        assert text.startswith("gpumem: out of memory on cpu: asked 1.00 PiB; ")
+        assert "On line 6: net(torch.ones(512, 512))" in text and _row(text, "forward: attn", "1.00 MiB")
+    finally:
+        ip.set_custom_exc((), None)
+        torchgpu_magic.unload_ipython_extension(ip)
+        torchgpu_magic.load_ipython_extension(ip)
 
 
 def test_other_errors_get_no_explanation(ip):
@@ -157,7 +220,7 @@ def test_other_errors_get_no_explanation(ip):
 
 def test_python_memory_error_is_explained(ip):
     run(ip, "import torch\nkeep = torch.ones(256, 1024)\n")
-    text = _texts(_cell(ip, "raise MemoryError()")[0])[0]
+    text = _explanation(_cell(ip, "raise MemoryError()")[0])
     assert text.startswith("gpumem: out of memory on cpu: the size asked is not in the message")
     assert _row(text, "keep", "1.00 MiB")
 
@@ -168,11 +231,31 @@ def test_the_explanation_keeps_no_reference(ip):
     run(ip, "import torch\nimport weakref\nrefs = []\n")
     out = _cell(ip, "def f():\n    held = torch.ones(1024)\n    refs.append(weakref.ref(held))\n    "
                     + REAL + "\nf()")[0]  # (the cell's result would hold the error, and its frames)
-    assert _row(_texts(out)[0], "f: held", "4.00 KiB")
+    assert _row(_explanation(out), "f: held", "4.00 KiB")
     assert ip.user_ns["refs"][0]() is not None  # the traceback keeps it
     _cell(ip, "%gpumem free")
     gc.collect()
     assert ip.user_ns["refs"][0]() is None
+
+
+def test_the_traceback_shown_explained_keeps_neither_the_error_nor_its_frames(ip):
+    """The explanation is worked out while IPython shows the traceback: neither it nor the wrapper that
+    shows it above the traceback keeps the exception or its frames beyond IPython's and Python's own
+    references, which %gpumem free lets go of. (A torch.OutOfMemoryError in CUDA's own wording, since a
+    RuntimeError takes no weak reference.)"""
+    from oom_wordings import WORDINGS
+
+    run(ip, "import torch\nimport weakref\nrefs = []\n")
+    message = WORDINGS[0][0]  # CUDA's caching allocator, as torch 2.1 and later word it
+    out = _cell(ip, "def step():\n    held = torch.ones(1024)\n    refs.append(weakref.ref(held))\n"
+                    f"    error = torch.OutOfMemoryError({message!r})\n    refs.append(weakref.ref(error))\n"
+                    "    raise error\nstep()")[0]
+    assert _explanation(out).startswith("gpumem: out of memory on cuda:0: asked 20.0 MiB; ")
+    gc.collect()
+    assert all(ref() is not None for ref in ip.user_ns["refs"])  # sys.last_* and IPython keep them
+    _cell(ip, "%gpumem free")
+    gc.collect()
+    assert [ref() for ref in ip.user_ns["refs"]] == [None, None]
 
 
 def test_holders_on_demand(ip):
@@ -260,15 +343,18 @@ def test_in_a_real_kernel(tmp_path):
     path = tmp_path / "oom.ipynb"
     nbformat.write(nb, str(path))
     done = runner.execute(path, timeout=300)
+    outputs = done.cells[3].outputs
+    (error,) = [o for o in outputs if o.get("output_type") == "error"]
+    assert not [o for o in outputs if o.get("output_type") == "display_data"]  # explained once, above
+    explanation = re.sub(r"\x1b\[[0-9;]*m", "", error["traceback"][0])  # the first part of the error
+    assert explanation.startswith("gpumem: out of memory on cpu: asked 1.00 PiB")
+    assert "On line 6: net(torch.ones(512, 512))" in explanation
+    assert _row(explanation, "forward: attn", "1.00 MiB")
+    assert _row(explanation, "keep (also alias)", "1.00 MiB")
+    assert re.search(r"^\s+Out\[3\]( \(also _\))?\s+512 KiB", explanation, re.M)
+    assert _row(explanation, "graph of total_loss", "768 KiB")
     failed = runner.cell_text(done.cells[3])
-    assert "RuntimeError: [enforce fail" in failed
-    assert "gpumem: out of memory on cpu: asked 1.00 PiB" in failed
-    assert _row(failed, "forward: attn", "1.00 MiB") and _row(failed, "keep (also alias)", "1.00 MiB")
-    assert re.search(r"^\s+Out\[3\]( \(also _\))?\s+512 KiB", failed, re.M)
-    assert _row(failed, "graph of total_loss", "768 KiB")
-    shown = [o for o in done.cells[3].outputs if o.get("output_type") == "display_data"]
-    html = shown[0]["data"]["text/html"]
-    assert "forward: attn" in html
+    assert failed.rstrip().splitlines()[-1].startswith("RuntimeError: [enforce fail")
     freed = runner.cell_text(done.cells[4])
     assert freed.startswith("%gpumem free: gave back ") and "sys.last_traceback" in freed
     assert "torch.Size([256, 1024])" in runner.cell_text(done.cells[5])
@@ -290,7 +376,7 @@ def test_gpu_a_real_cuda_out_of_memory_against_torchs_own_figures(ip):
             "        break\n")
     out, result = _cell(ip, "x = torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device='cuda')")
     assert isinstance(result.error_in_exec, ip.user_ns["torch"].OutOfMemoryError)
-    text = _texts(out)[0]
+    text = _explanation(out)
     torch = ip.user_ns["torch"]
     index = torch.cuda.current_device()
     assert text.startswith(f"gpumem: out of memory on cuda:{index}: asked 512 MiB; ")

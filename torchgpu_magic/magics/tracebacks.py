@@ -15,7 +15,7 @@ ipyparallel shows remote errors). :class:`Tracebacks` wraps the shell's ``showtr
 exactly on unload); for an error it explains or collapses it gives the exception a
 ``_render_traceback_`` for the one call and calls the original, so IPython's own path (``%tb``,
 ``call_pdb``, ipykernel's error message) is unchanged. Explainers are registered by the magics that know
-an error: ``%whereis``'s mismatch diagnosis, and any other (an out-of-memory report) the same way. An
+an error: the mismatch diagnosis and the out-of-memory explanation (both from ``whereis.py``). An
 explainer or a formatting problem never costs the user their traceback: IPython's own is shown instead.
 """
 from __future__ import annotations

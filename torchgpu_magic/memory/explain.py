@@ -1,17 +1,19 @@
-"""The out-of-memory explanation shown under the traceback: on the device that failed, what was asked and
-what is free (from the message, and read live), who holds that device's memory by name, largest first
-(:mod:`.holdersreport`), and what to do, in the order of what it frees, each with its number. Nothing is
-advised that would not free memory here (no ``empty_cache()`` for this process: torch's allocator already
-returned its whole free segments and retried before it raised; what is left in its cache are fragments).
+"""The out-of-memory explanation shown above the traceback: on the device that failed, what was asked and
+what is free (from the message, and read live), the user's failing line, who holds that device's memory
+by name, largest first (:mod:`.holdersreport`), and what to do, in the order of what it frees, each with
+its number. Nothing is advised that would not free memory here (no ``empty_cache()`` for this process:
+torch's allocator already returned its whole free segments and retried before it raised; what is left in
+its cache are fragments).
 
 Read-only: it deletes, moves and keeps nothing (the report holds names, strings and numbers).
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional
 
+from ..placement.failing import FailingLine, failing_line
 from ..placement.kinds import gc_paused
 from ..render import fmt_bytes, html_lines
 from . import devicestate
@@ -26,13 +28,15 @@ class OOMExplanation:
     """What an out-of-memory error asked on ``device``, who holds that device's memory (``holders``) and
     the advice, largest first (``advice``: (bytes or None, line)); ``too_big`` when the request alone is
     more than the device has in all. ``facts`` is the message read by
-    :func:`torchgpu_magic.placement.oom.oom_facts`."""
+    :func:`torchgpu_magic.placement.oom.oom_facts`, ``failing`` the user's failing line
+    (:class:`torchgpu_magic.placement.FailingLine`, empty when no cell's frame is in the traceback)."""
 
     device: str
     facts: Any
     holders: DeviceHolders
     advice: list
     too_big: bool = False
+    failing: FailingLine = field(default_factory=FailingLine)
 
     def headline(self) -> str:
         facts, state = self.facts, self.holders.state
@@ -50,7 +54,7 @@ class OOMExplanation:
         return f"gpumem: out of memory on {self.device}: " + "; ".join(parts)
 
     def lines(self) -> list:
-        out = [self.headline(), f"Who holds {self.device} memory, largest first:"]
+        out = [self.headline(), *self.failing.lines(), f"Who holds {self.device} memory, largest first:"]
         out.extend(self.holders.table().to_text(indent="  ").splitlines())
         out.extend("  " + note for note in self.holders.notes())
         if self.advice:
@@ -70,26 +74,32 @@ class OOMExplanation:
         advice = "".join(f"<li>{html.escape(line)}</li>" for _, line in self.advice)
         todo = html_lines(["What to do, largest first:"]) + f"<ol>{advice}</ol>" if advice else ""
         return (f'<div class="torchgpu-magic-oom"><b>{html.escape(self.headline())}</b>'
-                + html_lines([f"Who holds {self.device} memory, largest first:"])
+                + html_lines([*self.failing.lines(), f"Who holds {self.device} memory, largest first:"])
                 + self.holders.table().to_html() + html_lines(self.holders.notes()) + todo + "</div>")
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "facts": self.facts.to_dict(), "holders": self.holders.to_dict(),
+        return {"device": self.device, "facts": self.facts.to_dict(), "failing": self.failing.to_dict(),
+                "holders": self.holders.to_dict(),
                 "advice": [{"bytes": b, "text": t} for b, t in self.advice], "too_big": self.too_big}
 
 
 def explain(exc: BaseException, ns: Mapping[str, Any], tracebacks: Iterable[Any] = (),
-            cell_source: str = "") -> Optional[OOMExplanation]:
+            cell_source: str = "", is_cell_file: Optional[Callable[[str], bool]] = None,
+            ) -> Optional[OOMExplanation]:
     """The :class:`OOMExplanation` of ``exc`` when it is an out-of-memory error, else None. ``ns`` is the
-    user namespace, ``tracebacks`` what keeps the failed cell's frames alive beyond ``sys.last_*`` (the
-    exception itself, IPython's references), ``cell_source`` the failed cell's text."""
+    user namespace, ``tracebacks`` what keeps the failed cell's frames alive beyond the exception itself
+    and ``sys.last_*`` (IPython's references), ``cell_source`` the failed cell's text, ``is_cell_file``
+    which file names are notebook cells (for the failing line; without it, none is shown)."""
     from ..placement.oom import oom_facts
 
     facts = oom_facts(exc)
     if facts is None:
         return None
+    failing = failing_line(exc, is_cell_file) if is_cell_file is not None else FailingLine()
     with gc_paused():
-        return _explain(facts, ns, [exc, *tracebacks], cell_source)
+        report = _explain(facts, ns, [exc, *tracebacks], cell_source)
+    report.failing = failing
+    return report
 
 
 def _explain(facts: Any, ns: Mapping[str, Any], tracebacks: list, cell_source: str) -> OOMExplanation:

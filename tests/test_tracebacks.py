@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 
 import pytest
 from conftest import ROOT, run
@@ -125,6 +126,52 @@ def test_out_of_memory_under_xmode_verbose_and_minimal(tip):
     assert minimal[-1].startswith(OOM_ERROR) and not any("Traceback" in line for line in minimal)
 
 
+@pytest.mark.parametrize("cell, first, last", [
+    ("logits = model(x)", "whereis: a device mismatch", "RuntimeError: Tensor on device meta"),
+    ("y = big(x)", "gpumem: out of memory on cpu", OOM_ERROR)])
+def test_xmode_plain_explains_first_and_folds_torch_too(tip, cell, first, last):
+    """%xmode Plain (Python's own layout, whose header only a traceback with frames has): the
+    explanation, then 'Traceback (most recent call last):', the user's frames and torch's as one line."""
+    run(tip, OOM_SETUP)
+    tip.run_line_magic("xmode", "Plain")
+    lines = _shown(tip, cell).strip().splitlines()
+    assert lines[0].startswith(first) and lines[-1].startswith(last)
+    header = lines.index("Traceback (most recent call last):")
+    marker = next(i for i, line in enumerate(lines) if re.search(r"\d+ frames? inside torch", line))
+    assert header < marker and any(cell in line for line in lines[header:marker])
+    assert "site-packages" not in "\n".join(lines) and "\n".join(lines).count(first) == 1
+
+
+@pytest.mark.parametrize("mode", ["Context", "Plain", "Verbose", "Minimal"])
+def test_ipythons_remembered_traceback_is_the_whole_one(tip, mode):
+    """What %debug and call_pdb open (InteractiveTB.tb) is the error's whole traceback after an explained
+    one, as after IPython's own, not the partial ones formatted to fold torch's frames."""
+    run(tip, OOM_SETUP)
+    tip.run_line_magic("xmode", mode)
+    for cell in ("logits = model(x)", "y = big(x)"):
+        _shown(tip, cell)
+        assert tip.InteractiveTB.tb is sys.last_traceback is sys.last_value.__traceback__
+
+
+def test_a_traceback_that_cannot_be_folded_is_explained_after_the_cell(tip, monkeypatch):
+    """When folding the frames fails, IPython's own traceback is shown, and the explanation comes after
+    the cell, once."""
+    from torchgpu_magic.magics import tracebacks
+
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(tracebacks, "structured", broken)
+    run(tip, OOM_SETUP)
+    for cell, first in (("logits = model(x)", "whereis: a device mismatch"),
+                        ("y = big(x)", "gpumem: out of memory on cpu")):
+        with capture_output() as cap:
+            tip.run_cell(cell, store_history=True)
+        assert "site-packages/torch" in cap.stdout and first not in cap.stdout  # IPython's own, whole
+        (shown,) = [o.data["text/plain"] for o in cap.outputs]
+        assert shown.startswith(first) and shown.count(first) == 1
+
+
 def test_other_errors_keep_ipythons_traceback(tip):
     text = _shown(tip, "torch.ones(2) @ torch.ones(3)")
     assert "whereis" not in text and "frames inside" not in text
@@ -145,6 +192,23 @@ def test_unload_puts_showtraceback_back(ip):
     unload_ipython_extension(ip)
     assert "showtraceback" not in vars(ip)
     run(ip, "%load_ext torchgpu_magic")
+
+
+def test_the_out_of_memory_explanation_as_html_begins_with_the_failing_line(tip):
+    """The report as a notebook shows it when it comes after the cell (another extension showed the
+    error): its headline, the failing line, then the holders' table and the advice."""
+    from torchgpu_magic.magics.tracebacks import is_cell_file
+    from torchgpu_magic.memory import explain
+
+    run(tip, OOM_SETUP)
+    with capture_output():
+        error = tip.run_cell("y = big(x)", store_history=True).error_in_exec
+    report = explain.explain(error, tip.user_ns, (), "y = big(x)", lambda f: is_cell_file(tip, f))
+    markup = report._repr_html_()
+    parts = ("gpumem: out of memory on cpu", "On line 1: y = big(x)", "inside forward(), line 4", "<table",
+             "forward: h", "What to do")
+    order = [markup.index(part) for part in parts]
+    assert order == sorted(order), markup
 
 
 def test_the_diagnosis_as_html_keeps_its_columns(tip):

@@ -226,8 +226,9 @@ class WhereIsMagics(MagicsPart):
         out-of-memory error, who holds the device's memory and what to do (:meth:`_oom_after_cell`).
         Silent for every other outcome, and for an error whose traceback was shown explained."""
         error = getattr(result, "error_in_exec", None)
-        if (not isinstance(error, (RuntimeError, ValueError, MemoryError))
-                or self._owner.tracebacks.explained == id(error)):
+        explained = error is not None and self._owner.tracebacks.explained == id(error)
+        self._owner.tracebacks.explained = None  # one cell's: an id is free for reuse once that error goes
+        if not isinstance(error, (RuntimeError, ValueError, MemoryError)) or explained:
             return
         from .. import placement
 

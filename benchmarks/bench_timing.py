@@ -11,7 +11,10 @@ GPU (`--gpu`, needs CUDA):
     Timer.blocked_autorange().median                                                  target within 2 %
   * the asynchrony check (%time on a queued 100 ms sleep) and the empty-cell floor
   * --cold on a 10 us _sleep vs torch.profiler, and --cold vs --cold --flush-l2     target +- 2 us
-CPU also checks that a 1 s first run with --max-time 0.5 still leaves >= 7 samples.
+CPU also checks that a 1 s first run with --max-time 0.5 still leaves >= 7 samples, and measures what
+reading NVML's SM clock and its reasons after every sample costs (two calls through pynvml; over the
+tests' stand-in NVML library where no driver answers, its own time taken out; with --gpu, on the real
+driver)                                                                   target <= 2 % of a 1 ms sample
 
 Every comparison runs in alternating rounds (ours, theirs, ours, theirs, ...) and compares medians of the
 rounds, so drift of a noisy machine hits both sides alike. Equal terms: both timers time the same
@@ -106,6 +109,7 @@ def cpu(ip: Any) -> bool:
         ok &= report("~1 ms workload vs Timer.blocked_autorange", abs(ours / torch_timer - 1) <= 0.02,
                      f"{detail}, Timer {torch_timer * 1e3:.4f} ms, ratio {ours / torch_timer:.4f} "
                      "(target 1 +- 0.02)")
+        ok &= nvml_read_cost()
         ip.user_ns.update(time=time, slow_start=[])
         result = ip.run_cell_magic("cudatime", "-o -q --max-time 0.5",
                                    "if not slow_start:\n    slow_start.append(time.sleep(1.0))\na @ a")
@@ -115,6 +119,64 @@ def cpu(ip: Any) -> bool:
     finally:
         torch.set_num_threads(saved)
     return ok
+
+
+def nvml_read_cost(reads: int = 2000) -> bool:
+    """What %%cudatime's per-sample NVML read (SM clock and clocks-event reasons) costs, against the 1 ms a
+    sample lasts at least. On a machine without a driver it runs the real pynvml over the tests' stand-in
+    library (tests/fake_nvmllib.py), whose own Python time is measured apart (its two C functions called
+    directly, same arguments) and taken out: what is left is this package's and pynvml's work, not the
+    driver's, which only --gpu measures."""
+    import ctypes
+    import os
+
+    from torchgpu_magic.gpus import nvml
+    from torchgpu_magic.timing import throttle
+    from torchgpu_magic.timing.stats import TARGET_SAMPLE_S
+
+    saved = sys.modules.get("pynvml")
+    nvml.reset()
+    stand_in = nvml.status() is not None
+    if stand_in:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+        import fake_pynvml
+
+        sys.modules["pynvml"] = fake_pynvml.make("h100")
+        nvml.reset()
+    try:
+        top, read = nvml.clock_reader(0)
+        watch = throttle.ClockWatch(top, lambda: read())
+        module = sys.modules["pynvml"]
+        handle = module.nvmlDeviceGetHandleByIndex(0)
+
+        def per_read() -> float:
+            started = time.perf_counter()
+            for _ in range(reads):
+                watch.read()
+            watch.readings.clear()
+            return (time.perf_counter() - started) / reads
+
+        def library_alone() -> float:  # the stand-in's two C functions, as pynvml calls them
+            clock, mask = ctypes.c_uint(), ctypes.c_ulonglong()
+            lib = module.nvmlLib
+            clock_fn, reasons_fn = lib.nvmlDeviceGetClockInfo, lib.nvmlDeviceGetCurrentClocksEventReasons
+            started = time.perf_counter()
+            for _ in range(reads):
+                clock_fn(handle, ctypes.c_uint(1), ctypes.byref(clock))
+                reasons_fn(handle, ctypes.byref(mask))
+            return (time.perf_counter() - started) / reads
+
+        total, library = rounds(per_read, library_alone) if stand_in else (rounds(per_read)[0], 0.0)
+    finally:
+        if saved is not None:
+            sys.modules["pynvml"] = saved
+        nvml.reset()
+    cost = total - library
+    where = (f"over the stand-in library, whose own {library * 1e6:.1f} us are taken out (no driver here)"
+             if stand_in else "on the real driver")
+    return report("NVML clock read after each sample vs a 1 ms sample", cost <= 0.02 * TARGET_SAMPLE_S,
+                  f"{cost * 1e6:.1f} us per read {where} = {cost / TARGET_SAMPLE_S * 100:.2f} % of a 1 ms "
+                  "sample, outside the timed span (target <= 2 %)")
 
 
 def _profiled_kernel_seconds(cycles: int, runs: int) -> float:
@@ -197,6 +259,7 @@ def gpu(ip: Any) -> bool:
                  f"{cold * 1e6:.2f} us vs {reference * 1e6:.2f} us (target +- 2 us)")
     ok &= report("--cold vs --cold --flush-l2 on a 10 us _sleep", abs(cold - flushed) <= 2e-6,
                  f"{cold * 1e6:.2f} us vs {flushed * 1e6:.2f} us (target +- 2 us)")
+    ok &= nvml_read_cost()
     floor = timing.empty_cell_floor(device)
     print(f"INFO  empty-cell floor on {device}: {floor * 1e9:.1f} ns per loop (host clock floor: "
           f"{timing.empty_cell_floor(torch.device('cpu')) * 1e9:.1f} ns)")

@@ -1,5 +1,6 @@
-"""Shared fixtures: a real IPython shell with the extension loaded, the `gpu` marker's skip, and a
-CUDA build's TorchView as torch would describe a GPU machine."""
+"""Shared fixtures: a real IPython shell with the extension loaded, the `gpu` marker's skip, a CUDA
+build's TorchView as torch would describe a GPU machine, and the simulated H100 (``--simulate-gpu`` for
+the whole run, fixture ``simulated_gpu`` for one test; tests/simulated_gpu.py)."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,40 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def pytest_addoption(parser: Any) -> None:
+    parser.addoption(
+        "--simulate-gpu", action="store_true", default=False,
+        help="run as on a machine with one H100 80GB and CUDA 13: torch.cuda answers as it would before any "
+             "kernel runs (a real CUDA tensor still fails) and NVML is the scripted h100 scenario; needs a "
+             "CPU-only build of torch (tests/simulated_gpu.py)")
+
+
+def pytest_configure(config: Any) -> None:
+    """Under ``--simulate-gpu``, install the simulated H100 before any test (or test module) runs."""
+    config._simulated_gpu = None
+    if not config.getoption("--simulate-gpu"):
+        return
+    import simulated_gpu
+
+    why = simulated_gpu.usable()
+    if why:
+        raise pytest.UsageError(why)
+    config._simulation_patch = pytest.MonkeyPatch()
+    config._simulated_gpu = simulated_gpu.install(config._simulation_patch)
+
+
+def pytest_unconfigure(config: Any) -> None:
+    patch = getattr(config, "_simulation_patch", None)
+    if patch is not None:
+        patch.undo()
+
+
+def pytest_report_header(config: Any) -> Any:
+    if getattr(config, "_simulated_gpu", None) is not None:
+        return "simulated GPU: one NVIDIA H100 80GB HBM3, CUDA 13.0 (torch.cuda up to the first kernel)"
+    return None
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -22,13 +57,39 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config: Any, items: list) -> None:
-    """Skip `gpu`-marked tests where torch sees no CUDA GPU."""
-    if _has_cuda():
+    """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel)."""
+    if config._simulated_gpu is not None:
+        reason = ("needs a real CUDA GPU: --simulate-gpu simulates torch.cuda only up to the first kernel, "
+                  "and these tests run kernels")
+    elif _has_cuda():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False here)")
+    else:
+        reason = "needs a CUDA GPU (torch.cuda.is_available() is False here)"
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def simulated_gpu(request: Any, monkeypatch: Any) -> Any:
+    """The simulated H100 for this test, reset to a fresh process's state (CUDA not initialised, no
+    context, an idle GPU): the session's under ``--simulate-gpu``, else installed for this test alone and
+    taken out afterwards. Skips on a CUDA build of torch, which has its own CUDA layer."""
+    import simulated_gpu
+
+    from torchgpu_magic.gpus import nvml
+
+    sim = request.config._simulated_gpu
+    if sim is None:
+        why = simulated_gpu.usable()
+        if why:
+            pytest.skip(why)
+        sim = simulated_gpu.install(monkeypatch)
+    sim.reset()
+    nvml.reset()
+    yield sim
+    nvml.reset()
 
 
 @pytest.fixture(scope="session")
@@ -84,9 +145,11 @@ def run_error(shell: Any, code: str) -> BaseException:
 
 @pytest.fixture
 def fresh_env(monkeypatch: Any) -> Any:
-    """Clear CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER for tests that script them."""
+    """Clear CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER for tests that script them; whatever the test sets
+    them to is undone afterwards (set first, so monkeypatch records the value from before the test)."""
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return os.environ
 
 
@@ -107,6 +170,28 @@ def fake_nvml(monkeypatch: Any) -> Any:
 
     yield install
     nvml.reset()
+
+
+@pytest.fixture
+def torch_sees_gpus(monkeypatch: Any) -> Any:
+    """``torch_sees_gpus(n)`` makes torch answer as a CUDA 13 build seeing ``n`` GPUs before CUDA is
+    initialised, whatever this machine has (none, the simulated H100, or real GPUs with CUDA initialised
+    by earlier tests): asking torch about a device then fails the test, as it would initialise CUDA.
+    With NVML scripted (``fake_nvml``), the extension names the GPUs from NVML."""
+    import torch
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("asked torch about a CUDA device: that initialises CUDA")
+
+    def install(count: int) -> None:
+        monkeypatch.setattr(torch.version, "cuda", "13.0")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+        for name in ("get_device_properties", "memory_allocated", "memory_reserved", "max_memory_allocated"):
+            monkeypatch.setattr(torch.cuda, name, refuse)
+
+    return install
 
 
 def cuda_view(uuids: Any = (), cuda: str = "12.8", **kw: Any) -> Any:

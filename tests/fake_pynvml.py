@@ -1,11 +1,12 @@
-"""A scripted stand-in for the ``pynvml`` module, for tests at the NVML import boundary.
+"""Scripted NVML machines for tests at the NVML boundary, under the real ``pynvml``.
 
-Model: gpustat's ``test_gpustat.py``, which replaces pynvml's functions with scripted ones. Here a
-whole module is built per scenario and put at ``sys.modules["pynvml"]`` (the ``fake_nvml`` fixture in
-conftest.py), so ``torchgpu_magic.gpus.nvml`` runs its real code against it. The exception classes and
-constants are the real pynvml's (``NVMLError`` with ``.value`` and one subclass per error code),
-so the error handling under test is the one that meets a real driver. Any ``nvml*`` function a
-scenario did not script raises ``NVMLError_NotSupported``, like a GPU or driver that lacks it.
+Model: gpustat's ``test_gpustat.py``, scenarios taken from real machines. Each scenario is a
+:class:`Machine`; :func:`make` loads a fresh copy of the real ``pynvml`` module whose ``nvmlLib`` (the
+ctypes library it would load from ``libnvidia-ml.so.1``) is :class:`fake_nvmllib.FakeNvmlLib` for that
+machine. The ``fake_nvml`` fixture (conftest.py) puts that module at ``sys.modules["pynvml"]``, so
+``torchgpu_magic.gpus.nvml`` runs its real code through pynvml's real wrappers: their error classes,
+their version-mismatch errors, their struct handling. A stand-in that raised what pynvml never raises
+would test a path no user takes (a test of the ``_v3`` -> ``_v2`` fallback once passed that way).
 
 Figures follow real machines: an H100 80GB HBM3 reports 81559 MiB, an A100-SXM4-80GB 81920 MiB, a
 DGX A100 puts its eight GPUs on PCI buses 07, 0F, 47, 4E, 87, 90, B7, BD.
@@ -13,12 +14,15 @@ DGX A100 puts its eight GPUs on PCI buses 07, 0F, 47, 4E, 87, 90, B7, BD.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import sys
 import types
 import uuid as _uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import fake_nvmllib
 import pynvml as _real
 
 MiB = 1024 * 1024
@@ -50,8 +54,9 @@ class FakeMig:
 
 @dataclass
 class FakeGPU:
-    """One scripted GPU. ``errors`` maps a pynvml function name to the error code it raises;
-    ``only`` (when set) lists the per-GPU functions that exist at all (the strict stand-in)."""
+    """One scripted GPU. ``errors`` maps a pynvml function (every version of it) or one C symbol to the
+    NVML return code it answers; ``only`` (when set) lists the per-GPU functions the GPU supports, the
+    others answering NOT_SUPPORTED (the strict stand-in). A clock may be a callable, read at each query."""
 
     name: str
     uuid: str
@@ -74,235 +79,73 @@ class FakeGPU:
     errors: dict = field(default_factory=dict)
     only: Optional[frozenset] = None
     memory_reserved: int = 0  # what the driver reserves: v1 'used' counts it, v2 keeps it apart
-    v2_memory: bool = True  # drivers >= 510 have nvmlDeviceGetMemoryInfo_v2
+    clock_reasons: Any = 0  # nvmlDeviceGetCurrentClocksEventReasons' bit mask (a callable: read each time)
     parent_errors: dict = field(default_factory=dict)  # errors of the whole GPU's handle, not its MIGs'
+
+
+# Symbols a driver of the R470 branch (still an LTS driver) lacks: the _v3 process calls came with R510,
+# nvmlDeviceGetMemoryInfo_v2 with R510, the clocks-event names with R535 (it has the throttle names).
+R470_MISSING = frozenset({
+    "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetCurrentClocksEventReasons",
+})
 
 
 @dataclass
 class Machine:
+    """A scripted machine: its GPUs, its driver, the C symbols its NVML library lacks (``missing``), and
+    the error ``nvmlInit`` answers (``NVML_ERROR_LIBRARY_NOT_FOUND``: the library cannot be loaded)."""
+
     gpus: list
     driver: str = "580.159.04"
     cuda: int = 13000
     init_error: Optional[int] = None
+    missing: frozenset = frozenset()
 
 
-class _Handle:
-    def __init__(self, gpu: FakeGPU, mig: Optional[FakeMig] = None) -> None:
-        self.gpu = gpu
-        self.mig = mig
+class ScriptedPynvml(types.ModuleType):
+    """A fresh copy of the real ``pynvml`` module over a :class:`fake_nvmllib.FakeNvmlLib`. The stand-in
+    library's record is readable from the module: ``machine``, ``calls``, ``unscripted``,
+    ``init_calls``, ``shutdown_calls``, ``initialized``."""
+
+    @property
+    def lib(self) -> fake_nvmllib.FakeNvmlLib:
+        return self.__dict__["_scripted_lib"]
+
+    machine = property(lambda self: self.lib.machine)
+    calls = property(lambda self: self.lib.calls)
+    unscripted = property(lambda self: self.lib.unscripted)
+    init_calls = property(lambda self: self.lib.init_calls)
+    shutdown_calls = property(lambda self: self.lib.shutdown_calls)
+    initialized = property(lambda self: self.lib.initialized)
 
 
-class _Memory:
-    def __init__(self, total: int, used: int, reserved: int = 0) -> None:
-        self.total, self.used, self.reserved = total, used, reserved
-        self.free = total - used - reserved
+def load(machine: Machine) -> ScriptedPynvml:
+    """A new copy of the real pynvml module whose ``CDLL("libnvidia-ml.so.1")`` gives the stand-in library
+    for ``machine`` (or fails as a machine without the driver's library does). The copy is executed under
+    the name ``pynvml``, which its error-class set-up looks itself up by."""
+    spec = importlib.util.spec_from_file_location("pynvml", _real.__file__)
+    module = importlib.util.module_from_spec(spec)
+    saved = sys.modules.get("pynvml")
+    sys.modules["pynvml"] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            sys.modules.pop("pynvml", None)
+        else:
+            sys.modules["pynvml"] = saved
+    lib = fake_nvmllib.FakeNvmlLib(machine)
 
+    def cdll(name: str, *args: Any, **kwargs: Any) -> Any:
+        if machine.init_error == _real.NVML_ERROR_LIBRARY_NOT_FOUND:
+            raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+        return lib
 
-class _Utilization:
-    def __init__(self, gpu: int, memory: int) -> None:
-        self.gpu, self.memory = gpu, memory
-
-
-class _PciInfo:
-    def __init__(self, bus_id: str) -> None:
-        self.busId = bus_id.encode()  # a c_char array in pynvml: bytes
-        self.busIdLegacy = bus_id[4:].encode()
-
-
-class FakePynvml(types.ModuleType):
-    """The module object: real constants and exceptions, scripted functions, call counters."""
-
-    def __init__(self, machine: Machine) -> None:
-        super().__init__("pynvml")
-        for name in dir(_real):
-            if name.startswith(("NVML_", "NVMLError", "nvmlMemory_v")):
-                setattr(self, name, getattr(_real, name))
-        self.machine = machine
-        self.initialized = 0
-        self.init_calls = 0
-        self.shutdown_calls = 0
-        self.calls: list = []
-        self.unscripted: list = []
-
-    def __getattr__(self, name: str) -> Any:
-        """An unscripted nvml* function: exists, but the 'GPU' does not support it."""
-        if not name.startswith("nvml"):
-            raise AttributeError(name)
-
-        def unsupported(*args: Any) -> Any:
-            self.unscripted.append(name)
-            self._check_init()
-            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
-
-        return unsupported
-
-    # ---- library ---------------------------------------------------------------------------------
-    def _check_init(self) -> None:
-        if not self.initialized:
-            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
-
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
-        self.init_calls += 1
-        if self.machine.init_error is not None:
-            raise _real.NVMLError(self.machine.init_error)
-        self.initialized += 1
-
-    def nvmlShutdown(self) -> None:  # noqa: N802
-        self._check_init()
-        self.shutdown_calls += 1
-        self.initialized -= 1
-
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
-        self._check_init()
-        return self.machine.driver
-
-    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
-        self._check_init()
-        return self.machine.cuda
-
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
-        self._check_init()
-        return len(self.machine.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:  # noqa: N802
-        self._check_init()
-        if not 0 <= index < len(self.machine.gpus):
-            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
-        return _Handle(self.machine.gpus[index])
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> _Handle:  # noqa: N802
-        """A GPU's or a MIG instance's handle (drivers >= 470 take MIG UUIDs here)."""
-        self._check_init()
-        self.calls.append("nvmlDeviceGetHandleByUUID")
-        for gpu in self.machine.gpus:
-            if gpu.uuid == uuid:
-                return _Handle(gpu)
-            for mig in gpu.migs:
-                if mig.uuid == uuid:
-                    return _Handle(gpu, mig)
-        raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
-
-    # ---- per GPU ---------------------------------------------------------------------------------
-    def _gpu(self, fn: str, handle: _Handle) -> FakeGPU:
-        self._check_init()
-        self.calls.append(fn)
-        gpu = handle.gpu
-        if fn in gpu.errors:
-            raise _real.NVMLError(gpu.errors[fn])
-        if gpu.only is not None and fn not in gpu.only:
-            self.unscripted.append(fn)
-            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
-        return gpu
-
-    def nvmlDeviceGetName(self, handle: _Handle) -> str:  # noqa: N802
-        gpu = self._gpu("nvmlDeviceGetName", handle)
-        return handle.mig.name if handle.mig else gpu.name
-
-    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:  # noqa: N802
-        gpu = self._gpu("nvmlDeviceGetUUID", handle)
-        return handle.mig.uuid if handle.mig else gpu.uuid
-
-    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> _PciInfo:  # noqa: N802
-        return _PciInfo(self._gpu("nvmlDeviceGetPciInfo", handle).bus_id)
-
-    def nvmlDeviceGetCudaComputeCapability(self, handle: _Handle) -> tuple:  # noqa: N802
-        return tuple(self._gpu("nvmlDeviceGetCudaComputeCapability", handle).capability)
-
-    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: Any = None) -> _Memory:  # noqa: N802
-        """v1 (no ``version``) counts reserved memory as used; v2 keeps it apart, as nvidia-smi shows."""
-        gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
-        if version and not gpu.v2_memory:
-            raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
-        if version:
-            self.calls.append("nvmlDeviceGetMemoryInfo_v2")
-        if handle.mig:
-            return _Memory(handle.mig.memory_total, handle.mig.memory_used)
-        if version:
-            return _Memory(gpu.memory_total, gpu.memory_used, gpu.memory_reserved)
-        return _Memory(gpu.memory_total, gpu.memory_used + gpu.memory_reserved)
-
-    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> _Utilization:  # noqa: N802
-        gpu = self._gpu("nvmlDeviceGetUtilizationRates", handle)
-        if gpu.mig_mode[0]:
-            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)  # as on a real A100 in MIG mode
-        return _Utilization(*gpu.utilization)
-
-    def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:  # noqa: N802
-        return self._gpu("nvmlDeviceGetTemperature", handle).temperature
-
-    def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:  # noqa: N802
-        return self._gpu("nvmlDeviceGetPowerUsage", handle).power_mw
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:  # noqa: N802
-        return self._gpu("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw
-
-    def nvmlDeviceGetClockInfo(self, handle: _Handle, kind: int) -> int:  # noqa: N802
-        gpu = self._gpu("nvmlDeviceGetClockInfo", handle)
-        return gpu.clocks["sm" if kind == _real.NVML_CLOCK_SM else "mem"]
-
-    def nvmlDeviceGetMaxClockInfo(self, handle: _Handle, kind: int) -> int:  # noqa: N802
-        gpu = self._gpu("nvmlDeviceGetMaxClockInfo", handle)
-        return gpu.max_clocks["sm" if kind == _real.NVML_CLOCK_SM else "mem"]
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: _Handle) -> int:  # noqa: N802
-        return self._gpu("nvmlDeviceGetCurrPcieLinkGeneration", handle).pcie[0]
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: _Handle) -> int:  # noqa: N802
-        return self._gpu("nvmlDeviceGetCurrPcieLinkWidth", handle).pcie[1]
-
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: _Handle) -> int:  # noqa: N802
-        return self._gpu("nvmlDeviceGetMaxPcieLinkGeneration", handle).pcie[2]
-
-    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: _Handle) -> int:  # noqa: N802
-        return self._gpu("nvmlDeviceGetMaxPcieLinkWidth", handle).pcie[3]
-
-    def nvmlDeviceGetPersistenceMode(self, handle: _Handle) -> int:  # noqa: N802
-        return self._gpu("nvmlDeviceGetPersistenceMode", handle).persistence
-
-    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list:  # noqa: N802
-        return list(self._gpu("nvmlDeviceGetMigMode", handle).mig_mode)
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:  # noqa: N802
-        gpu = self._gpu("nvmlDeviceGetMaxMigDeviceCount", handle)
-        return 7 if gpu.mig_mode[0] else 0
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _Handle:  # noqa: N802
-        gpu = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", handle)
-        if index >= len(gpu.migs):
-            raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
-        return _Handle(gpu, gpu.migs[index])
-
-    def nvmlDeviceGetGpuInstanceId(self, handle: _Handle) -> int:  # noqa: N802
-        self._gpu("nvmlDeviceGetGpuInstanceId", handle)
-        return handle.mig.gpu_instance_id if handle.mig else 0xFFFFFFFF
-
-    def nvmlDeviceGetComputeInstanceId(self, handle: _Handle) -> int:  # noqa: N802
-        self._gpu("nvmlDeviceGetComputeInstanceId", handle)
-        return handle.mig.compute_instance_id if handle.mig else 0xFFFFFFFF
-
-    def _processes(self, fn: str, handle: _Handle, kind: str) -> list:
-        """A process list: on a MIG handle, the processes of that instance; on a whole GPU in MIG mode,
-        ``parent_errors`` apply (a non-root user gets NO_PERMISSION there)."""
-        gpu = self._gpu(fn, handle)
-        listed = list(getattr(gpu, kind))
-        if handle.mig is not None:
-            return [p for p in listed if p.gpuInstanceId == handle.mig.gpu_instance_id]
-        if fn in gpu.parent_errors:
-            raise _real.NVMLError(gpu.parent_errors[fn])
-        return listed
-
-    # pynvml's unversioned names call the _v3 symbols; a driver without them still has _v2
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list:  # noqa: N802
-        return self._processes("nvmlDeviceGetComputeRunningProcesses", handle, "compute")
-
-    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: _Handle) -> list:  # noqa: N802
-        return self._processes("nvmlDeviceGetComputeRunningProcesses_v2", handle, "compute")
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list:  # noqa: N802
-        return self._processes("nvmlDeviceGetGraphicsRunningProcesses", handle, "graphics")
-
-    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: _Handle) -> list:  # noqa: N802
-        return self._processes("nvmlDeviceGetGraphicsRunningProcesses_v2", handle, "graphics")
+    module.CDLL = cdll
+    module.__dict__["_scripted_lib"] = lib
+    module.__class__ = ScriptedPynvml
+    return module
 
 
 # ---- scenarios ----------------------------------------------------------------------------------
@@ -315,6 +158,7 @@ def h100(index: int = 0, **kw: Any) -> FakeGPU:
         memory_total=81559 * MiB, memory_used=4 * MiB, capability=(9, 0), utilization=(0, 0),
         temperature=31, power_mw=69856, power_limit_mw=700000,
         clocks={"sm": 345, "mem": 2619}, max_clocks={"sm": 1980, "mem": 2619}, pcie=(5, 16, 5, 16),
+        clock_reasons=_real.nvmlClocksEventReasonGpuIdle,
     )
     base.update(kw)
     return FakeGPU(**base)
@@ -346,7 +190,7 @@ def scenario(name: str) -> Machine:
         "h100": lambda: Machine([h100(0)]),
         "h100_busy": lambda: Machine([h100(
             0, memory_used=(4 + 30720 + 12288) * MiB, utilization=(87, 41), temperature=58,
-            power_mw=512340, clocks={"sm": 1980, "mem": 2619},
+            power_mw=512340, clocks={"sm": 1980, "mem": 2619}, clock_reasons=0,
             compute=[FakeProcess(_self_pid(), 30720 * MiB), FakeProcess(OTHER_PIDS[0], 12288 * MiB)],
         )]),
         "container": lambda: Machine([h100(
@@ -366,7 +210,7 @@ def scenario(name: str) -> Machine:
             name="Tesla T4", uuid=fake_uuid("t4"), bus_id="00000000:00:04.0", memory_total=15360 * MiB,
             memory_used=0, capability=(7, 5), power_mw=9000, power_limit_mw=70000,
             clocks={"sm": 300, "mem": 405}, max_clocks={"sm": 1590, "mem": 5001}, pcie=(3, 16, 3, 16),
-            persistence=0, v2_memory=False)], driver="470.256.02", cuda=11040),
+            persistence=0)], driver="470.256.02", cuda=11040, missing=R470_MISSING),
         "strict": lambda: Machine([FakeGPU(
             name="NVIDIA GeForce RTX 3060 Laptop GPU", uuid=fake_uuid("rtx3060"), bus_id="00000000:01:00.0",
             memory_total=6144 * MiB, memory_used=512 * MiB,
@@ -378,13 +222,11 @@ def scenario(name: str) -> Machine:
         "no_gpus": lambda: Machine([]),
         # an idle H100 on driver >= 510: v1 says 536 MiB used (reserved counted), nvidia-smi and v2 say 4
         "v2_memory": lambda: Machine([h100(0, memory_used=4 * MiB, memory_reserved=532 * MiB)]),
-        # a driver older than the _v3 process calls (R470): the unversioned pynvml names fail, _v2 answers
+        # a driver older than the _v3 process calls (R470): pynvml's unversioned names raise its
+        # NVMLLibraryMismatchError there; the _v2 calls answer
         "no_v3": lambda: Machine([h100(
-            0, memory_used=(4 + 2048) * MiB, v2_memory=False,
-            compute=[FakeProcess(OTHER_PIDS[0], 2048 * MiB)],
-            errors={n: _real.NVML_ERROR_FUNCTION_NOT_FOUND for n in (
-                "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")},
-        )], driver="470.256.02", cuda=11040),
+            0, memory_used=(4 + 2048) * MiB, compute=[FakeProcess(OTHER_PIDS[0], 2048 * MiB)],
+        )], driver="470.256.02", cuda=11040, missing=R470_MISSING),
         # one PID in both lists (a process drawing with OpenGL while it computes)
         "both_lists": lambda: Machine([h100(
             0, memory_used=(4 + 1024) * MiB, compute=[FakeProcess(OTHER_PIDS[0], 1024 * MiB)],
@@ -406,9 +248,7 @@ SCENARIOS = ("h100", "h100_busy", "container", "no_permission", "eight_gpus", "m
 
 def _lost_errors() -> dict:
     """Every per-GPU query fails with GPU_IS_LOST (after the handle was obtained), as after Xid 79."""
-    names = [n for n in dir(FakePynvml)
-             if n.startswith("nvmlDeviceGet") and n != "nvmlDeviceGetHandleByIndex"]
-    return {n: _real.NVML_ERROR_GPU_IS_LOST for n in names}
+    return {name: _real.NVML_ERROR_GPU_IS_LOST for name in fake_nvmllib.DEVICE_FAMILIES}
 
 
 def _mig_a100(**kw: Any) -> FakeGPU:
@@ -429,9 +269,10 @@ def _mig_a100(**kw: Any) -> FakeGPU:
     )
 
 
-def make(name: str, edit: Optional[Callable[[Machine], None]] = None) -> FakePynvml:
-    """A fresh fake pynvml module for scenario ``name``; ``edit`` may adjust the machine first."""
+def make(name: str, edit: Optional[Callable[[Machine], None]] = None) -> ScriptedPynvml:
+    """A fresh pynvml module over the stand-in library for scenario ``name``; ``edit`` may adjust the
+    machine first (and the test may keep editing ``module.machine`` afterwards)."""
     machine = scenario(name)
     if edit is not None:
         edit(machine)
-    return FakePynvml(machine)
+    return load(machine)

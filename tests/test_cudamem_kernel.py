@@ -145,7 +145,7 @@ def test_a_torch_without_memtracker_gets_one_line():
     done = _fresh(code, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
-    assert len(lines) == 2 and all(line.startswith("UsageError | %cudamem: this torch") for line in lines)
+    assert len(lines) == 2 and all(line.startswith("UsageError | %%cudamem: this torch") for line in lines)
     assert all("has no MemTracker" in line and "tested with 2.11, 2.12, 2.13" in line for line in lines)
 
 

@@ -253,10 +253,23 @@ def test_gpu_cuda_resolves_with_index_and_out_of_range_lists_gpus():
 
 
 @pytest.mark.gpu
+def test_gpu_use_device_makes_cuda_the_default_and_restores_it():
+    with devices.use_device(torch.device("cuda", 0)):
+        assert torch.ones(1).device == torch.device("cuda", 0)
+        assert torch.zeros(1, device="cpu").cuda().device == torch.device("cuda", 0)
+        devices.synchronize(torch.device("cuda", 0))
+    assert torch.ones(1).device.type == "cpu"
+
+
+@pytest.mark.gpu
 def test_gpu_use_device_sets_current_device_for_dot_cuda_and_restores_it():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs: on one, the last GPU is the current one already, so nothing switches")
     last = torch.cuda.device_count() - 1
     before = torch.cuda.current_device()
+    assert before != last
     with devices.use_device(torch.device("cuda", last)):
+        assert torch.cuda.current_device() == last
         assert torch.ones(1).device == torch.device("cuda", last)
         assert torch.zeros(1, device="cpu").cuda().device == torch.device("cuda", last)
         assert torch.zeros(1, device="cuda").device == torch.device("cuda", last)

@@ -76,8 +76,9 @@ def test_bad_input_is_one_line_usage_error(ip, fake_nvml, line, words):
     assert {k for k in set(ip.user_ns) - set(before) if not k.startswith("_")} == set()
 
 
-def test_index_names_valid_indices(ip, fake_nvml):
+def test_index_names_valid_indices(ip, fake_nvml, fresh_env, torch_sees_gpus):
     fake_nvml("eight_gpus")
+    torch_sees_gpus(8)  # torch's cuda:N is NVML's GPU N, on any machine
     error = run_error(ip, "%gpuinfo -i 8")
     assert "valid: 0, 1, 2, 3, 4, 5, 6, 7" in str(error)
     with capture_output() as cap:

@@ -6,6 +6,7 @@ functions monkeypatched.
 """
 from __future__ import annotations
 
+import fake_pynvml
 import pytest
 from conftest import bare, cuda_view
 
@@ -144,7 +145,8 @@ def test_torch_view_here_does_not_touch_cuda():
 
 
 def test_torch_view_reads_cuda_build(monkeypatch):
-    """With torch's CUDA functions patched as a CUDA build with one GPU reports them."""
+    """With torch's CUDA functions patched as a CUDA build with one GPU reports them, once CUDA is
+    initialised (before that, NVML names the GPUs where it can: the next tests)."""
     import types
 
     import torch
@@ -160,6 +162,7 @@ def test_torch_view_reads_cuda_build(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i: 1 * MiB)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 2 * MiB)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i: 3 * MiB)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     view = gpumap.torch_view()
     dev = view.devices[0]
     assert (view.cuda, view.cudnn, view.is_available) == ("12.8", 91002, True)
@@ -197,8 +200,10 @@ def test_torch_failing_in_a_forked_child_becomes_notes_not_a_traceback(monkeypat
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # as in a child forked after init
     for name in ("get_device_properties", "memory_allocated", "memory_reserved", "max_memory_allocated"):
         monkeypatch.setattr(torch.cuda, name, forked)
+    fake_nvml("no_driver")  # NVML cannot name the GPU: torch is asked, and fails
     view = gpumap.torch_view()
     assert [d.index for d in view.devices] == [0] and view.devices[0].name is NA
     assert any("get_device_properties failed: RuntimeError: Cannot re-initialize" in w for w in view.warnings)
@@ -206,3 +211,48 @@ def test_torch_failing_in_a_forked_child_becomes_notes_not_a_traceback(monkeypat
     fake_nvml("h100")
     text = inventory.build_report(view_fn=lambda: view).to_text()  # renders, with the notes
     assert "Cannot re-initialize CUDA in forked subprocess" in text
+    view = gpumap.torch_view()  # where NVML names the GPU, torch is not asked at all
+    assert view.named_by_nvml and view.devices[0].name == "NVIDIA H100 80GB HBM3" and not view.warnings
+
+
+def test_gpus_are_named_by_nvml_without_initialising_cuda(monkeypatch, fake_nvml, fresh_env, torch_sees_gpus):
+    fake_nvml("eight_gpus")
+    torch_sees_gpus(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,2")
+    view = gpumap.torch_view()
+    assert view.named_by_nvml and [d.name for d in view.devices] == ["NVIDIA A100-SXM4-80GB"] * 2
+    assert [(d.capability, d.total_memory, d.allocated) for d in view.devices] == \
+        [("8.0", 81920 * MiB, 0)] * 2
+    mapping = gpumap.gpu_map(view)
+    assert [(m.torch_index, m.nvml_index, m.matched_by) for m in mapping] == [
+        (0, 5, "CUDA_VISIBLE_DEVICES"), (1, 2, "CUDA_VISIBLE_DEVICES")]
+    from torchgpu_magic.gpus import inventory
+
+    text = inventory.build_report(view_fn=lambda: view).to_text()
+    assert "torch's GPUs are named from NVML in CUDA_VISIBLE_DEVICES order" in text
+
+
+def test_a_mig_instance_is_named_by_nvml_as_the_slice(fake_nvml, fresh_env, torch_sees_gpus):
+    fake_nvml("mig")
+    torch_sees_gpus(1)
+    view = gpumap.torch_view()
+    assert view.devices[0].name == "NVIDIA A100-SXM4-40GB MIG 3g.20gb"
+    assert view.devices[0].total_memory == 19968 * MiB
+
+
+def test_gpus_of_different_kinds_in_fastest_first_order_are_asked_of_torch(monkeypatch, fake_nvml,
+                                                                           fresh_env, torch_sees_gpus):
+    """CUDA's default FASTEST_FIRST order may put either of two different GPUs first: NVML cannot say which
+    is cuda:0 then, so torch is asked (here: the stand-in that refuses), unless the order is PCI's."""
+    def mixed(machine):
+        machine.gpus[1] = fake_pynvml.h100(1, bus_id=machine.gpus[1].bus_id)
+
+    fake_nvml("eight_gpus", mixed)
+    torch_sees_gpus(8)
+    view = gpumap.torch_view()
+    assert not view.named_by_nvml and any("get_device_properties failed" in w for w in view.warnings)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    view = gpumap.torch_view()
+    assert view.named_by_nvml and view.devices[1].name == "NVIDIA H100 80GB HBM3"
+
+

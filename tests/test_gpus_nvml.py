@@ -1,4 +1,5 @@
-"""The NVML layer against the scripted pynvml stand-in (tests/fake_pynvml.py): every scenario and error."""
+"""The NVML layer through the real pynvml over a stand-in NVML library (tests/fake_nvmllib.py, scenarios in
+tests/fake_pynvml.py): every scenario and error, raised by pynvml's own wrappers."""
 from __future__ import annotations
 
 import threading
@@ -223,17 +224,72 @@ def test_strict_stand_in_everything_else_not_supported(fake_nvml):
 def test_unscripted_module_function_is_not_supported(fake_nvml):
     module = fake_nvml("h100")
     module.nvmlInit()
-    with pytest.raises(pynvml.NVMLError_NotSupported) as info:
-        module.nvmlDeviceGetFanSpeed(None)
+    handle = module.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(module.NVMLError_NotSupported) as info:
+        module.nvmlDeviceGetFanSpeed(handle)
     assert info.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert module.unscripted == ["nvmlDeviceGetFanSpeed"]
     module.nvmlShutdown()
 
 
-def test_real_exception_classes_are_used(fake_nvml):
-    module = fake_nvml("no_driver")
-    assert module.NVMLError is pynvml.NVMLError
-    with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+def test_the_stand_in_is_the_real_pynvml_over_a_fake_library(fake_nvml):
+    """Every function the NVML layer calls is pynvml's own code; only the C library below is scripted, so
+    its errors are pynvml's: NVMLError subclasses for return codes, FunctionNotFound for a missing
+    symbol, and NVMLLibraryMismatchError (no NVMLError at all) from an unversioned wrapper over it."""
+    module = fake_nvml("no_v3")
+    assert module.nvmlInit.__code__.co_filename == pynvml.__file__
+    assert module.nvmlDeviceGetComputeRunningProcesses.__wrapped__.__code__.co_filename == pynvml.__file__
+    module.nvmlInit()
+    handle = module.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(module.NVMLLibraryMismatchError) as info:
+        module.nvmlDeviceGetComputeRunningProcesses(handle)
+    assert not isinstance(info.value, module.NVMLError)
+    with pytest.raises(module.NVMLError_FunctionNotFound):
+        module.nvmlDeviceGetComputeRunningProcesses_v3(handle)
+    listed = module.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+    assert [p.pid for p in listed] == [fake_pynvml.OTHER_PIDS[0]]
+    module.nvmlShutdown()
+    with pytest.raises(module.NVMLError_Uninitialized):
+        module.nvmlDeviceGetCount()
+
+
+def test_a_missing_library_fails_as_pynvml_says_it(fake_nvml):
+    module = fake_nvml("no_library")
+    with pytest.raises(module.NVMLError_LibraryNotFound):
         module.nvmlInit()
+    module = fake_nvml("no_driver")
+    with pytest.raises(module.NVMLError_DriverNotLoaded):
+        module.nvmlInit()
+
+
+# ---- clocks and their reasons, read around %%cudatime's samples ------------------------------------------
+def test_clock_reader_gives_the_max_clock_once_and_clock_and_reasons_per_read(fake_nvml):
+    module = fake_nvml("h100")
+    top, read = nvml.clock_reader(0)
+    assert top == 1980
+    assert read() == (345, ("idle",))  # an idle H100: 345 MHz, clocks dropped because it is idle
+    gpu = module.machine.gpus[0]
+    gpu.clocks["sm"] = 1410
+    gpu.clock_reasons = pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonSwThermalSlowdown
+    calls = len(module.calls)
+    assert read() == (1410, ("power cap", "thermal slowdown"))
+    assert module.calls[calls:] == ["nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons"]
+
+
+def test_clock_reasons_use_the_older_name_on_a_driver_before_r535(fake_nvml):
+    module = fake_nvml("old_driver", lambda m: setattr(m.gpus[0], "clock_reasons",
+                                                      pynvml.nvmlClocksThrottleReasonHwSlowdown))
+    top, read = nvml.clock_reader(0)
+    assert top == 1590 and read() == (300, ("hardware slowdown",))
+    assert "nvmlDeviceGetCurrentClocksThrottleReasons" in module.calls
+
+
+def test_clock_reader_says_na_where_nvml_cannot(fake_nvml):
+    fake_nvml("strict")
+    top, read = nvml.clock_reader(0)
+    assert top is NA and read() == (NA, NA)
+    fake_nvml("no_driver")
+    assert nvml.clock_reader(0) is None
 
 
 def test_problem_from_error_covers_codes():

@@ -1,6 +1,6 @@
-"""No CUDA context behind the user's back (issue 11, item 7), on a real GPU: each step a user may take
-without asking for the GPU runs in a fresh process, which must then hold no primary context on any GPU
-and appear in no NVML process list. A context costs hundreds of MiB on every GPU it lands on."""
+"""No CUDA context behind the user's back (issue 11, item 7; issue 19, item 1), on a real GPU: each step a
+user may take without asking for the GPU runs in a fresh process, which must then hold no primary context
+on any GPU and appear in no NVML process list. A context costs hundreds of MiB on every GPU it lands on."""
 from __future__ import annotations
 
 import pytest
@@ -18,6 +18,9 @@ STEPS = {
     "%%cudatime on a cpu cell": "cell('%%cudatime -r 3 --max-time 1\\ntorch.ones(8) * 2')",
     "%cudatime --kernels on a cpu statement":
         "cell('%cudatime -r 3 --max-time 1 --kernels torch.ones(8) * 2')",
+    "%%cudatime on a cpu cell after CUDA was initialised":  # issue 19: initialised is not 'used the GPU'
+        "torch.cuda.init()\nr = cell('%cudatime -o -q -r 3 --max-time 1 torch.ones(8) * 2')\n"
+        "assert r.device == 'cpu', r.device",
 }
 
 

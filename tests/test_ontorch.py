@@ -441,14 +441,24 @@ def test_gpu_cuda0_and_dot_cuda_inside(tip):
 
 
 @pytest.mark.gpu
-def test_gpu_last_gpu_is_current_inside_and_index_out_of_range_is_refused(tip):
+def test_gpu_index_out_of_range_is_refused(tip):
     count = torch.cuda.device_count()
-    before = torch.cuda.current_device()
-    value, _ = cell(tip, f"%%ontorch cuda:{count - 1}\n(torch.ones(1).device, torch.zeros(1).cuda().device)")
-    assert value == (torch.device("cuda", count - 1),) * 2
-    assert torch.cuda.current_device() == before
     error, _ = failing(tip, f"%%ontorch cuda:{count}\nran = 1")
     assert f"'cuda:{count}' does not exist: torch sees {count} CUDA" in str(error)
+    assert "ran" not in tip.user_ns
+
+
+@pytest.mark.gpu
+def test_gpu_last_gpu_is_current_inside(tip):
+    count = torch.cuda.device_count()
+    if count < 2:
+        pytest.skip("needs two GPUs: on one, the last GPU is the current one already, so nothing switches")
+    before = torch.cuda.current_device()
+    assert before != count - 1
+    value, _ = cell(tip, f"%%ontorch cuda:{count - 1}\n(torch.ones(1).device, torch.zeros(1).cuda().device, "
+                         "torch.cuda.current_device())")
+    assert value == (torch.device("cuda", count - 1),) * 2 + (count - 1,)
+    assert torch.cuda.current_device() == before
 
 
 @pytest.mark.gpu

@@ -283,8 +283,11 @@ def test_hundred_cycles_leave_no_thread_no_widget_no_hook(ip):
     assert _hooks(ip) == events_before
 
 
-def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypatch):
+def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypatch, fake_nvml,
+                                                                    torch_sees_gpus):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now raises ImportError
+    fake_nvml("no_gpus")
+    torch_sees_gpus(0)  # no GPU, on any machine
     with capture_output() as out:
         run(ip, "%gpumem")
     text = out.stdout + "".join(o.data.get("text/plain", "") for o in out.outputs)
@@ -293,8 +296,9 @@ def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypat
     assert _threads() == []
 
 
-def test_gpumem_on_scripted_nvml_shows_the_gpu(ip, fake_nvml):
+def test_gpumem_on_scripted_nvml_shows_the_gpu(ip, fake_nvml, fresh_env, torch_sees_gpus):
     fake_nvml("h100_busy")
+    torch_sees_gpus(1)  # CUDA not initialised: the GPU is watched as NVML names it, on any machine
     with capture_output():
         run(ip, "%gpumem --widget --interval 0.05")
     p = _panel(ip)

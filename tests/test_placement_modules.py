@@ -41,8 +41,6 @@ def test_module_report_trainable_and_wrappers_and_hooks():
     net.embed.requires_grad_(False)
     report = modules.module_report("net", net)
     assert report.rows[0].trainable.endswith("%")
-    dp = torch.nn.DataParallel(torch.nn.Linear(2, 2))
-    assert "DataParallel wrapper" in modules.module_report("dp", dp).to_text()
 
     class AlignDevicesHook:  # the attributes accelerate's hook exposes
         execution_device = "cuda:0"
@@ -53,6 +51,15 @@ def test_module_report_trainable_and_wrappers_and_hooks():
     text = modules.module_report("lin", lin).to_text()
     assert "accelerate: weights on cpu, loaded onto cuda:0 for each forward" in text
     assert "loaded onto cuda:0 for each forward; the forward runs as is." in text
+
+
+def test_dataparallel_wrapper_on_a_machine_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("DataParallel moves its module to cuda:0 where torch sees a GPU, leaving a CUDA context "
+                    "in the test process: tests/test_whereis.py::test_gpu_model_table_and_dataparallel "
+                    "covers it there")
+    dp = torch.nn.DataParallel(torch.nn.Linear(2, 2))
+    assert "DataParallel wrapper" in modules.module_report("dp", dp).to_text()
 
 
 def test_module_report_never_runs_forward_or_moves():

@@ -9,7 +9,7 @@ import pytest
 from fake_clock import FakeClock, fake_run
 
 from torchgpu_magic import timing
-from torchgpu_magic.timing import Options, Stats, engine
+from torchgpu_magic.timing import Options, Sample, Stats, engine
 
 
 # ---- auto-range -----------------------------------------------------------------------------------------
@@ -41,6 +41,20 @@ def test_fixed_loops_skip_the_search():
 
 
 # ---- warm-up --------------------------------------------------------------------------------------------
+def test_a_sample_stops_growing_at_20_ms_of_wall_time_whatever_its_device_time():
+    """Under --cold an empty cell has next to no device time and every loop costs a spin and a synchronize:
+    aiming at 1 ms of device time would grow a sample without end (1e9 loops)."""
+    class ColdEmpty(FakeClock):
+        def measure(self, cell, loops, mode):
+            self.calls.append(loops)
+            self.t += 100e-6 * loops
+            return Sample(loops, host=10e-6 * loops, wall=100e-6 * loops, device=0.0)
+
+    clock = ColdEmpty(None, kind="device")
+    run = fake_run(clock, max_time=2.0)
+    assert run.loops == 200 and max(clock.calls) == 200  # 20 ms of wall a sample, and never more
+
+
 def test_warm_up_runs_until_the_median_of_three_settles():
     # per-loop cost halves its excess every run after the search, then is flat
     def cost(call, loops):
@@ -137,27 +151,26 @@ def test_a_first_run_longer_than_max_time_leaves_the_samples_their_budget():
     assert run.elapsed >= 5.0  # the whole measurement still counts the first run
 
 
-def test_host_syncs_seen_in_the_first_run_reach_the_result():
+def test_host_syncs_counted_in_a_warm_run_reach_the_result():
     class SyncingClock(FakeClock):
-        def first_run(self, cell, mode):
-            return self.measure(cell, 1, mode), 2
+        def count_syncs(self, cell):
+            self.measure(cell, 1, None)
+            return 2
 
     clock = SyncingClock(lambda call, loops: 1e-3, kind="device", host_ratio=1.0)
-    run = fake_run(clock, warmup=0, samples=5, loops=1)
-    assert run.syncs == 2
+    run = fake_run(clock, warmup=3, samples=5, loops=1)
+    assert run.syncs == 2 and clock.calls == [1, 1, 2, 1, 1, 1, 1, 1]  # first, census, 2 more warm, 5
     result = timing.result_from(run, clock, "cuda:0", (0, 0, 0), None, Options(samples=5), 1, "t", "GPU")
     assert result.host_syncs == 2
     assert any(w.startswith("the cell waits for the GPU (2 synchronizing calls") for w in result.warnings)
     assert not any(w.startswith("launch-bound") for w in result.warnings)
+    run = fake_run(SyncingClock(lambda call, loops: 1e-3, kind="device"), warmup=0, samples=5, loops=1)
+    assert run.syncs is None  # --warmup 0: no warm run to count in
 
 
-def test_time_cell_keeps_a_cpu_cell_on_the_host_and_runs_its_first_run_once(monkeypatch):
+def test_time_cell_keeps_a_cpu_cell_on_the_host_and_runs_its_first_run_once():
     import torch
 
-    from torchgpu_magic.timing import clocks
-
-    monkeypatch.setattr(clocks, "cuda_initialised", lambda: False)
-    monkeypatch.setattr(engine, "cuda_initialised", lambda: False)
     runs = []
     cell = timing.compile_cell("runs.append(1)", {"runs": runs})
     result = engine.time_cell(cell, torch.device("cpu"), Options(loops=1, warmup=0, samples=3),

@@ -31,11 +31,19 @@ def test_floor_warning_under_ten_times_an_empty_cell():
     assert not timing.assess(stats, "host", floor=8e-9)
 
 
-def test_launch_bound_and_other_streams():
+def test_launch_bound_is_judged_from_the_gpus_idle_time_between_kernels():
+    """host >= 0.9 x device misfires once CUDA's launch queue fills (the host blocks on it while the GPU
+    never idles): launch-bound comes from the --kernels pass's busy time, or is not said at all."""
     stats = Stats.of([1e-3] * 5)
-    bound = timing.assess(stats, "device", host=0.95e-3, device=1e-3, wall=1.01e-3)
-    assert len(bound) == 1 and bound[0].startswith("launch-bound")
-    assert not timing.assess(stats, "device", host=0.95e-3, device=1e-3, wall=1.01e-3, cold=True)
+    assert not timing.assess(stats, "device", host=0.95e-3, device=1e-3, wall=1.01e-3)  # no pass: silent
+    assert not timing.assess(stats, "device", host=0.99e-3, device=1e-3, wall=1.01e-3, busy=0.97e-3)
+    bound = timing.assess(stats, "device", host=0.3e-3, device=1e-3, wall=1.01e-3, busy=0.2e-3)
+    assert len(bound) == 1 and bound[0].startswith("launch-bound: the GPU idled 80.0 % of the device time")
+    assert not timing.assess(stats, "device", host=0.3e-3, device=1e-3, wall=1.01e-3, busy=0.2e-3, cold=True)
+
+
+def test_other_streams():
+    stats = Stats.of([1e-3] * 5)
     streams = timing.assess(stats, "device", host=1e-5, device=1e-3, wall=5e-3)
     assert len(streams) == 1 and "other streams" in streams[0]
     assert not timing.assess(stats, "device", host=1e-5, device=1e-3, wall=5e-3, flush=True)
@@ -46,10 +54,24 @@ def test_launch_bound_and_other_streams():
     assert not timing.assess(stats, "host", host=1e-3)
 
 
-def test_a_cell_that_waits_for_the_gpu_is_not_called_launch_bound():
+def test_cold_wall_time_is_not_taken_for_other_streams():
+    """Under --cold every loop's wall time holds the tool's own spin and synchronize: a 10 us kernel has
+    ~80 us of wall per loop, which says nothing about other streams (issue 19, item 2)."""
+    stats = Stats.of([10e-6] * 20)
+    assert not timing.assess(stats, "device", host=5e-6, device=10e-6, wall=86e-6, loops=100, cold=True)
+    from torchgpu_magic.timing import flags
+
+    assert flags.other_streams(10e-6, 86e-6, 100, flush=False)
+    assert not flags.other_streams(10e-6, 86e-6, 100, flush=False, cold=True)
+
+
+def test_a_cell_that_waits_for_the_gpu_says_so_and_its_idle_time_is_not_blamed_on_launches():
     stats = Stats.of([1e-3] * 5)
     waits = timing.assess(stats, "device", host=0.99e-3, device=1e-3, wall=1.01e-3, syncs=1)
     assert len(waits) == 1 and waits[0].startswith("the cell waits for the GPU (1 synchronizing call per")
+    both = timing.assess(stats, "device", host=0.99e-3, device=1e-3, wall=1.01e-3, syncs=2, busy=1e-4)
+    assert both[1].startswith("launch-bound") and "waits for the GPU above" in both[1]
+    assert not timing.assess(stats, "device", host=0.99e-3, device=1e-3, syncs=None)  # not counted
 
 
 def test_the_floor_warning_says_which_mode_the_floor_ran_in():
@@ -131,9 +153,60 @@ def test_kernel_table_lists_rows():
 
 
 def test_no_kernels_recorded_is_told_apart_from_no_op_ran():
-    assert engine.empty_kernels_reason(True, 0) == "no torch op ran"
     assert engine.empty_kernels_reason(False, 0) == "no torch op ran"
+    assert engine.empty_kernels_reason(True, 0).startswith("no torch op ran")
+    # CUPTI recorded CUDA activity (our own synchronize), but no kernel: the cell launched none
+    assert engine.empty_kernels_reason(True, 0, runtime=1) == "the cell launched no GPU kernel"
+    assert "2 torch ops ran on the host only" in engine.empty_kernels_reason(True, 2, runtime=1)
     reason = engine.empty_kernels_reason(True, 3)
-    assert "3 torch ops but no GPU kernel" in reason and "CUPTI" in reason
+    assert "3 torch ops but no CUDA activity" in reason and "CUPTI" in reason
     text = timing.kernel_table([], device=True, empty=reason).to_text()
     assert "CUPTI" in text and "no torch op ran" not in text
+
+
+def _event(name, activity, start, end, device="CUDA", annotation=False):
+    """A profiler event as torch's own FunctionEvent carries it from a pass with CUDA activity."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    return FunctionEvent(id=0, name=name, thread=0, start_us=start, end_us=end, use_device="cuda",
+                         device_type=getattr(DeviceType, device), is_user_annotation=annotation,
+                         activity_type=activity)
+
+
+def test_tally_counts_torch_ops_and_kernels_not_runtime_rows_or_annotations():
+    """The runtime row of our own synchronize is no op (a cell that launched nothing is not told 'CUPTI
+    unavailable'), and record_function ranges on the GPU's timeline are no kernels (issue 19, item 3)."""
+    events = [
+        _event("aten::add", "cpu_op", 0, 5, device="CPU"),
+        _event("step", "user_annotation", 0, 60, device="CPU", annotation=True),
+        _event("cudaLaunchKernel", "cuda_runtime", 1, 3, device="CPU"),
+        _event("cudaDeviceSynchronize", "cuda_runtime", 50, 60, device="CPU"),
+        _event("step", "gpu_user_annotation", 10, 40, annotation=True),
+        _event("add_kernel", "kernel", 10, 20),
+        _event("add_kernel", "kernel", 15, 25),  # on another stream, overlapping the first
+        _event("Memcpy DtoH", "gpu_memcpy", 30, 32),
+    ]
+    totals, ops, runtime, busy = engine.tally(events)
+    assert ops == 1 and runtime == 2
+    assert totals == {"add_kernel": (2, 20.0), "Memcpy DtoH": (1, 2.0)}  # no 'step' row
+    assert busy == 15 + 2  # the union of 10-25 and 30-32
+    totals, ops, runtime, busy = engine.tally(events[2:4])
+    assert (totals, ops, runtime, busy) == ({}, 0, 2, 0.0)
+
+
+def test_clock_lines_warn_under_75_percent_and_note_anything_below_the_max():
+    from torchgpu_magic.timing import throttle
+
+    readings = [(1980, ()), (1755, ("power cap",)), (345, ("idle",)), (None, None)]
+    summary = throttle.ClockWatch(1980, None, readings).summary()
+    # the idle reading (clocks already dropped) and the unreadable one say nothing about a sample
+    assert summary == {"max_mhz": 1980, "samples": 2, "below_max": 1, "below_75": 0, "lowest_mhz": 1755,
+                       "reasons": ["power cap"]}
+    warnings, notes = throttle.clock_lines(summary)
+    assert warnings == [] and notes == [
+        "SM clock below its max in 1 of 2 samples (lowest 1755 MHz, 88.6 % of 1980 MHz: power cap)"]
+    at_max = throttle.ClockWatch(1980, None, [(1980, ("sync boost",))] * 2).summary()
+    assert throttle.clock_lines(at_max) == (
+        [], ["SM clock at its max (1980 MHz) in all 2 samples, with clock reasons reported: sync boost"])
+    assert throttle.clock_lines(throttle.ClockWatch(None).summary()) == ([], [])

@@ -294,10 +294,12 @@ def _cuda_count() -> int:
     """How many CUDA devices torch sees, remembered: ``%%ontorch`` and ``%%cudatime`` ask before every
     cell, and before CUDA is initialised ``torch.cuda.is_available()`` asks NVML each time. Asked again
     when ``CUDA_VISIBLE_DEVICES`` changes (which, before CUDA starts, changes the count: the reason torch
-    does not cache it then) or when torch's functions are replaced (a test's stand-in for a GPU)."""
+    does not cache it then) or when torch's functions, or its C extension's device count, are replaced (a
+    stand-in for a GPU)."""
     import torch
 
-    key = (torch.cuda.is_available, torch.cuda.device_count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    key = (torch.cuda.is_available, torch.cuda.device_count, getattr(torch._C, "_cuda_getDeviceCount", None),
+           os.environ.get("CUDA_VISIBLE_DEVICES"))
     count = _CUDA_COUNT.get(key)
     if count is None:
         _CUDA_COUNT.clear()

@@ -112,7 +112,7 @@ def cudatime(setup: str, body: str, options: dict, device: Optional[str] = None)
     opts = timing.Options(**options)
     target = devices.resolve(device) if device else timing.timing_device()
     compiled = timing.compile_cell(body, ns, setup, "<cudatime --cluster>")
-    return timing.time_cell(compiled, target, opts, show_output=False).to_dict()
+    return timing.time_cell(compiled, target, opts, show_output=False, follow_cuda=device is None).to_dict()
 
 
 def memory_sample(peaks: bool = False) -> dict:

@@ -6,8 +6,9 @@ order. The two are matched by UUID (or PCI bus id), never by position (model: nv
 ``_parse_cuda_visible_devices``); :func:`parse_cuda_visible_devices` reads the variable as CUDA does, for
 the cases torch says neither and for the GPUs torch will see before CUDA is initialised.
 
-torch is asked through :func:`torch_view`, which touches CUDA only when torch is a CUDA build and
-``torch.cuda.is_available()`` is True; tests may hand :func:`gpu_map` a :class:`TorchView` of their own.
+torch is asked through :func:`torch_view`, which never initialises CUDA where NVML can name torch's GPUs
+(:func:`named_by_nvml`): ``torch.cuda.get_device_properties`` would, and a CUDA context costs hundreds of
+MiB on the GPU; tests may hand :func:`gpu_map` a :class:`TorchView` of their own.
 Used by %gpuinfo's report (:mod:`torchgpu_magic.gpus.inventory`) and by %gpumem to pick the GPUs to watch.
 """
 from __future__ import annotations
@@ -62,6 +63,7 @@ class TorchView:
     devices: list = field(default_factory=list)
     other_accelerators: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
+    named_by_nvml: bool = False  # CUDA not initialised: the devices were named from NVML, not asked of torch
 
 
 def _uuid_text(raw: Any) -> Any:
@@ -82,8 +84,9 @@ def _pci_text(props: Any) -> Any:
 
 
 def torch_view() -> TorchView:
-    """Ask torch what it can use. Never initialises CUDA unless torch is a CUDA build and a GPU is usable;
-    never raises for what torch cannot answer (those are ``warnings``, shown as notes)."""
+    """Ask torch what it can use. Never initialises CUDA where NVML can name torch's GPUs
+    (:func:`named_by_nvml`), else only when torch is a CUDA build and a GPU is usable; never raises for
+    what torch cannot answer (those are ``warnings``, shown as notes)."""
     import torch
 
     view = TorchView(version=str(torch.__version__), cuda=torch.version.cuda,
@@ -103,8 +106,10 @@ def torch_view() -> TorchView:
             view.device_count = torch.cuda.device_count()
         except Exception as exc:  # noqa: BLE001 - every problem is a note in the report, never a traceback
             view.warnings.append(f"torch.cuda.device_count() failed: {_one_line(exc)}")
-        for i in range(view.device_count):
-            view.devices.append(_torch_device(torch, i, view.warnings))
+        named = None if torch.cuda.is_initialized() else named_by_nvml(view.device_count)
+        view.named_by_nvml = named is not None
+        view.devices = named if named is not None else [
+            _torch_device(torch, i, view.warnings) for i in range(view.device_count)]
     for name, module in (("mps", getattr(torch.backends, "mps", None)), ("xpu", getattr(torch, "xpu", None))):
         try:
             if module is not None and module.is_available():
@@ -112,6 +117,30 @@ def torch_view() -> TorchView:
         except Exception as exc:  # noqa: BLE001
             view.warnings.append(f"torch's {name}.is_available() failed: {_one_line(exc)}")
     return view
+
+
+def named_by_nvml(count: int) -> Optional[list]:
+    """torch's ``count`` GPUs as NVML names them, without initialising CUDA: the GPUs CUDA_VISIBLE_DEVICES
+    lets CUDA see, in its order, with torch's allocator at zero (it holds nothing before CUDA is
+    initialised). None where NVML cannot say which GPU is which: NVML unavailable, a count that does not
+    match, or GPUs of different kinds under CUDA's default FASTEST_FIRST order (which may put any of them
+    first; identical GPUs keep PCI order, as does CUDA_DEVICE_ORDER=PCI_BUS_ID). The UUID is left to the
+    matching (:func:`gpu_map` pairs them by this position)."""
+    gpus = _identities()
+    visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus) if gpus else []
+    if not count or len(visible) != count:
+        return None
+    chosen = [(gpus[index], _mig_at(gpus[index], slot)) for index, slot in visible]
+    if os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") != "PCI_BUS_ID" and \
+            len({(gpu.name, gpu.compute_capability) for gpu, _ in chosen}) > 1:
+        return None
+    devices = []
+    for position, (gpu, mig) in enumerate(chosen):
+        total = nvml.memory(gpu.index, mig.uuid if mig else None)[1]
+        devices.append(TorchDevice(position, name=mig.name if mig else gpu.name,
+                                   capability=gpu.compute_capability, total_memory=total,
+                                   allocated=0, reserved=0, peak=0))
+    return devices
 
 
 def _one_line(exc: BaseException) -> str:

@@ -211,9 +211,14 @@ class GPUReport:
                 if g.host_pids:
                     notes.append(f"{where}: the list shows host PIDs (this process runs in a container, "
                                  f"PID {self.pid} here), so its own process cannot be marked by PID.")
-            if g.mapping is not None and g.mapping.matched_by == "CUDA_VISIBLE_DEVICES":
+            if g.mapping is not None and g.mapping.matched_by == "CUDA_VISIBLE_DEVICES" and \
+                    not self.torch.named_by_nvml:
                 notes.append(f"cuda:{g.torch_index} matched to GPU {g.nvml_index} by position in "
                              "CUDA_VISIBLE_DEVICES (torch reported no UUID or PCI bus id).")
+        if self.torch.named_by_nvml:
+            notes.append("CUDA is not initialised in this process: torch's GPUs are named from NVML in "
+                         "CUDA_VISIBLE_DEVICES order, and torch holds no GPU memory yet (asking torch would "
+                         "initialise CUDA).")
         for text in self.torch.warnings:
             notes.append(f"torch warned: {text}")
         return notes

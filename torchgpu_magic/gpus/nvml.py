@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import atexit
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .problems import HINTS, NVMLProblem, problem_from_error
+from .snapshots import NA, GPUSnapshot, MigSnapshot, ProcessInfo, _NAType
 
 __all__ = [
     "NA",
@@ -29,94 +29,9 @@ __all__ = [
     "gpu_snapshot",
     "memory",
     "processes",
+    "clock_reader",
     "reset",
 ]
-
-
-class _NAType:
-    """'Not available': what a GPU or driver cannot say. Falsy, prints as ``N/A``, one instance."""
-
-    _instance: Optional[_NAType] = None
-    _is_na = True
-
-    def __new__(cls) -> _NAType:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __str__(self) -> str:
-        return "N/A"
-
-    def __repr__(self) -> str:
-        return "NA"
-
-    def __reduce__(self) -> str:
-        return "NA"
-
-
-NA = _NAType()
-
-
-@dataclass
-class MigSnapshot:
-    """One MIG instance of a GPU in MIG mode."""
-
-    index: int
-    uuid: Any = NA
-    name: Any = NA
-    memory_total: Any = NA
-    memory_used: Any = NA
-    gpu_instance_id: Any = NA
-    compute_instance_id: Any = NA
-
-
-@dataclass
-class GPUSnapshot:
-    """Everything NVML says about one physical GPU at one moment; each field a value or :data:`NA`.
-
-    Units: bytes for memory, percent for utilisation, °C, watts, MHz.
-    """
-
-    index: int
-    name: Any = NA
-    uuid: Any = NA
-    pci_bus_id: Any = NA
-    compute_capability: Any = NA
-    memory_total: Any = NA
-    memory_used: Any = NA
-    memory_free: Any = NA
-    utilization_gpu: Any = NA
-    utilization_memory: Any = NA
-    temperature: Any = NA
-    power_draw: Any = NA
-    power_limit: Any = NA
-    clock_sm: Any = NA
-    clock_memory: Any = NA
-    clock_sm_max: Any = NA
-    clock_memory_max: Any = NA
-    pcie_generation: Any = NA
-    pcie_width: Any = NA
-    pcie_generation_max: Any = NA
-    pcie_width_max: Any = NA
-    persistence_mode: Any = NA
-    mig_mode: Any = NA
-    mig_mode_pending: Any = NA
-    mig_devices: list = field(default_factory=list)
-    not_supported: list = field(default_factory=list)
-    problems: list = field(default_factory=list)
-
-
-@dataclass
-class ProcessInfo:
-    """A process using a GPU, as NVML lists it (PIDs are the host's when run inside a container)."""
-
-    pid: int
-    name: Any = NA
-    used_memory: Any = NA
-    kind: str = "compute"
 
 
 # ---- initialisation -----------------------------------------------------------------------------
@@ -281,8 +196,8 @@ def _watts(milliwatts: Any) -> float:
 def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
     """All NVML says about GPU ``nvml_index`` now; never raises, NA for what it cannot say.
 
-    ``identity_only`` asks only what identifies the GPU (name, UUID, PCI bus id, MIG mode and
-    instances): the few calls that matching torch's devices to NVML's needs.
+    ``identity_only`` asks only what identifies the GPU (name, UUID, PCI bus id, compute capability, MIG
+    mode and instances): the few calls that matching torch's devices to NVML's, or naming them, needs.
     """
     snap = GPUSnapshot(index=nvml_index)
     module = _nvml()
@@ -296,11 +211,11 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
     snap.name = q("name", "nvmlDeviceGetName", handle)
     snap.uuid = q("UUID", "nvmlDeviceGetUUID", handle)
     snap.pci_bus_id = q("PCI bus id", "nvmlDeviceGetPciInfo", handle, convert=lambda p: _decode(p.busId))
+    snap.compute_capability = q("compute capability", "nvmlDeviceGetCudaComputeCapability", handle,
+                                convert=lambda cc: f"{cc[0]}.{cc[1]}")
     if identity_only:
         _mig_state(module, q, handle, snap)
         return snap
-    snap.compute_capability = q("compute capability", "nvmlDeviceGetCudaComputeCapability", handle,
-                                convert=lambda cc: f"{cc[0]}.{cc[1]}")
     mem = q("memory", memory_info, handle)
     if not isinstance(mem, _NAType):
         snap.memory_total, snap.memory_used, snap.memory_free = int(mem.total), int(mem.used), int(mem.free)
@@ -375,6 +290,44 @@ def memory_info(module: Any, handle: Any) -> Any:
     return module.nvmlDeviceGetMemoryInfo(handle)
 
 
+# pynvml's names of the clocks-event reasons (bits of one mask), in words for a report.
+_REASONS = (
+    ("GpuIdle", "idle"), ("ApplicationsClocksSetting", "application clocks"), ("SwPowerCap", "power cap"),
+    ("HwSlowdown", "hardware slowdown"), ("SyncBoost", "sync boost"),
+    ("SwThermalSlowdown", "thermal slowdown"), ("HwThermalSlowdown", "hardware thermal slowdown"),
+    ("HwPowerBrakeSlowdown", "power brake"), ("DisplayClockSetting", "display clock"),
+)
+
+
+def clock_reader(nvml_index: int) -> Optional[tuple]:
+    """``(max SM clock MHz, read)`` for GPU ``nvml_index``, where ``read()`` gives ``(SM clock MHz, reasons)``
+    now: the reasons why the clock is what it is, in words (:data:`_REASONS`; empty when none). Each figure
+    is NA where NVML cannot say. None when NVML cannot give the GPU at all. The handle and the max clock
+    are asked once, so a read costs two NVML calls (``%%cudatime`` reads around every sample). The reasons
+    come from ``nvmlDeviceGetCurrentClocksEventReasons``, or its older name (drivers before R535)."""
+    module = _nvml()
+    if module is None:
+        return None
+    handle = _handle(module, nvml_index, [])
+    if handle is None:
+        return None
+    q = _Querier(module, [], [])
+    sm = getattr(module, "NVML_CLOCK_SM", 1)
+    top = q("max SM clock", "nvmlDeviceGetMaxClockInfo", handle, sm)
+    names = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+    bits = [(getattr(module, f"nvmlClocksEventReason{name}", None), words) for name, words in _REASONS]
+
+    def words(mask: int) -> tuple:
+        return tuple(text for bit, text in bits if bit is not None and mask & bit)
+
+    def read() -> tuple:
+        clock = q("SM clock", "nvmlDeviceGetClockInfo", handle, sm)
+        mask = q("clock reasons", lambda m, h: _first_of(m, names, h), handle)
+        return clock, NA if isinstance(mask, _NAType) else words(int(mask))
+
+    return top, read
+
+
 def _target(module: Any, nvml_index: int, mig_uuid: Any, problems: list) -> Any:
     """The handle to ask about memory and processes: the MIG instance ``mig_uuid`` (the slice torch
     uses) when given, else GPU ``nvml_index``; None (and a problem) when NVML cannot give it."""
@@ -403,22 +356,25 @@ def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
     return int(info.used), int(info.total)
 
 
-# Each list's pynvml functions, newest first: a driver without the _v3 symbols still answers _v2.
+# Each list's pynvml functions, newest first, called by their versioned names: pynvml's unversioned names
+# call _v3 and turn a driver without it (before R510; R470 is still an LTS branch) into its own
+# NVMLLibraryMismatchError, which is no NVMLError and would hide the _v2 answer.
 _PROCESS_CALLS = (
-    ("compute", ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2")),
-    ("graphics", ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2")),
+    ("compute", ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")),
+    ("graphics", ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2")),
 )
 
 
-def _listed(module: Any, handle: Any, names: tuple) -> list:
-    """The first of ``names`` the driver has; raises the last error when none answers."""
+def _first_of(module: Any, names: tuple, *args: Any) -> Any:
+    """Call the first of the pynvml functions ``names`` that the driver has (a driver without a symbol
+    answers FUNCTION_NOT_FOUND); raises the last such error when none has it, anything else at once."""
     error: Optional[BaseException] = None
     for name in names:
         fn = getattr(module, name, None)
         if fn is None:
             continue
         try:
-            return list(fn(handle))
+            return fn(*args)
         except Exception as exc:  # noqa: BLE001
             if problem_from_error(exc).code != "function_not_found":
                 raise
@@ -445,7 +401,7 @@ def processes(nvml_index: int, mig_uuid: Any = None) -> tuple:
     first_problem: Optional[NVMLProblem] = None
     for kind, names in _PROCESS_CALLS:
         try:
-            listed = _listed(module, handle, names)
+            listed = list(_first_of(module, names, handle))
         except Exception as exc:  # noqa: BLE001
             first_problem = first_problem or _process_problem(module, handle, mig_uuid, exc, kind)
             continue

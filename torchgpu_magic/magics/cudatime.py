@@ -56,9 +56,9 @@ class CUDATimeMagics(MagicsPart):
 
         ``%%cudatime [options] [setup]`` times the cell (the setup statement runs once first, in the same
         scope, as with ``%%timeit``); ``%cudatime [options] STATEMENT`` times one statement. Without
-        ``--devices`` it times on torch's default device; when that is cpu, on the current CUDA GPU only
-        if CUDA was initialised before the cell or becomes so during its setup and first run (the cell
-        uses the GPU); on cpu the figure is host time, and the report says so.
+        ``--devices`` it times on torch's default device; when that is cpu, where the tensors of the
+        setup and the first run were (on the GPU when they were on it, or when the cell initialised
+        CUDA), however initialised CUDA already was; on cpu the figure is host time, and the report says so.
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
         from .. import timing

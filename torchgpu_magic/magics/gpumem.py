@@ -276,13 +276,12 @@ class GPUMemMagics(MagicsPart):
     def _targets(self) -> list:
         """The GPUs to watch, without initialising CUDA: once CUDA is initialised, torch's devices
         matched to NVML's by UUID (inventory.gpu_map); before that, NVML's GPUs in the order
-        CUDA_VISIBLE_DEVICES gives them (the order torch will use), and all of them for a torch without
-        CUDA. Called on the main thread only (at start, and after a cell that changed CUDA's state):
-        gpu_map asks torch under ``warnings.catch_warnings``, which is process-wide."""
-        import os
-
+        CUDA_VISIBLE_DEVICES gives them (the order torch will use; a MIG instance as itself), and all of
+        them for a torch without CUDA (memory.nvml_targets). Called on the main thread only (at start,
+        and after a cell that changed CUDA's state): gpu_map asks torch under
+        ``warnings.catch_warnings``, which is process-wide."""
         from .. import memory
-        from ..gpus import inventory, nvml
+        from ..gpus import inventory
 
         state = memory.cuda_state()
         self._targets_state = state
@@ -290,17 +289,7 @@ class GPUMemMagics(MagicsPart):
             mappings = inventory.gpu_map()
             if mappings:
                 return memory.targets_from(mappings)
-        if nvml.status() is not None:
-            return []
-        gpus = [nvml.gpu_snapshot(i, identity_only=True) for i in range(nvml.device_count())]
-        if state == "no CUDA":
-            return [memory.GPUTarget(None, g.index, str(g.name)) for g in gpus]
-        visible = inventory.parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
-        targets = []
-        for position, (index, slot) in enumerate(visible):
-            mig = next((m for m in gpus[index].mig_devices if m.index == slot), None)
-            targets.append(memory.GPUTarget(position, index, str(mig.name if mig else gpus[index].name)))
-        return targets
+        return memory.nvml_targets(state)
 
     def _retarget(self) -> None:
         """Work the targets out again when CUDA's state changed (say, the cell's first ``.cuda()``)."""

@@ -28,6 +28,7 @@ from .figures import (
     cuda_state,
     empty_cache,
     host_memory,
+    nvml_targets,
     peak_rss,
     reset_peak_rss,
     targets_from,
@@ -50,7 +51,7 @@ from .sampler import (
 __all__ = [
     "GPUTarget", "HostCounters", "HostMemory", "GPUMemory", "MemorySnapshot", "targets_from", "host_memory",
     "peak_rss",
-    "reset_peak_rss", "cuda_state", "torch_figures", "collect", "empty_cache",
+    "reset_peak_rss", "nvml_targets", "cuda_state", "torch_figures", "collect", "empty_cache",
     "MIN_INTERVAL", "MAX_INTERVAL", "DEFAULT_INTERVAL", "HISTORY_SECONDS", "THREAD_NAME", "validate_interval",
     "CellGPU", "CellRecord", "CellRecords", "CellLog", "Sampler", "CellMemory", "FitResult", "ModuleRow",
 ]

@@ -56,6 +56,27 @@ def targets_from(mappings: Sequence[Any]) -> list[GPUTarget]:
                       None if is_na(getattr(m, "mig", None)) else getattr(m, "mig", None)) for m in mappings]
 
 
+def nvml_targets(state: str) -> list[GPUTarget]:
+    """The GPUs to watch from NVML alone, for when torch cannot be asked without initialising CUDA
+    (``state`` is :func:`cuda_state`'s): every GPU NVML sees for a torch without CUDA; else the GPUs
+    ``CUDA_VISIBLE_DEVICES`` lets CUDA see, in its order (torch's numbering to come), where a MIG instance
+    is watched as that instance: its memory and processes, not the whole GPU's."""
+    from ..gpus import gpumap, nvml
+
+    if nvml.status() is not None:
+        return []
+    gpus = [nvml.gpu_snapshot(i, identity_only=True) for i in range(nvml.device_count())]
+    if state == "no CUDA":
+        return [GPUTarget(None, g.index, str(g.name)) for g in gpus]
+    targets = []
+    for position, (index, slot) in enumerate(
+            gpumap.parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)):
+        mig = next((m for m in gpus[index].mig_devices if m.index == slot), None)
+        targets.append(GPUTarget(position, index, str(mig.name if mig else gpus[index].name),
+                                 str(mig.uuid) if mig else None))
+    return targets
+
+
 @dataclass(frozen=True)
 class HostMemory:
     """This process's resident memory and the system's, in bytes. ``peak_rss`` is the kernel's

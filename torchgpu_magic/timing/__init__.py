@@ -4,34 +4,31 @@
 it took to *queue* kernels. This package follows ``docs/timing-method.md``, one concern per module:
 
 - :mod:`.cells`: compile the cell once into a loop (no ``exec`` per loop); silence its output.
-- :mod:`.clocks`: CUDA events, or ``perf_counter`` with or without a device synchronize; which device
-  to time on (a pure function of the default device and whether CUDA is in use); allocator figures
-  around a measurement.
+- :mod:`.clocks`: CUDA events, or ``perf_counter`` with or without a device synchronize; the cell's
+  waits for the GPU; allocator figures around a measurement.
+- :mod:`.observe`: what the setup and first run touched (a ``TorchDispatchMode``), and from it which
+  device to time on (a pure function of the default device and the devices touched).
+- :mod:`.throttle`: the GPU's SM clock and its reasons from NVML after every sample.
 - :mod:`.stats`: median, quartiles and the median's confidence interval; the 1-2-5 loop counts; the
   stopping rule and the :class:`Options` that set its limits.
 - :mod:`.engine`: first run apart, auto-range, warm-up, samples; the empty-cell floor, ``--kernels``,
   and :func:`time_cell`, a whole measurement.
-- :mod:`.results`: the flags, :class:`TimingResult`, :class:`TimingComparison` and the kernel table.
+- :mod:`.flags`: the warnings and notes (noise, floor, launch-bound from the GPU's idle time, other
+  streams, the L2 note).
+- :mod:`.results`: :class:`TimingResult`, :class:`TimingComparison` and the kernel table.
 
-The arrows point one way: engine imports the other four, results imports clocks and stats, clocks
-imports cells. Nothing here imports IPython; torch is imported lazily. The names callers use are
-re-exported here.
+The arrows point one way: engine imports the others, results imports clocks, flags, stats and
+throttle, clocks imports cells (and throttle, lazily), flags imports stats. Nothing here imports
+IPython; torch is imported lazily. The names callers use are re-exported here.
 """
 from __future__ import annotations
 
 from .cells import compile_cell, silenced
-from .clocks import (
-    Clock,
-    MemoryProbe,
-    Sample,
-    check_device,
-    choose_device,
-    cpu_cache_bytes,
-    sleep_cycles_per_ms,
-    timing_device,
-)
+from .clocks import Clock, MemoryProbe, Sample, check_device, cpu_cache_bytes, sleep_cycles_per_ms
 from .engine import WARMUP_MIN_RUNS, empty_cell_floor, measure, time_cell
-from .results import KernelRow, TimingComparison, TimingResult, assess, kernel_table, result_from
+from .flags import assess
+from .observe import Touched, choose_device, timing_device, watch
+from .results import KernelRow, TimingComparison, TimingResult, kernel_table, result_from
 from .stats import FLOOR_SAMPLES, Options, Stats, loops_for, next_loops, stop_reason
 
 __all__ = [
@@ -39,4 +36,5 @@ __all__ = [
     "TimingComparison", "TimingResult", "assess", "check_device", "choose_device", "compile_cell",
     "cpu_cache_bytes", "empty_cell_floor", "kernel_table", "loops_for", "measure", "next_loops",
     "result_from", "silenced", "sleep_cycles_per_ms", "stop_reason", "time_cell", "timing_device",
+    "Touched", "watch",
 ]

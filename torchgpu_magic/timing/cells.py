@@ -63,6 +63,16 @@ class CompiledCell:
         self._gen: Any = None
         self.filename = filename
 
+    @property
+    def code(self) -> Any:
+        """The compiled loop function's code object (setup and cell; nested code among its constants)."""
+        return self._factory.__code__
+
+    @property
+    def namespace(self) -> dict:
+        """The globals the cell runs in (the user's namespace)."""
+        return self._factory.__globals__
+
     def start(self) -> None:
         """Run the setup statement and get ready to run loops."""
         self.close()

@@ -6,7 +6,9 @@ time. The wall clock stops after ``torch.cuda.synchronize(device)`` rather than 
 so work the cell leaves running on *other* streams shows up as wall time far above device time (the
 "other streams" warning). Clocks are injectable: the tests drive the engine with a fake one.
 
-Also here: which devices can be timed and on which one by default, the allocator figures around a
+The CUDA clock also counts how often the cell waits for the GPU (:meth:`Clock.count_syncs`) and reads
+the GPU's SM clock and its reasons from NVML after every sample (:meth:`Clock.note_sample`,
+:class:`~.throttle.ClockWatch`). Also here: which devices can be timed, the allocator figures around a
 measurement (:class:`MemoryProbe`), and the ``_sleep`` calibration that checks the CUDA clock.
 torch is imported lazily.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -25,8 +26,10 @@ from .cells import CompiledCell
 
 FLUSH_FACTOR = 2  # --flush-l2 writes at least twice the cache: one cache's worth can leave lines resident
 FLUSH_MIN_BYTES = 256 * 2**20  # ... and on CUDA at least 256 MiB, as triton's do_bench
-SPIN_S = 50e-6  # --cold: the device-side spin each loop's start event waits behind
+SPIN_S = 50e-6  # the device-side spin a start event waits behind (each sample; each loop with --cold)
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode warning
+PROTOTYPE_WARNING = "Synchronization debug mode is a prototype feature"  # torch's, once per process
+_SPIN_CYCLES: dict = {}  # CUDA device index -> _sleep cycles lasting SPIN_S, calibrated once per process
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,13 @@ class Clock:
         """Run ``loops`` loops of ``cell`` and return their totals."""
         raise NotImplementedError
 
-    def first_run(self, cell: CompiledCell, mode: Mode) -> tuple:
-        """Run the cell once (the excluded first run): ``(sample, host syncs seen)``. Only the CUDA clock
-        can see the cell wait for the device; the others report 0."""
-        return self.measure(cell, 1, mode), 0
+    def count_syncs(self, cell: CompiledCell) -> Optional[int]:
+        """Run the cell once (a warm-up run) counting how often it waits for the device; None where this
+        clock cannot see that (only the CUDA clock can)."""
+        return None
+
+    def note_sample(self) -> None:
+        """Called after each timed sample (not after warm-up runs): the CUDA clock reads NVML here."""
 
     def make_flush(self) -> Callable[[], Any]:
         """A callable that evicts this device's cache (``--flush-l2``)."""
@@ -151,11 +157,14 @@ class CudaClock(Clock):
     """CUDA: pre-created events around each sample (device time), ``perf_counter`` for host enqueue and
     for the wall time after synchronizing the whole device (method step 5).
 
-    ``--cold`` and ``--flush-l2`` record an event pair per loop instead, so the host's synchronize and
-    relaunch gaps between loops stay out of the device time. Under ``--cold`` the GPU is idle when a loop
-    starts, so its start event is queued behind a short device-side spin (``torch.cuda._sleep``, as
-    nvbench queues its start behind a blocking kernel): the event fires when the spin ends, by which time
-    the cell's first kernels are queued, and launch latency stays out of the figure too.
+    The GPU is idle when a sample starts (it was synchronized), so the start event is queued behind a
+    short device-side spin (``torch.cuda._sleep`` of :data:`SPIN_S`, as nvbench queues its start behind
+    a blocking kernel): the event fires when the spin ends, by which time the cell's first kernels are
+    queued, and the first launch's latency stays out of the device time. The synchronized wall time
+    leaves the spin out too, so it compares with device time. A cell that waits for the GPU itself
+    (:meth:`count_syncs`) starts its samples without the spin. ``--cold`` and ``--flush-l2`` record an
+    event pair per loop instead, so the host's synchronize and relaunch gaps between loops stay out of
+    the device time; under ``--cold`` every loop's start event waits behind a spin.
     """
 
     kind = "device"
@@ -166,39 +175,45 @@ class CudaClock(Clock):
 
         self._torch = torch
         self.device = device
-        self._sync = torch.cuda.synchronize  # kept: the first run may wrap the public one to count calls
+        self._sync = torch.cuda.synchronize  # kept: counting syncs wraps the public one
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
         self._pairs: list = []
-        self._spin = 0
+        self.watch: Any = None  # a throttle.ClockWatch once watch_clocks() ran
+        self.hot_spin = True  # off once count_syncs found the cell waiting for the GPU
 
     def measure(self, cell: CompiledCell, loops: int, mode: Mode) -> Sample:
         torch, device, sync = self._torch, self.device, self._sync
         stream = torch.cuda.current_stream(device)
+        spin = self._spin_cycles()
         before = after = None
         used: list = []
-        if mode.flush is not None or mode.cold:
+        per_loop = mode.flush is not None or mode.cold
+        if per_loop:
             while len(self._pairs) < loops:
                 new = torch.cuda.Event
                 self._pairs.append((new(enable_timing=True), new(enable_timing=True)))
             pairs = iter(self._pairs[:loops])
-            flush, spin = mode.flush, self._spin_cycles() if mode.cold else 0
+            flush, cold = mode.flush, mode.cold
 
             def before() -> None:
                 pair = next(pairs)
                 used.append(pair)
                 if flush is not None:
                     flush()
-                if spin:
+                if cold:
                     torch.cuda._sleep(spin)
                 pair[0].record(stream)
 
             def after() -> None:
                 used[-1][1].record(stream)
-                if mode.cold:
+                if cold:
                     sync(device)
         start, end = self._start, self._end
         sync(device)
+        hot_spin = not per_loop and self.hot_spin
+        if hot_spin:
+            torch.cuda._sleep(spin)
         t0 = time.perf_counter()
         start.record(stream)
         cell.run(loops, before, after)
@@ -208,46 +223,71 @@ class CudaClock(Clock):
         t2 = time.perf_counter()
         if used:
             device_ms = sum(s.elapsed_time(e) for s, e in used)
-        else:
-            device_ms = start.elapsed_time(end)
-        return Sample(loops, host=t1 - t0, wall=t2 - t0, device=device_ms / 1e3)
+            return Sample(loops, host=t1 - t0, wall=t2 - t0, device=device_ms / 1e3)
+        # the spin ran for about SPIN_S from t0 on, and the sample's work after it (never below device time)
+        device_s = start.elapsed_time(end) / 1e3
+        wall = max(t2 - t0 - SPIN_S, device_s) if hot_spin else t2 - t0
+        return Sample(loops, host=t1 - t0, wall=wall, device=device_s)
 
-    def first_run(self, cell: CompiledCell, mode: Mode) -> tuple:
-        """The first run, counting the times the cell waits for the GPU: the synchronizing operations
-        torch's sync debug mode flags (``.item()``, ``.cpu()``, ``print(t)``, ``nonzero``...) and calls to
-        ``torch.cuda.synchronize``. Warnings the cell raises itself are passed on as they were."""
+    def count_syncs(self, cell: CompiledCell) -> Optional[int]:
+        """One hot run of the cell (a warm-up run, after the first run, whose compilation and autotuning
+        may synchronize for reasons of their own) counting how often it waits for the GPU: the
+        synchronizing operations torch's sync debug mode flags (``.item()``, ``.cpu()``, ``print(t)``,
+        ``nonzero``...) and calls to ``torch.cuda.synchronize``. The spin is calibrated before counting;
+        torch's notice that the debug mode is a prototype is dropped; the cell's own warnings are passed
+        on as they were, also when the run raises. A cell that waits for the GPU has its samples start
+        without the spin: the host would wait for the spin too (charging it to host enqueue), and every
+        wait leaves the GPU idle before the next launch anyway."""
         torch = self._torch
-        syncs = [0]
+        self._spin_cycles()
+        syncs = 0
         public = torch.cuda.synchronize
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            syncs[0] += 1
+            nonlocal syncs
+            syncs += 1
             return public(*args, **kwargs)
 
-        saved_mode = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.filterwarnings("always", message=SYNC_WARNING)
-            torch.cuda.set_sync_debug_mode("warn")
-            torch.cuda.synchronize = counted
-            try:
-                sample = self.measure(cell, 1, mode)
-            finally:
-                torch.cuda.synchronize = public
-                torch.cuda.set_sync_debug_mode(saved_mode)
-        for seen in caught:
-            if str(seen.message).startswith(SYNC_WARNING):
-                syncs[0] += 1
-            else:
-                warnings.warn_explicit(seen.message, seen.category, seen.filename, seen.lineno,
-                                       source=seen.source)
-        return sample, syncs[0]
+        caught: list = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.filterwarnings("always", message=SYNC_WARNING)
+                saved_mode = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode("warn")
+                torch.cuda.synchronize = counted
+                try:
+                    self.measure(cell, 1, Mode())
+                finally:
+                    torch.cuda.synchronize = public
+                    torch.cuda.set_sync_debug_mode(saved_mode)
+        finally:
+            for seen in caught:
+                text = str(seen.message)
+                if text.startswith(SYNC_WARNING):
+                    syncs += 1
+                elif not text.startswith(PROTOTYPE_WARNING):
+                    warnings.warn_explicit(seen.message, seen.category, seen.filename, seen.lineno,
+                                           source=seen.source)
+        self.hot_spin = not syncs
+        return syncs
+
+    def watch_clocks(self) -> None:
+        """Read the GPU's SM clock and its reasons from NVML after every sample from now on."""
+        from .throttle import ClockWatch
+
+        self.watch = ClockWatch.for_device(self.device)
+
+    def note_sample(self) -> None:
+        if self.watch is not None:
+            self.watch.read()
 
     def _spin_cycles(self) -> int:
-        """``torch.cuda._sleep`` cycles lasting :data:`SPIN_S` on this GPU (calibrated once per clock)."""
-        if not self._spin:
-            with self._torch.cuda.device(self.device):
-                self._spin = max(1, int(sleep_cycles_per_ms() * SPIN_S * 1e3))
-        return self._spin
+        """``torch.cuda._sleep`` cycles lasting :data:`SPIN_S` on this GPU (calibrated once per process)."""
+        index = self.device.index if self.device.index is not None else self._torch.cuda.current_device()
+        if index not in _SPIN_CYCLES:
+            with self._torch.cuda.device(index):
+                _SPIN_CYCLES[index] = max(1, int(sleep_cycles_per_ms() * SPIN_S * 1e3))
+        return _SPIN_CYCLES[index]
 
     def make_flush(self) -> Callable[[], Any]:
         torch = self._torch
@@ -300,45 +340,6 @@ def clock_for(device: Any) -> Clock:
     if kind == "cpu":
         return HostClock()
     return SyncClock(device)
-
-
-def cuda_initialised() -> bool:
-    """Whether torch has initialised CUDA in this process (False when torch is not even imported); asks
-    nothing that could initialise it."""
-    torch = sys.modules.get("torch")
-    try:
-        return bool(torch is not None and torch.cuda.is_initialized())
-    except Exception:  # noqa: BLE001 - a half-imported or broken torch has not initialised CUDA
-        return False
-
-
-def choose_device(default: Any, cuda_before: bool, cuda_after: bool, current_cuda: int) -> Any:
-    """The device ``%%cudatime`` times on without ``--devices``, as a pure function of its inputs:
-    torch's ``default`` device when it is not cpu (e.g. inside ``%%ontorch cuda``; plain ``cuda`` is the
-    current GPU, ``current_cuda``); for a cpu default, the current CUDA GPU only when CUDA was initialised
-    before the cell (``cuda_before``) or became so during its setup and first run (``cuda_after``): the
-    cell then uses the GPU, though it names it explicitly. Otherwise cpu, so a CPU-only cell neither
-    pays for a CUDA context nor gets two events on an idle stream reported as device time."""
-    import torch
-
-    if default.type == "cuda" and default.index is None:
-        return torch.device("cuda", current_cuda)
-    if default.type != "cpu" or not (cuda_before or cuda_after):
-        return default
-    return torch.device("cuda", current_cuda)
-
-
-def timing_device(cuda_before: Optional[bool] = None, cuda_after: bool = False) -> Any:
-    """:func:`choose_device` for this process now: torch's default device, whether CUDA is initialised
-    (``cuda_before`` when the caller read it earlier), and the current CUDA GPU where that matters."""
-    import torch
-
-    from .. import devices
-
-    default = devices.default_device()
-    before = cuda_initialised() if cuda_before is None else cuda_before
-    wants_index = default.type == "cuda" or (default.type == "cpu" and (before or cuda_after))
-    return choose_device(default, before, cuda_after, torch.cuda.current_device() if wants_index else 0)
 
 
 # ---- memory ---------------------------------------------------------------------------------------------

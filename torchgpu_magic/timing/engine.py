@@ -2,10 +2,11 @@
 stopping rule; the empty-cell floor, the ``--kernels`` profiler pass, and :func:`time_cell`, which puts
 a whole measurement together.
 
-The first run is timed and excluded from the statistics (lazy init, autotuning, allocator growth).
-Auto-range picks 1-2-5 loops per sample until one sample lasts >= ~1 ms, then warm-up runs until the
-median of the last 3 runs moves < 2 % (at least 3 runs and 25 ms, at most 1 s). ``gc`` is disabled
-while sampling. Nothing here imports IPython; torch is imported lazily.
+The first run is timed and excluded from the statistics (lazy init, autotuning, allocator growth); it
+runs watched (:mod:`.observe`), so the device to time on follows what the cell touched. The first warm-up
+run counts the cell's waits for the GPU. Auto-range picks 1-2-5 loops per sample until one sample lasts
+>= ~1 ms, then warm-up runs until the median of the last 3 runs moves < 2 % (at least 3 runs and 25 ms,
+at most 1 s). ``gc`` is disabled while sampling. Nothing here imports IPython; torch is imported lazily.
 """
 from __future__ import annotations
 
@@ -15,9 +16,20 @@ import time
 from typing import Any, Callable, ContextManager, Iterator, Optional
 
 from .cells import CompiledCell, compile_cell, silenced
-from .clocks import Clock, MemoryProbe, Mode, Sample, check_device, clock_for, cuda_initialised, timing_device
+from .clocks import Clock, MemoryProbe, Mode, Sample, check_device, clock_for
+from .observe import Touched, cuda_initialised, names_cuda, timing_device, watch
 from .results import KernelRow, Run, TimingResult, device_name, result_from
-from .stats import MAX_LOOPS, Options, Stats, loops_for, median, next_loops, ratio, stop_reason
+from .stats import (
+    MAX_LOOPS,
+    MAX_SAMPLE_WALL_S,
+    Options,
+    Stats,
+    loops_for,
+    median,
+    next_loops,
+    ratio,
+    stop_reason,
+)
 
 WARMUP_MIN_RUNS = 3  # step 3
 WARMUP_MIN_S = 0.025
@@ -42,34 +54,39 @@ def _gc_disabled() -> Iterator[None]:
 def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode] = None,
             silence: Callable[[], ContextManager[Any]] = silenced, show_first: bool = True,
             first: Optional[Sample] = None) -> Run:
-    """Time ``cell`` with ``clock`` following the method: first run apart, auto-range, warm-up, samples
-    until the stopping rule (whose ``--max-time`` budget starts after the first run). The first run's
-    output is shown (unless ``show_first`` is False); later runs run under ``silence()``. ``gc`` is off
-    throughout. The cell must have been started; ``first`` is its first run when the caller made it."""
+    """Time ``cell`` with ``clock`` following the method: first run apart, auto-range, warm-up (its first
+    run counting the cell's waits for the GPU, unless ``--warmup 0``), samples until the stopping rule
+    (whose ``--max-time`` budget starts after the first run). The first run's output is shown (unless
+    ``show_first`` is False); later runs run under ``silence()``. ``gc`` is off throughout. The cell must
+    have been started; ``first`` is its first run when the caller made it."""
     mode = mode or Mode()
     kind = clock.kind
     t_start = clock.now()
     with _gc_disabled():
-        syncs = 0
         if first is None:
             with contextlib.nullcontext() if show_first else silence():
-                first, syncs = clock.first_run(cell, mode)
+                first = clock.measure(cell, 1, mode)
         # The --max-time budget starts after the excluded first run: a slow one (torch.compile,
         # autotuning, cudnn.benchmark) must not eat the samples' time.
         t_begin = clock.now()
         with silence():
+            syncs = clock.count_syncs(cell) if opts.warmup != 0 else None
+            counted = 0 if syncs is None else 1
             loops, warm_runs = _autorange(cell, clock, opts, mode, t_begin)
-            runs, history = _warm_up(cell, clock, opts, mode, loops)
-            warm_runs += runs
+            runs, history, costs = _warm_up(cell, clock, opts, mode, loops, counted)
+            warm_runs += runs + counted
             if opts.loops is None and history:
                 # A slow start (thread pools waking, lazy init) can end the search too early: the warm
-                # runs say what one loop really costs, so grow the loops to fill a sample after all.
-                loops = max(loops, loops_for(median(history[-3:]), opts.target_sample))
+                # runs say what one loop really costs, so grow the loops to fill a sample after all
+                # (no further than MAX_SAMPLE_WALL_S of wall time a sample, as the search).
+                wanted = loops_for(median(history[-3:]), opts.target_sample)
+                loops = max(loops, min(wanted, loops_for(median(costs[-3:]), MAX_SAMPLE_WALL_S)))
             samples: list = []
             per_loop: list = []
             t_sampling = clock.now()
             while True:
                 sample = clock.measure(cell, loops, mode)
+                clock.note_sample()
                 samples.append(sample)
                 per_loop.append(Clock.primary(sample, kind) / loops)
                 now = clock.now()
@@ -80,30 +97,43 @@ def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode
 
 
 def _autorange(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, t_begin: float) -> tuple:
-    """Loops per sample (``-n`` or the 1-2-5 search) and how many runs the search made."""
+    """Loops per sample (``-n`` or the 1-2-5 search) and how many runs the search made. The search stops
+    once a sample holds ``target_sample`` of the headline figure, or lasts :data:`MAX_SAMPLE_WALL_S` of
+    wall time whatever it holds."""
     if opts.loops is not None:
         return opts.loops, 0
     loops, runs = 1, 0
     while True:
-        total = Clock.primary(clock.measure(cell, loops, mode), clock.kind)
+        sample = clock.measure(cell, loops, mode)
+        total, spent = Clock.primary(sample, clock.kind), _spent(sample)
         runs += loops
         if total >= opts.target_sample:  # one busy moment must not end the search: confirm it once
             total = min(total, Clock.primary(clock.measure(cell, loops, mode), clock.kind))
             runs += loops
-        if total >= opts.target_sample or loops >= MAX_LOOPS or clock.now() - t_begin >= opts.max_time:
+        if total >= opts.target_sample or spent >= MAX_SAMPLE_WALL_S or loops >= MAX_LOOPS \
+                or clock.now() - t_begin >= opts.max_time:
             return loops, runs
-        loops = next_loops(loops, total, opts.target_sample)
+        loops = min(next_loops(loops, total, opts.target_sample),
+                    next_loops(loops, spent, MAX_SAMPLE_WALL_S))
 
 
-def _warm_up(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, loops: int) -> tuple:
-    """Warm up (method step 3); return the number of loops run and the per-loop times of the warm-up
-    samples. ``--warmup N`` runs exactly N loops (and returns no history)."""
+def _spent(sample: Sample) -> float:
+    """How long a sample took on the wall clock (its host time where it has no wall time)."""
+    return sample.wall if sample.wall is not None else sample.host
+
+
+def _warm_up(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, loops: int, done: int = 0) -> tuple:
+    """Warm up (method step 3); return the number of loops run, the per-loop headline times of the warm-up
+    samples and their per-loop wall times. ``--warmup N`` runs exactly N loops in all, ``done`` of them
+    already run (the one that counted syncs), and returns no history."""
     if opts.warmup is not None:
-        if opts.warmup:
-            clock.measure(cell, opts.warmup, mode)
-        return opts.warmup, []
+        left = max(0, opts.warmup - done)
+        if left:
+            clock.measure(cell, left, mode)
+        return left, [], []
     start = clock.now()
     history: list = []
+    costs: list = []
     while True:
         elapsed = clock.now() - start
         if elapsed >= WARMUP_MAX_S:
@@ -112,8 +142,10 @@ def _warm_up(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, loops:
             now, before = median(history[-3:]), median(history[-4:-1])
             if abs(ratio(now - before, before)) < WARMUP_SETTLED:
                 break
-        history.append(Clock.primary(clock.measure(cell, loops, mode), clock.kind) / loops)
-    return len(history) * loops, history
+        sample = clock.measure(cell, loops, mode)
+        history.append(Clock.primary(sample, clock.kind) / loops)
+        costs.append(_spent(sample) / loops)
+    return len(history) * loops, history, costs
 
 
 # ---- the empty-cell floor -------------------------------------------------------------------------------
@@ -134,103 +166,164 @@ def empty_cell_floor(device: Any, cold: bool = False, clock: Optional[Clock] = N
 
 
 # ---- --kernels ------------------------------------------------------------------------------------------
+KERNEL_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")  # device work; gpu_user_annotation is not
+RUNTIME_ACTIVITIES = ("cuda_runtime", "cuda_driver")
+
+
 def profile_kernels(cell: CompiledCell, device: Any, loops: int,
                     silence: Callable[[], ContextManager[Any]] = silenced) -> tuple:
     """A separate ``torch.profiler`` pass of ``loops`` loops, run hot (never mixed with the timing
     samples): the top kernels by device time on CUDA, the top ops by self CPU time elsewhere, per loop.
-    Returns ``(rows, why)``: ``why`` says why there are no rows (None when there are)."""
+    Returns ``(rows, why, busy)``: ``why`` says why there are no rows (None when there are), ``busy`` the
+    seconds per loop the GPU spent in kernels (their union: kernels on several streams count once), None
+    off CUDA or without kernels."""
     import torch
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     on_cuda = getattr(device, "type", None) == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     loops = max(1, min(loops, KERNEL_MAX_LOOPS))
-    totals: dict = {}
     with silence(), profile(activities=activities) as prof:
         cell.run(loops)
         if on_cuda:
-            torch.cuda.synchronize(device)
-    events = prof.events()
-    ops = sum(1 for event in events if event.device_type == DeviceType.CPU)
+            torch.cuda.synchronize(device)  # its runtime row shows that CUPTI recorded CUDA activity
     if on_cuda:
-        for event in events:
-            if event.device_type == DeviceType.CUDA:
-                calls, spent = totals.get(event.name, (0, 0.0))
-                totals[event.name] = (calls + 1, spent + event.device_time_total)
+        totals, ops, runtime, busy = tally(prof.events())
     else:
-        for avg in prof.key_averages():
-            totals[avg.key] = (avg.count, float(avg.self_cpu_time_total))
+        totals = {avg.key: (avg.count, float(avg.self_cpu_time_total)) for avg in prof.key_averages()}
+        ops, runtime, busy = sum(count for count, _ in totals.values()), 0, None
     grand = sum(spent for _, spent in totals.values()) or 1.0
     rows = sorted(totals.items(), key=lambda item: -item[1][1])[:KERNEL_ROWS]
     table = [KernelRow(name, calls / loops, spent / 1e6 / loops, spent / grand)
              for name, (calls, spent) in rows]
-    return table, None if rows else empty_kernels_reason(on_cuda, ops)
+    why = None if rows else empty_kernels_reason(on_cuda, ops, runtime)
+    return table, why, (busy / 1e6 / loops if busy else None)
 
 
-def empty_kernels_reason(on_cuda: bool, cpu_ops: int) -> str:
-    """Why a ``--kernels`` pass has no rows: no torch op ran, or (on CUDA) ops ran but the profiler
-    recorded no kernel, which happens when CUPTI is unavailable or held by another profiler."""
-    if not cpu_ops or not on_cuda:
-        return "no torch op ran"
-    return (f"the profiler recorded {cpu_ops} torch op{'s' * (cpu_ops != 1)} but no GPU kernel: CUPTI is "
-            "unavailable, or held by another profiler (nsys, ncu, a torch.profiler already running)")
+def tally(events: Any) -> tuple:
+    """A CUDA profiler pass's events as ``(totals, ops, runtime, busy)``: ``totals`` maps each kernel (and
+    memcpy / memset) to ``(calls, microseconds)``; ``ops`` counts the torch ops the host ran (not the CUDA
+    runtime's rows, nor ``record_function`` ranges); ``runtime`` the CUDA runtime / driver rows (our own
+    synchronize makes one whenever CUPTI records at all); ``busy`` the microseconds of the union of the
+    kernels' spans. ``record_function`` ranges shown on the GPU's timeline are no kernels: left out, as
+    torch's own table leaves them out."""
+    totals: dict = {}
+    spans = []
+    ops = runtime = 0
+    for event in events:
+        activity = getattr(event, "activity_type", None)
+        if activity in RUNTIME_ACTIVITIES:
+            runtime += 1
+        elif activity in KERNEL_ACTIVITIES and not event.is_user_annotation:
+            calls, spent = totals.get(event.name, (0, 0.0))
+            totals[event.name] = (calls + 1, spent + event.device_time_total)
+            spans.append((event.time_range.start, event.time_range.end))
+        elif activity == "cpu_op":
+            ops += 1
+    busy, reach = 0.0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            busy += end - start
+            reach = end
+        elif end > reach:
+            busy += end - reach
+            reach = end
+    return totals, ops, runtime, busy
+
+
+def empty_kernels_reason(on_cuda: bool, ops: int, runtime: int = 0) -> str:
+    """Why a ``--kernels`` pass has no rows: no torch op ran; or (on CUDA) CUPTI recorded CUDA activity
+    (the runtime rows of our own synchronize) but no kernel, so the cell launched none (views and other
+    host-side ops launch nothing); or it recorded no CUDA activity at all: CUPTI is unavailable, or held
+    by another profiler."""
+    if on_cuda and runtime:
+        return "the cell launched no GPU kernel" + (
+            f" ({ops} torch op{'s' * (ops != 1)} ran on the host only: views, shape and metadata ops)"
+            if ops else "")
+    if not ops:
+        return "no torch op ran" + (", and the profiler recorded no CUDA activity" if on_cuda else "")
+    return (f"the profiler recorded {ops} torch op{'s' * (ops != 1)} but no CUDA activity, not even its own "
+            "synchronize: CUPTI is unavailable, or held by another profiler (nsys, ncu, a "
+            "torch.profiler already running)")
 
 
 # ---- putting it together --------------------------------------------------------------------------------
 def time_cell(cell: CompiledCell, device: Any, opts: Options,
               silence: Callable[[], ContextManager[Any]] = silenced,
               show_output: bool = True, follow_cuda: bool = False) -> TimingResult:
-    """Measure ``cell`` on ``device`` (a ``torch.device``): start it (setup), floor, memory, timing, and
-    the optional ``--kernels`` pass. What the setup and the first run print is shown when ``show_output``
-    (everything else runs under ``silence()``). The cell is closed afterwards, whatever happens.
+    """Measure ``cell`` on ``device`` (a ``torch.device``): start it (setup), first run, floor, memory,
+    timing, and the optional ``--kernels`` pass. What the setup and the first run print is shown when
+    ``show_output`` (everything else runs under ``silence()``). The cell is closed afterwards, whatever
+    happens. The first run is watched (:func:`~.observe.watch`) for the working set the result compares
+    with the L2 cache.
 
-    ``follow_cuda`` (no ``--devices``): ``device`` was chosen before the cell ran; when it is cpu, the
-    setup and the first run are timed on the host and, if they initialised CUDA, the cell is timed on the
-    current CUDA GPU after all (:func:`~.clocks.choose_device`), its first run reported as that one."""
+    ``follow_cuda`` (no ``--devices``): ``device`` was chosen before the cell ran from torch's default
+    device alone; when it is cpu, the setup and the first run are watched on the host clock and the cell
+    is timed where their tensors were (:func:`~.observe.choose_device`): on the GPU when they were on it,
+    the cell initialised CUDA or its code names CUDA, else on the host, however initialised CUDA already
+    was."""
     import torch
 
     opts.check()
     check_device(device, opts.flush_l2)
     first: Optional[Sample] = None
+    touched: Optional[Touched] = None
+    output = contextlib.nullcontext if show_output else silence
     try:
-        with contextlib.nullcontext() if show_output else silence():
-            cell.start()
-            if follow_cuda and getattr(device, "type", None) == "cpu":
-                first = _host_first_run(cell)
-        if first is not None:
-            device = timing_device(cuda_before=False, cuda_after=cuda_initialised())
+        if follow_cuda and getattr(device, "type", None) == "cpu":
+            with output(), watch() as touched:
+                cell.start()
+                _quiesce()
+                started = time.perf_counter()
+                cell.run(1)
+                host = time.perf_counter() - started
+            touched.names_cuda = names_cuda(cell.code, cell.namespace)
+            device = timing_device(touched)
             check_device(device, opts.flush_l2)
+            first = _settled(device, started, host)
+        else:
+            with output():
+                cell.start()
         clock = clock_for(device)
         floor = empty_cell_floor(device, opts.cold)
         mode = Mode(cold=opts.cold, flush=clock.make_flush() if opts.flush_l2 else None)
         probe = MemoryProbe(device)
         probe.start()
-        if first is not None and device.type == "cpu":
-            run = measure(cell, clock, opts, mode, silence, show_first=False, first=first)
-        else:
-            run = measure(cell, clock, opts, mode, silence, show_output and first is None)
-            if first is not None:  # the run that initialised CUDA was the cell's real first run
-                run.first = first
+        if first is None:
+            with output(), watch() as touched:
+                first = clock.measure(cell, 1, mode)
+        if getattr(device, "type", None) == "cuda":
+            clock.watch_clocks()
+        run = measure(cell, clock, opts, mode, silence, first=first)
         memory = probe.stop()
+        kernels = profile_kernels(cell, device, run.loops, silence) if opts.kernels else None
         result = result_from(run, clock, device, memory, floor, opts, torch.get_num_threads(),
-                             torch.__version__, device_name(device))
-        if opts.kernels:
-            result.kernels, result.kernels_empty = profile_kernels(cell, device, run.loops, silence)
+                             torch.__version__, device_name(device), kernels,
+                             touched.working_set(device) if touched else None)
     finally:
         cell.close()
     return result
 
 
-def _host_first_run(cell: CompiledCell) -> Sample:
-    """The first run on the host clock; if CUDA is initialised once it returns, the device is
-    synchronized and the sample carries that wall time too."""
-    t0 = time.perf_counter()
-    cell.run(1)
-    t1 = time.perf_counter()
+def _quiesce() -> None:
+    """Wait for GPU work queued before the first run (by the setup, or earlier cells), so the first run's
+    wall time is its own; only where a CUDA context exists already: synchronizing without one would
+    create it, for a cell that may never use the GPU."""
     if not cuda_initialised():
-        return Sample(1, host=t1 - t0)
+        return
     import torch
 
-    torch.cuda.synchronize()
-    return Sample(1, host=t1 - t0, wall=time.perf_counter() - t0)
+    current = torch.cuda.current_device()
+    if torch._C._cuda_hasPrimaryContext(current):
+        torch.cuda.synchronize(current)
+
+
+def _settled(device: Any, started: float, host: float) -> Sample:
+    """The watched first run as a sample on the clock of ``device``: host time, and for an accelerator
+    also the wall time until its work is done (the device is synchronized now)."""
+    if getattr(device, "type", "cpu") == "cpu":
+        return Sample(1, host=host)
+    from .. import devices
+
+    devices.synchronize(device)
+    return Sample(1, host=host, wall=time.perf_counter() - started)

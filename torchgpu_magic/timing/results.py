@@ -15,15 +15,9 @@ from typing import Any, Optional, Sequence
 
 from ..render import Table, fmt_bytes, fmt_percent, fmt_seconds, html_lines, is_na
 from .clocks import Clock, CudaClock, Sample
+from .flags import assess, l2_note, other_streams
 from .stats import Options, Stats, median, ratio
-
-# ---- the flags' thresholds (docs/timing-method.md, step 8) ----------------------------------------------
-NOISY, UNRELIABLE = 0.10, 0.25  # IQR/median thresholds (torch.utils.benchmark's Measurement)
-SLOW_OUTLIER = 4.0  # slowest > 4 x fastest (IPython's %timeit)
-FLOOR_FACTOR = 10.0  # result < 10 x the empty-cell floor
-LAUNCH_BOUND = 0.9  # host enqueue >= 0.9 x device
-OTHER_STREAMS = 1.5  # synchronized wall > 1.5 x device ...
-OTHER_STREAMS_MIN_S = 100e-6  # ... and by more than this per sample (sync latency is ~10 us)
+from .throttle import clock_lines
 
 
 @dataclass
@@ -37,7 +31,7 @@ class Run:
     elapsed: float
     warmup_runs: int
     kind: str
-    syncs: int = 0  # times the first run waited for the GPU (CUDA clock only)
+    syncs: Optional[int] = 0  # times a warm run waited for the GPU (CUDA clock only; None: not counted)
 
 
 @dataclass(frozen=True)
@@ -92,7 +86,11 @@ class TimingResult:
     threads: int
     cold: bool = False
     flush_l2: bool = False
-    host_syncs: int = 0
+    host_syncs: Optional[int] = 0  # None: not counted (cpu, mps, xpu; --warmup 0)
+    working_set: Optional[int] = None  # bytes of the storages the first run's ops touched on the device
+    l2_cache: Optional[int] = None  # the GPU's L2 cache, bytes
+    gpu_busy: Optional[float] = None  # seconds per loop in kernels (their union), from the --kernels pass
+    sm_clock: Optional[dict] = None  # throttle.ClockWatch.summary(): NVML's SM clock after each sample
     warnings: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     kernels: Optional[list] = None
@@ -167,8 +165,9 @@ class TimingResult:
 
     def kernel_table(self) -> Table:
         """The ``--kernels`` table of this result (call only when ``kernels`` is set)."""
+        busy = self.gpu_busy / self.device_time if self.gpu_busy and self.device_time else None
         return kernel_table(self.kernels or [], self.clock == CUDA_LABEL, self.kernels_empty,
-                            self.cold or self.flush_l2)
+                            self.cold or self.flush_l2, busy)
 
     def to_dict(self) -> dict:
         """Plain data (seconds, bytes; None for N/A): every field, plus ``iqr``."""
@@ -179,12 +178,15 @@ class TimingResult:
 
 
 def kernel_table(rows: Sequence[KernelRow], device: bool, empty: Optional[str] = None,
-                 hot_only: bool = False) -> Table:
+                 hot_only: bool = False, busy: Optional[float] = None) -> Table:
     """The ``--kernels`` rows as a table; ``empty`` says why there are none, ``hot_only`` that the pass
-    ran hot although the samples ran with ``--cold`` / ``--flush-l2``."""
+    ran hot although the samples ran with ``--cold`` / ``--flush-l2``, ``busy`` the share of the device
+    time the kernels kept the GPU busy."""
     title = ("top kernels by device time (separate torch.profiler pass" if device
              else "top ops by self CPU time (separate torch.profiler pass")
     title += ", run hot: without --cold / --flush-l2)" if hot_only else ")"
+    if busy is not None:
+        title += f"; the kernels kept the GPU busy {fmt_percent(min(busy, 1.0))} of the device time"
     if not rows:
         title += ": " + (empty or "no torch op ran")
     table = Table(["name", "calls/loop", "time/loop", "share"], align="lrrr", title=title)
@@ -283,65 +285,40 @@ def device_name(device: Any) -> str:
     return str(device)
 
 
-def other_streams(device: Optional[float], wall: Optional[float], loops: int, flush: bool) -> bool:
-    """Whether synchronized wall time is far above the current stream's device time (> 1.5 x, and by more
-    than sync latency per sample): the cell queues work the events do not see. Not judged under
-    ``--flush-l2``, whose untimed cache writes are in the wall time."""
-    return bool(device and wall is not None and not flush and wall > OTHER_STREAMS * device
-                and (wall - device) * loops > OTHER_STREAMS_MIN_S)
+def l2_cache_bytes(device: Any) -> Optional[int]:
+    """The L2 cache of a CUDA ``device`` in bytes (None elsewhere, or where torch does not say)."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    import torch
 
-
-def assess(stats: Stats, kind: str, host: Optional[float] = None, device: Optional[float] = None,
-           wall: Optional[float] = None, loops: int = 1, floor: Optional[float] = None,
-           cold: bool = False, flush: bool = False, syncs: int = 0) -> list:
-    """The method's flags (step 8) for per-loop ``stats`` and median host / device / wall times;
-    ``syncs`` is how often the first run waited for the GPU."""
-    out = []
-    rel = stats.rel_iqr
-    if rel > UNRELIABLE:
-        out.append(f"unreliable: IQR is {fmt_percent(rel)} of the median (> 25 %); the machine is busy or "
-                   "the cell's work varies from run to run")
-    elif rel > NOISY:
-        out.append(f"noisy: IQR is {fmt_percent(rel)} of the median (> 10 %)")
-    if stats.min > 0 and stats.max > SLOW_OUTLIER * stats.min:
-        out.append(f"the slowest sample took {stats.max / stats.min:.1f} x the fastest: something is cached "
-                   "between runs, or the machine was busy")
-    if floor is not None and floor > 0 and stats.median < FLOOR_FACTOR * floor:
-        how = ("with --cold" if cold else "hot") + (", without --flush-l2" if flush else "")
-        out.append(f"the result is under 10 x the time of an empty cell ({fmt_seconds(floor)} per loop, "
-                   f"measured {how}): mostly loop and clock overhead")
-    if kind == "device" and device and host is not None and not cold and host >= LAUNCH_BOUND * device:
-        if syncs:
-            out.append(f"the cell waits for the GPU ({syncs} synchronizing call{'s' * (syncs != 1)} per run: "
-                       ".item(), .cpu(), print(t), nonzero, synchronize...): host enqueue time includes the "
-                       "wait, so it says nothing about launch overhead")
-        else:
-            out.append(f"launch-bound: host enqueue ({fmt_seconds(host)}) is {host / device:.2f} x device "
-                       "time; the CPU cannot feed the GPU (many small kernels, or CPU work in the cell)")
-    if kind in ("device", "wall") and other_streams(device, wall, loops, flush):
-        out.append(f"synchronized wall time ({fmt_seconds(wall)}) is {wall / device:.1f} x device time on "
-                   "the current stream: the cell queues work on other streams (or devices) that its events "
-                   "do not see, so the headline is the synchronized wall time")
-    return out
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or None
 
 
 def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optional[float],
-                opts: Options, threads: int, torch_version: str, name: str) -> TimingResult:
+                opts: Options, threads: int, torch_version: str, name: str,
+                kernels: Optional[tuple] = None, working_set: Optional[int] = None) -> TimingResult:
     """Turn a :class:`Run` into a :class:`TimingResult` with its statistics, warnings and notes. When the
-    cell's work is mostly on streams the events do not see, the headline is the synchronized wall time."""
+    cell's work is mostly on streams the events do not see, the headline is the synchronized wall time.
+    ``kernels`` is the ``--kernels`` pass (rows, why there are none, GPU busy time per loop);
+    ``working_set`` the bytes the first run touched on the device."""
+    rows, empty, busy = kernels if kernels is not None else (None, None, None)
     host = [s.host / s.loops for s in run.samples]
     wall = [s.wall / s.loops for s in run.samples] if run.samples[0].wall is not None else None
     dev = [s.device / s.loops for s in run.samples] if run.samples[0].device is not None else None
     host_m = median(host)
     wall_m = median(wall) if wall else None
     dev_m = median(dev) if dev else None
-    kind = "wall" if run.kind == "device" and other_streams(dev_m, wall_m, run.loops, opts.flush_l2) \
-        else run.kind
+    kind = "wall" if run.kind == "device" and other_streams(dev_m, wall_m, run.loops, opts.flush_l2,
+                                                            opts.cold) else run.kind
     per = [Clock.primary(s, kind) / s.loops for s in run.samples]
     stats = Stats.of(per)
     settled = stats.settled()
     warnings = assess(stats, kind, host_m, dev_m, wall_m, run.loops, floor, opts.cold, opts.flush_l2,
-                      run.syncs)
+                      run.syncs, busy)
+    watch = getattr(clock, "watch", None)
+    clocks = watch.summary() if watch is not None else None
+    clock_warnings, clock_notes = clock_lines(clocks)
+    warnings += clock_warnings
     if run.stop == "max-time":
         warnings.append(f"not converged within --max-time {opts.max_time:g} s: the median's 95 % CI is "
                         f"+-{fmt_percent(stats.rel_ci)} (want < 1 %), IQR/median "
@@ -362,6 +339,8 @@ def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optio
             "twice the last-level cache"
         notes.append(f"--flush-l2: {fmt_bytes(clock.flush_bytes)} ({what}) is overwritten before every "
                      "loop, outside the timed span")
+    l2 = l2_cache_bytes(device) if run.kind == "device" else None
+    notes += [line for line in [l2_note(working_set, l2, opts.flush_l2)] if line] + clock_notes
     first = Clock.primary(run.first, kind)
     return TimingResult(
         device=str(device), device_name=name, torch_version=torch_version, clock=clock.label, kind=kind,
@@ -371,6 +350,7 @@ def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optio
         memory_before=memory[0], memory_peak=memory[1], memory_reserved_growth=memory[2], floor=floor,
         converged=settled and run.stop != "max-time", stop_reason=run.stop, elapsed=run.elapsed,
         warmup_loops=run.warmup_runs, threads=threads, cold=opts.cold, flush_l2=opts.flush_l2,
-        host_syncs=run.syncs, warnings=warnings, notes=notes,
+        host_syncs=run.syncs, working_set=working_set, l2_cache=l2, gpu_busy=busy, sm_clock=clocks,
+        warnings=warnings, notes=notes, kernels=rows, kernels_empty=empty,
     )
 

@@ -18,6 +18,8 @@ from ..errors import MagicInputError
 
 # ---- the method's constants (docs/timing-method.md, steps 4 and 6) --------------------------------------
 TARGET_SAMPLE_S = 1e-3  # one sample lasts at least this long (step 4)
+MAX_SAMPLE_WALL_S = 20e-3  # ... and the search stops growing it past this much wall time: under --cold
+# an empty cell has next to no device time, every loop costing a spin and a synchronize
 MIN_SAMPLES = 7  # step 6
 MIN_TIME_S = 0.2  # step 6
 MAX_TIME_S = 10.0  # step 6, default of --max-time

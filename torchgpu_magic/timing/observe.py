@@ -1,0 +1,230 @@
+"""Which device a cell is timed on, decided from what the cell did.
+
+"CUDA is initialised" is not "the cell used the GPU": ``%gpuinfo``, ``torch.cuda.get_device_name()`` or
+an earlier cell initialise CUDA, and a cell of cpu tensors timed with CUDA events gets a false figure (and,
+on a real GPU, a context it never asked for). So without ``--devices`` the setup and the first run are
+watched by a ``TorchDispatchMode`` that notes the device of every tensor their ops read or write
+(:func:`watch`), and :func:`choose_device` picks the device from that, from torch's default device, from
+whether the cell itself initialised CUDA, and, for GPU work launched outside torch's dispatcher, from
+whether its code names CUDA (:func:`names_cuda`). The same watch sums the bytes of the distinct storages the
+ops touched per device: the working set the L2 note compares with the GPU's cache.
+
+The watch keeps numbers and strings only (no reference to a tensor), runs for the first run alone (a
+cell run under a Python dispatch mode is slower; the first run is excluded from the statistics anyway),
+and tells ``torch.compile`` to ignore it, so compiled regions still compile (their inner ops are then not
+seen). torch is imported lazily.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+ACCELERATORS = ("cuda", "xpu", "mps")
+
+
+@dataclass
+class Touched:
+    """What the watched code touched: ``devices`` in the order first seen ('cuda:0', 'cpu', 'meta'), the
+    bytes of distinct storages per device, whether CUDA became initialised while watching, and whether
+    the cell's code names CUDA."""
+
+    devices: list = field(default_factory=list)
+    nbytes: dict = field(default_factory=dict)
+    cuda_initialised: bool = False
+    names_cuda: bool = False  # the cell's code names CUDA (see names_cuda), set by the caller
+
+    def working_set(self, device: Any) -> Optional[int]:
+        """Bytes of the distinct storages touched on ``device``; None when none was seen there."""
+        return self.nbytes.get(str(device)) or None
+
+
+def cuda_initialised() -> bool:
+    """Whether torch has initialised CUDA in this process (False when torch is not even imported); asks
+    nothing that could initialise it."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a half-imported or broken torch has not initialised CUDA
+        return False
+
+
+_MODE: Any = None  # the TorchDispatchMode subclass, made once on first use
+
+
+def _mode_class() -> Any:
+    global _MODE
+    if _MODE is None:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        skip = _dynamo_skip()
+
+        class Watch(TorchDispatchMode):
+            """Notes the device and storage of every tensor an op reads or writes (fake tensors, which
+            hold no memory and may claim devices this machine lacks, are left out)."""
+
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                # torch wraps __torch_dispatch__ so that torch.compile never traces into it, importing
+                # torch._dynamo at the first op (seconds, in the first run's figure); where torch lets
+                # us, its frames are marked skipped below instead
+                return skip is None
+
+            def __init__(self, touched: Touched) -> None:
+                super().__init__()
+                self.touched = touched
+                self.seen: set = set()
+
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                return True  # torch.compile compiles as usual instead of falling back to eager
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                for group in (args, kwargs.values(), (out,)):
+                    for item in group:
+                        if isinstance(item, torch.Tensor):
+                            self.note(item)
+                        elif isinstance(item, (list, tuple)):
+                            for inner in item:
+                                if isinstance(inner, torch.Tensor):
+                                    self.note(inner)
+                return out
+
+            def note(self, tensor: Any) -> None:
+                # torch's fake tensors exist only once their module is imported (importing it here
+                # would cost seconds: it pulls in much of torch._dynamo's machinery)
+                fake = sys.modules.get("torch._subclasses.fake_tensor")
+                if fake is not None and isinstance(tensor, fake.FakeTensor):
+                    return
+                device = str(tensor.device)
+                touched = self.touched
+                if device not in touched.nbytes:
+                    touched.devices.append(device)
+                    touched.nbytes[device] = 0
+                if tensor.device.type == "meta":
+                    return
+                try:
+                    storage = tensor.untyped_storage()
+                    key = (device, storage.data_ptr())
+                    if key not in self.seen:
+                        self.seen.add(key)
+                        touched.nbytes[device] += int(storage.nbytes())
+                except (RuntimeError, NotImplementedError, TypeError):  # sparse and other storage-less kinds
+                    pass
+
+        if skip is not None:
+            for function in (Watch.__torch_dispatch__, Watch.note):
+                skip(function.__code__)
+        _MODE = Watch
+    return _MODE
+
+
+def _dynamo_skip() -> Any:
+    """A function marking a code object, and all it calls, as never compiled by torch.compile: what
+    ``torch._dynamo.disable`` does for a function, through torch's C layer, so that torch._dynamo is not
+    imported; None on a torch without that layer."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+        strategy = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return lambda code: set_code_exec_strategy(code, strategy)
+
+
+@contextlib.contextmanager
+def watch() -> Iterator[Touched]:
+    """Watch the code in the block (the setup and the first run): yields the :class:`Touched` it fills."""
+    touched = Touched()
+    before = cuda_initialised()
+    try:
+        with _mode_class()(touched):
+            yield touched
+    finally:
+        touched.cuda_initialised = cuda_initialised() and not before
+
+
+def choose_device(default: Any, touched: Optional[Touched], current_cuda: int, usable: tuple) -> Any:
+    """The device ``%%cudatime`` times on without ``--devices``, as a pure function of its inputs.
+
+    torch's ``default`` device when it is not cpu (inside ``%%ontorch cuda``; plain ``cuda`` is the
+    current GPU, ``current_cuda``). For a cpu default, once the setup and first run were watched
+    (``touched``): the first accelerator their tensors were on that can be timed here (``usable``
+    kinds), else the current CUDA GPU if the cell itself initialised CUDA, else cpu. Before the watch
+    (``touched`` None) a cpu default gives cpu.
+    """
+    import torch
+
+    def indexed(device: Any) -> Any:
+        if device.type == "cuda" and device.index is None:
+            return torch.device("cuda", current_cuda)
+        return device
+
+    if default.type != "cpu":
+        return indexed(default)
+    if touched is None:
+        return default
+    for text in touched.devices:
+        device = torch.device(text)
+        if device.type in ACCELERATORS and device.type in usable:
+            return indexed(device)
+    if (touched.cuda_initialised or touched.names_cuda) and "cuda" in usable:
+        return torch.device("cuda", current_cuda)
+    return default
+
+
+def names_cuda(code: Any, namespace: dict) -> bool:
+    """Whether a cell's code names CUDA: reads an attribute or global called ``cuda`` (``torch.cuda...``,
+    ``x.cuda()``), holds a string constant naming a CUDA device (``'cuda'``, ``'cuda:1'``), or reads a name
+    bound to a CUDA tensor. GPU work launched outside torch's dispatcher (``torch.cuda._sleep``, a Triton
+    kernel called on tensors made before the cell) leaves the watch nothing else to see. Nested code
+    (comprehensions, functions defined in the cell) is read too; nothing is run or evaluated."""
+    import torch
+
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        if "cuda" in current.co_names:
+            return True
+        for const in current.co_consts:
+            if isinstance(const, str) and (const == "cuda" or const.startswith("cuda:")):
+                return True
+            if hasattr(const, "co_names"):
+                stack.append(const)
+        for name in current.co_names:
+            value = namespace.get(name)
+            if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+                return True
+    return False
+
+
+def timing_device(touched: Optional[Touched] = None) -> Any:
+    """:func:`choose_device` for this process now: torch's default device, the accelerators usable here
+    and, where it matters, the current CUDA GPU. Initialises nothing."""
+    import torch
+
+    from .. import devices
+
+    default = devices.default_device()
+    usable = tuple(kind for kind in ACCELERATORS if _usable(kind))
+    current = 0
+    if "cuda" in usable and (default.type == "cuda" or touched is not None):
+        current = torch.cuda.current_device() if cuda_initialised() else 0
+    return choose_device(default, touched, current, usable)
+
+
+def _usable(kind: str) -> bool:
+    import torch
+
+    try:
+        if kind == "cuda":
+            return bool(torch.cuda.is_available())
+        if kind == "mps":
+            return bool(torch.backends.mps.is_available())
+        return bool(getattr(torch, "xpu", None) is not None and torch.xpu.is_available())
+    except Exception:  # noqa: BLE001 - a backend that cannot say is not usable
+        return False

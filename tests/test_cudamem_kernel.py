@@ -66,9 +66,11 @@ def _cases() -> list:
 
 
 def _cuda_capacity_known() -> bool:
+    """Whether the fresh process or kernel these cases run in knows a CUDA GPU's capacity: a real GPU
+    under a CUDA build (--simulate-gpu's H100 lives in the test process alone)."""
     import torch
 
-    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+    return _cuda_build() and torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
 @pytest.mark.notebook

@@ -15,7 +15,9 @@ The GPU is a timeline on the host clock, one stream deep: a kernel (``_sleep(cyc
 1980 MHz) starts when the GPU is free, and no sooner than a launch latency after it was queued; an event
 completes when the work queued before it has; ``synchronize`` waits for the timeline; a host that has
 queued :data:`QUEUE_DEPTH` unfinished kernels blocks, as CUDA's launch queue does. A real CUDA tensor
-still fails (the CPU build has no CUDA kernels): a test that reaches one took the CUDA path.
+still fails (the CPU build has no CUDA kernels): a test that reaches one took the CUDA path. Where a test
+needs a CUDA tensor's metadata and its kernels' time but no values (the roofline's counts), it makes a
+:class:`CudaStandIn`.
 """
 from __future__ import annotations
 
@@ -261,6 +263,57 @@ def stream_class(sim: SimulatedGPU) -> type:
             return hash((self.stream_id, self.device_index))
 
     return Stream
+
+
+class CudaStandIn(torch.Tensor):
+    """A tensor on the simulated ``cuda:0`` as far as its metadata goes: device, shape, dtype, strides, and
+    an address of its own (two stand-ins never alias, as two real allocations do not). It holds no data:
+    an op on it works out its result's shape on ``meta``, and launches one kernel of ``op_seconds`` on
+    the simulated GPU's timeline, as the real op would launch its kernel (views and metadata queries
+    launch none). So what needs only shapes, dtypes and devices (which device a cell touched, its FLOPs
+    and bytes as the roofline counts them) and the GPU time of its kernels are there; a value is not
+    (``.item()``, printing, a copy to the host fail, as they would without the data)."""
+
+    _next_address = 0x7F0000000000
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, sim: SimulatedGPU, op_seconds: float) -> CudaStandIn:
+        return torch.Tensor._make_wrapper_subclass(cls, meta.shape, strides=meta.stride(), dtype=meta.dtype,
+                                                   device=torch.device("cuda", 0))
+
+    def __init__(self, meta: torch.Tensor, sim: SimulatedGPU, op_seconds: float) -> None:
+        self.meta, self.sim, self.op_seconds = meta, sim, op_seconds
+        self.address = CudaStandIn._next_address
+        CudaStandIn._next_address += max(1, meta.untyped_storage().nbytes()) + 512
+
+    def data_ptr(self) -> int:
+        return self.address
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch.utils._pytree import tree_leaves, tree_map
+
+        kwargs = kwargs or {}
+        leaves = tree_leaves((args, kwargs))
+        mine = [t for t in leaves if isinstance(t, CudaStandIn)]
+        if any(isinstance(t, torch.Tensor) and not isinstance(t, CudaStandIn) and t.dim() for t in leaves):
+            raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
+                               "devices, cuda:0 and cpu!")  # what CUDA says (a 0-dim cpu tensor is allowed)
+        # on meta: a value read (.item(), a copy to the host) fails there too, as data that is not here
+        out = func(*tree_map(lambda t: t.meta if isinstance(t, CudaStandIn) else t, args),
+                   **tree_map(lambda t: t.meta if isinstance(t, CudaStandIn) else t, kwargs))
+        sim, seconds = mine[0].sim, mine[0].op_seconds
+        if not func.is_view:
+            sim.sleep(int(seconds * SM_CLOCK_HZ))
+        return tree_map(lambda t: CudaStandIn(t, sim, seconds)
+                        if isinstance(t, torch.Tensor) and t.device.type == "meta" else t, out)
+
+
+def cuda_standin(sim: SimulatedGPU, shape: tuple, dtype: Any, op_seconds: float) -> CudaStandIn:
+    """A :class:`CudaStandIn` of ``shape`` and ``dtype`` whose ops each take ``op_seconds`` of GPU time."""
+    return CudaStandIn(torch.empty(shape, dtype=dtype, device="meta"), sim, op_seconds)
 
 
 class _Cudart:

@@ -4,12 +4,24 @@ a bounded wait and no leftover processes."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 
 import pytest
-from cluster_support import ROOT, cluster_processes, import_package
-from conftest import run
+from cluster_support import (
+    ROOT,
+    TESTS,
+    cluster_processes,
+    errors,
+    execute,
+    import_package,
+    kernel,
+    settle_threads,
+    threads,
+)
+from conftest import run, run_error
 
 distributed = pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
@@ -31,6 +43,7 @@ def client():
             dask_client = distributed.Client(cluster)
             files = dask_client.run(import_package)
             assert all(f.startswith(ROOT) for f in files.values()), files
+            dask_client.local_cluster = cluster  # for the tests that name the cluster object
             yield dask_client
         finally:
             try:
@@ -46,6 +59,26 @@ def _define(code: str) -> None:
     import sys
 
     exec(code, vars(sys.modules["__main__"]))
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(client):
+    """Every test leaves no thread of its own behind (no thread per worker, none per tick) and no call
+    of ours running on a worker."""
+    from torchgpu_magic.cluster import remote
+
+    before = threads()
+    yield
+    assert settle_threads(before) == [], "threads left behind"
+    deadline = time.monotonic() + 10
+    while any(client.run(remote.running).values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(client.run(remote.running).values()), "calls of ours still running on the workers"
+
+
+def _workers(client) -> list:
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    return sorted(info, key=lambda address: info[address]["name"])
 
 
 @pytest.fixture
@@ -67,8 +100,8 @@ def test_gpuinfo_cluster_on_dask(sh, client):
 def test_whereis_and_cudatime_on_dask(sh, client):
     info = client.scheduler_info()["workers"]
     workers = sorted(info, key=lambda address: info[address]["name"])
-    client.run(_define, "import torch, time; w = torch.zeros(4); pause = 0.001")
-    client.run(_define, "w = w.to('meta'); pause = 0.004", workers=[workers[1]])
+    client.run(_define, "import torch, time; w = torch.zeros(4); pause = 0.002")
+    client.run(_define, "w = w.to('meta'); pause = 0.02", workers=[workers[1]])
     try:
         report = run(sh, "%whereis --cluster client w -o")
         assert report.where("w") == "cpu on worker 0; meta on worker 1"
@@ -81,7 +114,8 @@ def test_whereis_and_cudatime_on_dask(sh, client):
 
 
 def test_dask_timeout_leaves_the_notebook_free(sh, client):
-    """A worker busy past the time limit: its row says 'timeout' and the call returns on time."""
+    """A worker busy past the time limit: its row says 'timeout', the call returns on time, and the call
+    is stopped on the workers (the no_leftovers check finds none running)."""
     from torchgpu_magic import cluster
 
     bridge = cluster.connect(sh.user_ns, "client")
@@ -91,4 +125,265 @@ def test_dask_timeout_leaves_the_notebook_free(sh, client):
                          None, timeout=1.0)
     assert time.monotonic() - start < 2.5
     assert [r.problem for r in replies] == ["timeout", "timeout"]
-    time.sleep(3.5)  # let the workers finish before the next test
+    assert "our call there was stopped" in replies[0].message
+
+
+# ---- a timing runs in a thread of the worker: its event loop keeps answering --------------------------
+
+def test_cudatime_leaves_the_workers_event_loop_free(client):
+    """A no-op Client.run sent while every worker times a cell answers at once (it took 7.3 s when the
+    timing ran inside Client.run)."""
+    from torchgpu_magic import cluster
+    from torchgpu_magic.cluster import remote
+
+    client.run(_define, "import time; pause = 0.05")
+    bridge = cluster.connect({"client": client}, "client")
+    done: dict = {}
+    options = {"loops": 1, "samples": 40, "warmup": 0, "max_time": 10.0}
+    timing = threading.Thread(target=lambda: done.update(replies=bridge.run(
+        "cudatime", "", "time.sleep(pause)", options, None, timeout=30)))
+    timing.start()
+    try:
+        deadline = time.monotonic() + 20
+        while sum(map(len, client.run(remote.running).values())) < 2:
+            assert time.monotonic() < deadline, "the timing never started"
+            time.sleep(0.05)
+        start = time.monotonic()
+        client.run(os.getpid)
+        assert time.monotonic() - start < 1.0
+    finally:
+        timing.join(30)
+    assert [r.ok for r in done["replies"]] == [True, True], [r.error_text() for r in done["replies"]]
+    from torchgpu_magic.cluster.timing import result_of
+
+    assert all(result_of(r.value).n == 40 for r in done["replies"])
+
+
+def test_hung_worker_one_client_run_per_tick_and_no_thread_per_worker(client):
+    """The worker that reports its host for the panel is stopped (no heartbeat, no answer): the first
+    tick waits out its deadline once, then the worker is left out, its row says since when it is
+    silent, the other worker reports the host, each tick is one Client.run, and no thread is started."""
+    from torchgpu_magic import cluster
+    from torchgpu_magic.cluster.memory import ClusterSampler
+
+    bridge = cluster.connect({"client": client}, "client")
+    sampler = ClusterSampler(bridge, 0.5)
+    sampler.tick(30)
+    stopped = next(iter(sampler._reporters.values()))
+    label = next(r["engine"] for r in sampler._engines.values() if r["pid"] == stopped)
+    calls = []
+    real_run = client.run
+
+    def counted(*args, **kwargs):
+        calls.append(getattr(args[0], "__name__", args[0]))
+        return real_run(*args, **kwargs)
+
+    before = threads()
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        time.sleep(3.5)  # past the silence the scheduler's heartbeat record shows
+        bridge.obj = _Counting(client, counted)
+        first = sampler.tick()
+        calls.clear()
+        start = time.monotonic()
+        ticks = [sampler.tick() for _ in range(3)]
+        elapsed = time.monotonic() - start
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+        bridge.obj = client
+    assert threads() == before
+    assert calls == ["dask_call"] * 3  # one Client.run per tick, to the worker now reporting the host
+    assert elapsed < 1.5
+    for snap in (first, *ticks):
+        rows = {r["engine"]: r for r in snap.rows}
+        other = next(name for name in rows if name != label)
+        assert rows[label]["status"].startswith("silent since "), rows
+        assert "figures from its last heartbeat" in rows[label]["status"]
+        assert rows[label]["rss"] and rows[other]["status"] == ""
+    assert stopped not in sampler._reporters.values()  # the other worker reports the host now
+    time.sleep(1.0)  # let the worker catch up with its heartbeats
+
+
+class _Counting:
+    """The user's client, with its ``run`` counted (everything else passed through)."""
+
+    def __init__(self, client, run):
+        self._client, self.run = client, run
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def _sleep(seconds):
+    import time
+
+    time.sleep(seconds)
+
+
+def test_cudatime_leaves_out_workers_running_tasks(sh, client):
+    """A worker running a task (its heartbeat says so) is not timed: the timing would measure both."""
+    client.run(_define, "import time")
+    task = client.submit(_sleep, 4.0, pure=False, workers=[_workers(client)[0]])
+    try:
+        deadline = time.monotonic() + 10
+        while not client.processing()[_workers(client)[0]] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.5)  # a heartbeat or two: the scheduler's record of the worker shows the task
+        result = run(sh, "%%cudatime --cluster client -n 1 -r 3 --warmup 0 -o\ntime.sleep(0.001)")
+    finally:
+        task.result()
+    assert [label for label, _ in result.rows] == ["worker 1"]
+    (label, problem), = result.failed
+    assert label == "worker 0" and problem.startswith("busy: 1 task(s) running there")
+
+
+# ---- where memory is: worker.data, distributed's own GPU monitoring ------------------------------------
+
+def _tensor(n):
+    import torch
+
+    return torch.ones(n)
+
+
+def test_whereis_shows_tensors_held_as_task_results(sh, client):
+    future = client.submit(_tensor, 7, pure=False, workers=[_workers(client)[0]])
+    future.result()
+    report = run(sh, "%whereis --cluster client -o")
+    name = f"dask result {future.key}"
+    assert report.where(name) == "cpu on worker 0"
+    assert report.names[name]["worker 0"]["kind"] == "tensor"
+    del future
+
+
+def _monitor_gpu(tests: str, on: bool, dask_worker=None) -> None:
+    """On a worker: distributed's own NVML monitoring against the scripted NVML (one H100 at 87 %, 42 GiB
+    used), as on a GPU worker with pynvml installed; or the worker's own monitor back."""
+    import sys
+
+    from distributed.diagnostics import nvml
+    from distributed.system_monitor import SystemMonitor
+
+    if not on:
+        dask_worker.monitor = dask_worker._torchgpu_saved_monitor
+        nvml.pynvml, nvml.NVML_STATE = dask_worker._torchgpu_saved_nvml
+        return
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import fake_pynvml
+
+    dask_worker._torchgpu_saved_monitor = dask_worker.monitor
+    dask_worker._torchgpu_saved_nvml = (nvml.pynvml, nvml.NVML_STATE)
+    nvml.pynvml = fake_pynvml.make("h100_busy")
+    nvml.NVML_STATE = nvml.NVMLState.UNINITIALIZED
+    dask_worker.monitor = SystemMonitor()
+
+
+def test_gpu_memory_from_the_workers_own_monitoring(sh, client):
+    worker = _workers(client)[1]
+    client.run(_monitor_gpu, TESTS, True, workers=[worker])
+    try:
+        snap = run(sh, "%gpumem --cluster client --text -o")
+    finally:
+        client.run(_monitor_gpu, TESTS, False, workers=[worker])
+    (gpu,) = snap.gpus
+    assert gpu["name"] == "NVIDIA H100 80GB HBM3" and gpu["total"] == 81559 * 2**20 and gpu["util"] == 87
+    assert gpu["engines"] == ["worker 1"]
+    text = snap.to_text()
+    assert "GPU 0  NVIDIA H100 80GB HBM3" in text and "87 %" in text
+
+
+# ---- one line where a traceback was ----------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use")  # a second scheduler here: another port
+def test_closed_dask_cluster_is_one_line(sh):
+    from IPython.core.error import UsageError
+
+    before = threads()
+    local = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                     dashboard_address=None, silence_logs=40,
+                                     loop=sh.user_ns["client"].loop)
+    old = distributed.Client(local, set_as_default=False, loop=local.loop)
+    local.close()
+    sh.user_ns.update(old=old, lc=local)
+    try:
+        err = run_error(sh, "%gpuinfo --cluster old")
+        assert isinstance(err, UsageError) and "\n" not in str(err)
+        assert "this Dask Client is closed (its cluster was closed" in str(err)
+        assert "distributed.Client(cluster)" in str(err)
+        err = run_error(sh, "%gpumem --cluster lc --text")
+        assert isinstance(err, UsageError) and "this Dask cluster is closed" in str(err)
+    finally:
+        old.close()
+    assert settle_threads(before) == []
+
+
+def test_worker_without_the_package_says_what_to_install_where(sh, client):
+    from test_cluster_ipp import _block_package
+
+    worker = _workers(client)[1]
+    client.run(_block_package, True, workers=[worker])
+    try:
+        report = run(sh, "%gpuinfo --cluster client -o")
+    finally:
+        client.run(_block_package, False, workers=[worker])
+    rows = {e["label"]: e for e in report.engines}
+    assert rows["worker 0"]["ok"] and rows["worker 1"]["problem"] == "no_package", rows["worker 1"]
+    message, fix = rows["worker 1"]["message"], rows["worker 1"]["fix"]
+    assert message.startswith("No module named 'torchgpu_magic' (on ")
+    assert f"Python {sys.executable}" in message
+    assert "pip install torchgpu-magic" in fix and "PipInstall(['torchgpu-magic'])" in fix
+    assert "Exception: ModuleNotFoundError" not in message
+    flag = next(f for f in report.flags if f.cause == "engine_no_package")
+    assert flag.fix == fix
+
+
+# ---- the names --cluster takes ------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use")  # a second scheduler here: another port
+def test_cluster_names_dask(sh, client):
+    from IPython.core.error import UsageError
+
+    from torchgpu_magic.cluster import find
+
+    sh.user_ns["cluster"] = client.local_cluster
+    report = run(sh, "%gpuinfo --cluster cluster -o")
+    assert len(report.engines) == 2 and not find._OWNED  # through the live client of that cluster
+    del sh.user_ns["client"], sh.user_ns["cluster"]
+    report = run(sh, "%gpuinfo --cluster -o")  # nothing in the namespace: distributed.default_client()
+    assert report.name == "default_client()" and len(report.engines) == 2
+    other = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                     dashboard_address=None, silence_logs=40,
+                                     loop=client.loop)
+    try:
+        sh.user_ns.update(client=client, second=distributed.Client(other, set_as_default=False,
+                                                                   loop=client.loop))
+        err = run_error(sh, "%gpuinfo --cluster")
+        assert isinstance(err, UsageError) and "several clusters here (client; second)" in str(err)
+    finally:
+        sh.user_ns["second"].close()
+        other.close()
+
+
+# ---- Ctrl-C -----------------------------------------------------------------------------------------------
+
+def test_ctrl_c_in_a_kernel_stops_the_timing_on_the_workers(client):
+    from torchgpu_magic.cluster import remote
+
+    client.run(_define, "import time")
+    with cluster_processes(), kernel() as (manager, kc):
+        setup = execute(kc, f"import distributed\nclient = distributed.Client({client.scheduler.address!r})\n"
+                            "%load_ext torchgpu_magic")
+        assert not errors(setup), setup
+        msg_id = kc.execute("%%cudatime --cluster client -n 1 -r 400 --warmup 0\ntime.sleep(0.05)")
+        deadline = time.monotonic() + 30
+        while sum(map(len, client.run(remote.running).values())) < 2:
+            assert time.monotonic() < deadline, "the workers never started the timing"
+            time.sleep(0.05)
+        manager.interrupt_kernel()
+        outputs = execute(kc, "", timeout=60, msg_id=msg_id)
+        running = client.run(remote.running)
+        execute(kc, "client.close()")
+    (error,) = errors(outputs)
+    assert error["ename"] == "ClusterInterrupted" and len(error["traceback"]) == 1, error
+    assert "%%cudatime --cluster interrupted; interrupted it on workers 0, 1 too" in error["traceback"][0]
+    assert not any(running.values())  # no worker runs the magic any more

@@ -14,7 +14,17 @@ import threading
 import time
 
 import pytest
-from cluster_support import ROOT, TESTS, cluster_processes, import_package
+from cluster_support import (
+    ROOT,
+    TESTS,
+    cluster_processes,
+    errors,
+    execute,
+    import_package,
+    kernel,
+    settle_threads,
+    threads,
+)
 from conftest import run, run_error
 
 ipp = pytest.importorskip("ipyparallel")
@@ -29,7 +39,7 @@ def torch_has_cuda() -> bool:
 
 
 @pytest.fixture(scope="module")
-def rc():
+def ipc():
     """Three engines on loopback; the package importable there (PYTHONPATH, inherited) and torch loaded
     once, so the tests' time limits measure our calls, not torch's import."""
     with cluster_processes():
@@ -39,9 +49,33 @@ def rc():
             client.wait_for_engines(3, timeout=60, block=True)
             files = client[:].apply_sync(import_package)
             assert all(f.startswith(ROOT) for f in files), files  # this worktree's package, not another
-            yield client
+            yield cluster, client
         finally:
             cluster.stop_cluster_sync()
+
+
+@pytest.fixture(scope="module")
+def rc(ipc):
+    return ipc[1]
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(rc, request):
+    """Every test leaves no thread of its own behind (a sampler, a client we connected) and every
+    engine idle (nothing of ours still queued or running there); the engine-killing test's dead engine
+    keeps its queue until the controller notices, so only the live engines are checked after it."""
+    before = threads()
+    yield
+    assert settle_threads(before) == [], "threads left behind"
+    skip = {2} if request.node.name == "test_engine_killed_mid_call" else set()
+
+    def queued() -> list:
+        return [k for k, s in rc.queue_status().items() if k != "unassigned" and k not in skip and s["queue"]]
+
+    deadline = time.monotonic() + 10
+    while queued() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not queued(), "requests left on the engines"
 
 
 @pytest.fixture
@@ -80,16 +114,61 @@ def test_cluster_name_errors(sh, rc):
     err = run_error(sh, "%gpuinfo --cluster nope")
     assert isinstance(err, UsageError) and "nope is not defined" in str(err)
     assert "rc (ipyparallel)" in str(err)
-    sh.user_ns["view"] = rc[:]
+    sh.user_ns["x"] = 3
+    err = run_error(sh, "%gpuinfo --cluster x")
+    assert isinstance(err, UsageError) and "x is a int, not an ipyparallel" in str(err)
+    del sh.user_ns["rc"], sh.user_ns["x"]
     err = run_error(sh, "%gpuinfo --cluster")
-    assert isinstance(err, UsageError) and "rc (ipyparallel), view (ipyparallel)" in str(err)
-    report = run(sh, "%gpuinfo --cluster view -o")
-    assert len(report.engines) == 3
-    del sh.user_ns["rc"], sh.user_ns["view"]
-    err = run_error(sh, "%gpuinfo --cluster")
-    assert isinstance(err, UsageError) and "no ipyparallel Client/view or Dask Client" in str(err)
+    assert isinstance(err, UsageError) and "no ipyparallel Client/view/Cluster or Dask Client" in str(err)
+    sh.user_ns["rc"] = rc
     err = run_error(sh, "%gpuinfo --cluster rc -i 0")
     assert isinstance(err, UsageError)
+
+
+def test_bare_cluster_with_a_client_and_its_views(sh, rc):
+    """``rc`` and ``dv = rc[:]`` are one cluster: bare --cluster takes the view %px runs on when it is
+    one of them, else the Client (every engine), instead of asking for a name."""
+    sh.user_ns["dv"] = rc[:]
+    sh.user_ns["two"] = rc[:2]
+    report = run(sh, "%gpuinfo --cluster -o")
+    assert report.name == "rc" and len(report.engines) == 3
+    saved = sh.magics_manager.magics["line"].get("px")
+    sh.user_ns["two"].activate()  # %px now runs on engines 0 and 1
+    try:
+        report = run(sh, "%gpuinfo --cluster -o")
+        assert report.name == "two" and [e["label"] for e in report.engines] == ["engine 0", "engine 1"]
+    finally:
+        if saved is not None:
+            sh.magics_manager.register(saved.__self__)
+
+
+def test_cluster_object_as_name_and_the_client_connected_for_it(sh, rc, ipc):
+    """--cluster NAME on the README's own ``ipp.Cluster`` variable: its client in the namespace is used;
+    without one, a client is connected once, reused, and closed at %unload_ext."""
+    from torchgpu_magic.cluster import find
+
+    sh.user_ns["cluster"] = ipc[0]
+    report = run(sh, "%gpuinfo --cluster cluster -o")
+    assert report.name == "cluster" and len(report.engines) == 3 and not find._OWNED
+    del sh.user_ns["rc"]
+    report = run(sh, "%gpuinfo --cluster cluster -o")
+    assert len(report.engines) == 3 and len(find._OWNED) == 1
+    (_, own), = find._OWNED.values()
+    assert own is not rc
+    run(sh, "%whereis --cluster cluster -o")
+    assert find._OWNED and list(find._OWNED.values())[0][1] is own  # reused, not one per call
+    from torchgpu_magic import load_ipython_extension, unload_ipython_extension
+
+    unload_ipython_extension(sh)
+    assert not find._OWNED and own._closed
+    load_ipython_extension(sh)
+
+
+def test_cudatime_cluster_setup_is_not_read_as_the_name(sh, rc):
+    result = run(sh, "%%cudatime -n 1 -r 3 --warmup 0 -o --cluster y = 20\ny + 1")
+    assert [label for label, _ in result.rows] == ["engine 0", "engine 1", "engine 2"], result.failed
+    result = run(sh, "%%cudatime --cluster rc -n 1 -r 3 --warmup 0 -o\n1 + 1")
+    assert len(result.rows) == 3
 
 
 def _install_fake_nvml(tests: str, pids: list, spare: int) -> int:
@@ -151,6 +230,78 @@ def test_gpuinfo_cluster_flags_engines_sharing_a_gpu(sh, rc):
     assert (pids[0], "engine 0") in procs and (pids[2], "engine 2") in procs
 
 
+def _install_stray_contexts(tests: str, pids: list) -> None:
+    """On an engine: the scripted NVML (eight A100s) with engine ``i`` working on GPU ``i`` (10 GiB) and
+    engines 1 and 2 also holding a bare 500 MiB context on GPU 0: the classic of engines that touched
+    cuda:0 before choosing their GPU."""
+    import sys
+
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import fake_pynvml
+
+    from torchgpu_magic.gpus import nvml
+
+    def edit(machine):
+        for i, pid in enumerate(pids):
+            machine.gpus[i].compute = [fake_pynvml.FakeProcess(pid, 10240 * fake_pynvml.MiB)]
+            machine.gpus[i].utilization = (30 + 10 * i, 5)
+        machine.gpus[0].compute += [fake_pynvml.FakeProcess(pid, 500 * fake_pynvml.MiB) for pid in pids[1:]]
+
+    sys.modules["_real_pynvml"] = sys.modules.get("pynvml")
+    sys.modules["pynvml"] = fake_pynvml.make("eight_gpus", edit)
+    nvml.reset()
+
+
+def test_stray_contexts_on_gpu0_are_named_as_such(sh, rc):
+    pids = rc[:].apply_sync(os.getpid)
+    rc[:].apply_sync(_install_stray_contexts, TESTS, pids)
+    try:
+        report = run(sh, "%gpuinfo --cluster rc -o")
+        memory = run(sh, "%gpumem --cluster rc --text -o")
+    finally:
+        rc[:].apply_sync(_remove_fake_nvml)
+    causes = [f.cause for f in report.flags]
+    assert "shared_gpu" not in causes, report.to_text()
+    (flag,) = [f for f in report.flags if f.cause == "stray_contexts"]
+    assert "engines 1, 2 on" in flag.message and "GPU 0" in flag.message
+    assert "1000 MiB in all" in flag.message and "500 MiB each" in flag.message
+    assert "stray contexts" in flag.message
+    assert "set_device" in flag.fix and "CUDA_VISIBLE_DEVICES" in flag.fix
+    assert [e["on"] for e in report.engines] == [[0], [1], [2]]
+    assert report.gpus[0]["engines"] == ["engine 0"] and report.gpus[0]["stray"] == ["engine 1", "engine 2"]
+    text = sh.display_formatter.formatters["text/plain"](report)
+    assert "stray contexts of engines 1, 2" in text and "30 %" in text
+    # %gpumem --cluster: eight GPU rows (by host and UUID, not one set per engine), utilisation on each,
+    # each engine under the GPU it uses
+    assert len(memory.gpus) == 8 and [g["util"] for g in memory.gpus[:3]] == [30, 40, 50]
+    assert [g["engines"] for g in memory.gpus[:4]] == [["engine 0", "engine 1", "engine 2"], ["engine 1"],
+                                                       ["engine 2"], []]
+    text = sh.display_formatter.formatters["text/plain"](memory)
+    assert text.startswith("%gpumem --cluster: 3 engines on 1 host, 8 GPUs")
+    assert "GPU 0  NVIDIA A100-SXM4-80GB" in text and "  engine 1" in text and "idle" in text
+
+
+def test_one_engine_per_host_reports_its_gpus(sh, rc):
+    """After the first tick, the host's GPUs travel once per tick: only the engine chosen as the host's
+    reporter sends them; the others send their own figures only."""
+    from torchgpu_magic import cluster
+
+    pids = rc[:].apply_sync(os.getpid)
+    host = rc[0].apply_sync(__import__("socket").gethostname)
+    rc[:].apply_sync(_install_stray_contexts, TESTS, pids)
+    try:
+        bridge = cluster.connect(sh.user_ns, "rc")
+        every = bridge.run("memory_tick", None, None)
+        one = bridge.run("memory_tick", {host: pids[1]}, None)
+    finally:
+        rc[:].apply_sync(_remove_fake_nvml)
+    assert all(r.ok and len(r.value["gpus"]) == 8 for r in every), [r.error_text() for r in every]
+    assert all(r.ok for r in one), [r.error_text() for r in one]
+    assert ["gpus" in r.value for r in one] == [False, True, False]
+    assert all(len(repr(r.value)) < 1024 for r in one if "gpus" not in r.value)
+
+
 def _second_host(on: bool, driver: str = "") -> None:
     """On an engine: stand in for a node of its own (its host name) whose driver is ``driver``."""
     import socket
@@ -202,6 +353,29 @@ def _fake_torch_version(version):
     return None
 
 
+def test_torch_distributed_ranks_beside_their_gpus(sh, rc):
+    """The torch.distributed route: engines joined into a process group (gloo on loopback, as the
+    notebook does) show their ranks in %gpuinfo --cluster."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    rc[:].scatter("rank", list(range(len(rc.ids))), flatten=True, block=True)
+    rc[:].push({"world": len(rc.ids), "port": port}, block=True)
+    rc[:].execute("import torch.distributed as dist\n"
+                  "dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, "
+                  "world_size=world)", block=True)
+    try:
+        report = run(sh, "%gpuinfo --cluster rc -o")
+    finally:
+        rc[:].execute("dist.destroy_process_group(); del rank, world, port", block=True)
+    assert [e["report"]["dist"] for e in report.engines] == [
+        {"rank": r, "world_size": 3, "backend": "gloo"} for r in range(3)]
+    text = report.to_text()
+    assert "rank" in text.split("Engines")[1].splitlines()[1] and "2 of 3 (gloo)" in text
+
+
 # ---- %whereis --cluster --------------------------------------------------------------------------
 
 def test_whereis_cluster_merges_by_name_and_flags_device_types(sh, rc):
@@ -225,21 +399,55 @@ def test_whereis_cluster_merges_by_name_and_flags_device_types(sh, rc):
 
 # ---- %%cudatime --cluster ------------------------------------------------------------------------
 
-def test_cudatime_cluster_rows_spread_and_straggler(sh, rc):
-    rc[:].execute("import time; pause = 0.001", block=True)
-    rc[2].execute("pause = 0.004", block=True)
+def test_cudatime_cluster_rows_spread_and_crowded_cpu_engines(sh, rc):
+    """Three CPU engines on this 2-core host, each with torch's default threads: the slow one is not
+    called a straggler with GPU advice; the report says the host is oversubscribed."""
+    rc[:].execute("import time; pause = 0.002", block=True)
+    rc[2].execute("pause = 0.02", block=True)
     result = run(sh, "%%cudatime --cluster rc -n 2 -r 5 --warmup 1 -o\ntime.sleep(pause)")
     assert [label for label, _ in result.rows] == ["engine 0", "engine 1", "engine 2"]
     assert result.stragglers() == ["engine 2"]
     assert result.spread > 2
     assert all(r.n == 5 and r.loops == 2 for _, r in result.rows)
     text = sh.display_formatter.formatters["text/plain"](result)
-    assert "straggler" in text and "spread: slowest / median" in text
+    assert "spread: slowest / median" in text and "slower" in text
+    assert "straggler" not in text and "GPU?" not in text
+    assert "the engines time on the CPU and share too few cores (host " in text
+    assert "runs 3 engines x torch threads" in text and "torch.set_num_threads" in text
     data = result.to_dict()
     assert data["stragglers"] == ["engine 2"] and len(data["rows"]) == 3
+    (crowded,) = data["crowded_hosts"].values()
+    assert crowded["engines"] == 3 and crowded["threads"] > crowded["cpus"]
     from torchgpu_magic.timing import TimingComparison
 
     assert isinstance(result, TimingComparison)
+
+
+def test_cudatime_cluster_rows_carry_each_engines_roofline(sh, rc):
+    rc[:].execute("import torch; a = torch.ones(32, 32)", block=True)
+    result = run(sh, "%%cudatime --cluster rc -n 1 -r 3 --warmup 0 --peak 1T,10G -o\ny = a @ a")
+    assert all(r.roofline.flops == 2 * 32 ** 3 and r.roofline.peak_name == "--peak" for _, r in result.rows)
+    text = sh.display_formatter.formatters["text/plain"](result)
+    assert "achieved (% of peak)" in text and text.count("FLOP/s (") == 3
+    assert result.to_dict()["rows"][0]["roofline"]["bound"] == "memory"
+    skipped = run(sh, "%%cudatime --cluster rc -n 1 -r 3 --warmup 0 --no-roofline -o\ny = a @ a")
+    assert all(r.roofline is None for _, r in skipped.rows) and "achieved" not in skipped.to_text()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs for two one-thread engines")
+def test_cudatime_cluster_straggler_on_cpus_enough(sh, rc):
+    """Two one-thread engines on two CPUs: the slow one is a straggler, with CPU advice, not GPU advice."""
+    rc[:2].execute("import time, torch; saved = torch.get_num_threads(); torch.set_num_threads(1); "
+                   "pause = 0.002", block=True)
+    rc[1].execute("pause = 0.02", block=True)
+    sh.user_ns["two"] = rc[:2]
+    try:
+        result = run(sh, "%%cudatime --cluster two -n 2 -r 5 --warmup 1 -o\ntime.sleep(pause)")
+    finally:
+        rc[:2].execute("torch.set_num_threads(saved)", block=True)
+    text = result.to_text()
+    assert result.stragglers() == ["engine 1"] and "straggler: engine 1" in text
+    assert "a slower CPU, or other work on its host?" in text and "GPU" not in text.split("spread:")[1]
 
 
 def test_cudatime_cluster_reports_the_cells_error_per_engine(sh, rc):
@@ -340,6 +548,137 @@ def test_gpumem_cluster_panel_peaks_per_cell_and_stop(sh, rc):
     assert not any(t.name == THREAD_NAME for t in th.enumerate())
 
 
+# ---- busy engines ---------------------------------------------------------------------------------
+
+def _hold(seconds: float) -> int:
+    """On an engine: a long task (a %px training loop) that peaks 48 MiB above its start."""
+    import time
+
+    block = bytearray(48 * 2**20)
+    block[::4096] = b"1" * len(block[::4096])
+    time.sleep(seconds)
+    del block
+    return 1
+
+
+def _wait_busy(rc, engine: int) -> None:
+    deadline = time.monotonic() + 10
+    while not rc.queue_status()[engine]["queue"]:
+        assert time.monotonic() < deadline, "the engine never started the task"
+        time.sleep(0.05)
+
+
+def test_busy_engine_is_not_asked_and_says_since_when(sh, rc):
+    busy = rc[1].apply_async(_hold, 4.0)
+    _wait_busy(rc, 1)
+    start = time.monotonic()
+    report = run(sh, "%gpuinfo --cluster rc -o")
+    whereis = run(sh, "%whereis --cluster rc -o")
+    assert time.monotonic() - start < 3  # no 30 s wait on the busy engine
+    rows = {e["label"]: e for e in report.engines}
+    assert rows["engine 0"]["ok"] and rows["engine 2"]["ok"]
+    assert rows["engine 1"]["problem"] == "busy" and rows["engine 1"]["message"].startswith("busy since ")
+    assert "%px cell or task runs there" in rows["engine 1"]["message"]
+    assert ("engine 1", rows["engine 1"]["message"]) in [(lb, p) for lb, p in whereis.failed]
+    assert rc.queue_status()[1]["queue"] == 1  # nothing of ours queued behind the task
+    busy.get(10)
+
+
+def test_panel_refreshes_the_others_while_one_engine_works_and_keeps_its_peaks(sh, rc, capsys):
+    """%gpumem --cluster while engine 1 runs a long task: the rows refresh at the interval (engine 1's
+    too: its process memory is read by another engine of its host), engine 1's row says busy since when,
+    no sample request queues on it, and a notebook cell's peak on engine 1 arrives once it is free,
+    under that cell."""
+    run(sh, "%gpumem --cluster rc --widget --interval 0.25")
+    try:
+        live = sh.magics_manager.registry["GPUMemMagics"]._cluster_live
+        base = {r["engine"]: r["rss"] for r in live[0].latest.rows}["engine 1"]
+        busy = rc[1].apply_async(_hold, 4.0)
+        _wait_busy(rc, 1)
+        time.sleep(live[0].deadline)  # a tick sent just as the task arrived waits this long, once
+        ticks, deadline = set(), time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            ticks.add(live[0].latest.time)
+            time.sleep(0.02)
+        assert len(ticks) >= 4, "the panel waited on the busy engine"
+        rows = {r["engine"]: r for r in live[0].latest.rows}
+        assert rows["engine 1"]["status"].startswith("busy since") and rows["engine 0"]["status"] == ""
+        assert rows["engine 1"]["rss"] >= base + 40 * 2**20  # its row live while it works: the task's 48 MiB
+        # the task, and at most the one request of ours sent as it arrived (aborted: it will not run);
+        # not one per tick
+        assert rc.queue_status()[1]["queue"] <= 2
+        cell = sh.run_cell("1 + 1", store_history=True)  # a notebook cell while engine 1 works
+        label = f"[{cell.execution_count}]"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not any("engine 1" in per for lb, per in live[0].latest.cells
+                                                      if label in lb):
+            time.sleep(0.05)
+        cells = [(lb, per) for lb, per in live[0].latest.cells if label in lb]
+        assert any("engine 0" in per and "engine 2" in per for _, per in cells), cells
+        (peak,) = [per["engine 1"] for _, per in cells if "engine 1" in per]
+        assert peak["peak_rss"] >= base + 40 * 2**20  # the task's 48 MiB, kept for the cell
+        busy.get(10)
+    finally:
+        run(sh, "%gpumem stop")
+    assert capsys.readouterr().out.strip().endswith("%gpumem: cluster sampler stopped, panel closed")
+    run(sh, "%gpumem stop")
+    assert capsys.readouterr().out.strip() == "%gpumem: not running"
+
+
+def test_stale_client_is_one_line(sh):
+    """A client whose cluster was stopped: one line within the controller's time limit, not a 30 s
+    wait that blames busy engines."""
+    from IPython.core.error import UsageError
+
+    from torchgpu_magic.cluster.bridge import ASK_TIMEOUT
+
+    with cluster_processes():
+        other = ipp.Cluster(n=1, log_level=40)
+        old = other.start_and_connect_sync()
+        try:
+            old.wait_for_engines(1, timeout=60, block=True)
+        finally:
+            other.stop_cluster_sync()
+        sh.user_ns["old"] = old
+        try:
+            start = time.monotonic()
+            err = run_error(sh, "%gpuinfo --cluster old")
+            assert time.monotonic() - start < ASK_TIMEOUT + 3
+        finally:
+            old.close()
+    assert isinstance(err, UsageError) and "\n" not in str(err)
+    assert "did not answer in 5 s: the cluster was stopped or its controller died" in str(err)
+    assert "rc = ipp.Client()" in str(err)
+
+
+def test_ctrl_c_in_a_kernel_interrupts_the_engines_too(rc, ipc):
+    """SIGINT to a real kernel while %%cudatime --cluster runs: one line, and no engine is left
+    running the magic (the engines were interrupted too, as %px does)."""
+    cluster = ipc[0]
+    url = os.path.join(cluster.profile_dir, "security", f"ipcontroller-{cluster.cluster_id}-client.json")
+    rc[:].execute("import time", block=True)
+    with cluster_processes(), kernel() as (manager, kc):
+        setup = execute(kc, f"import ipyparallel as ipp\nrc = ipp.Client({url!r})\n"
+                            "rc.wait_for_engines(3, timeout=60)\n%load_ext torchgpu_magic")
+        assert not errors(setup), setup
+        msg_id = kc.execute("%%cudatime --cluster rc -n 1 -r 400 --warmup 0\ntime.sleep(0.05)")
+        deadline = time.monotonic() + 30
+        while not all(s["queue"] for k, s in rc.queue_status().items() if k != "unassigned"):
+            assert time.monotonic() < deadline, "the engines never started the timing"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        manager.interrupt_kernel()
+        outputs = execute(kc, "", timeout=60, msg_id=msg_id)
+        (error,) = errors(outputs)
+        status = rc.queue_status()
+        execute(kc, "rc.close()")
+    assert error["ename"] == "ClusterInterrupted" and len(error["traceback"]) == 1, error
+    line = error["traceback"][0]
+    assert "%%cudatime --cluster interrupted; interrupted it on engines 0, 1, 2 too, as %px does" in line
+    assert not any(s["queue"] for k, s in status.items() if k != "unassigned")  # none runs it any more
+    assert rc[:].apply_async(os.getpid).get(5)
+
+
 # ---- engines that cannot answer ------------------------------------------------------------------
 
 def _block_package(on: bool) -> None:
@@ -371,7 +710,10 @@ def test_engine_without_the_package(sh, rc):
     rows = {e["label"]: e for e in report.engines}
     assert rows["engine 0"]["ok"] and rows["engine 2"]["ok"]
     assert not rows["engine 1"]["ok"] and rows["engine 1"]["problem"] == "no_package"
-    assert "pip install torchgpu-magic" in rows["engine 1"]["message"]
+    assert rows["engine 1"]["message"].startswith("No module named 'torchgpu_magic' (on ")
+    assert "pip install torchgpu-magic" in rows["engine 1"]["fix"]
+    flag = next(f for f in report.flags if f.cause == "engine_no_package")
+    assert "pip install torchgpu-magic" in flag.fix and "pip install" not in flag.message
     assert any(f.cause == "engine_no_package" for f in report.flags)
     assert "did not report" in report.headline()
 

@@ -175,13 +175,9 @@ def test_fit_when_even_one_row_does_not_fit_and_names_that_share_the_batch(mip):
     ("loss = model(x).sum()\nprint(loss.item())", "needs real values"),
     ("idx = (x > 0).nonzero()", "needs real values"),
     ("helper.scaled(x)", "reached a real tensor that is not one of the copies"),
-    ("torch.cuda.synchronize()", "torch.cuda function"),
 ])
 def test_a_cell_fake_tensors_cannot_run_is_one_line_and_changes_nothing(mip, cell, why):
     import types
-
-    if cell.startswith("torch.cuda.") and mip.user_ns["torch"].cuda.is_available():
-        pytest.skip("torch.cuda's functions run where torch sees a GPU (a real one, or --simulate-gpu's)")
 
     helper = types.ModuleType("helper")
     exec("import torch\nSCALE = torch.ones(1024)\ndef scaled(t):\n    return t * SCALE", helper.__dict__)
@@ -192,6 +188,23 @@ def test_a_cell_fake_tensors_cannot_run_is_one_line_and_changes_nothing(mip, cel
     assert isinstance(error, UsageError) and "\n" not in str(error)
     assert why in str(error) and f"line {line} (" in str(error)
     assert "nothing of yours was changed" in str(error)
+    assert _same(_state(mip.user_ns), before)
+
+
+def test_a_torch_cuda_call_ends_the_prediction_only_where_torch_has_no_cuda(mip):
+    """``torch.cuda.synchronize()`` needs CUDA, not real values: without CUDA it ends the prediction in one
+    line; where torch sees a GPU it runs as it would in the real cell. Either way nothing is changed."""
+    import torch
+
+    before = _state(mip.user_ns)
+    code = "%%cudamem --predict cpu -o -q\nx = x * 2\ntorch.cuda.synchronize()"
+    if torch.cuda.is_available():
+        assert run(mip, code).peak > 0
+    else:
+        error = run_error(mip, code)
+        assert isinstance(error, UsageError) and "\n" not in str(error)
+        assert "torch.cuda function" in str(error) and "line 2 (" in str(error)
+        assert "nothing of yours was changed" in str(error)
     assert _same(_state(mip.user_ns), before)
 
 
@@ -302,15 +315,14 @@ def test_dropout_and_attention_for_cuda_keep_what_cuda_kernels_keep(ip):
 
 
 def _generation_line() -> str:
-    """The GPU generation a prediction for cuda names: this GPU's where torch sees one (a real GPU, or
-    the simulated H100 of --simulate-gpu), else unknown."""
+    """What the report says of the GPU generation it predicted for: this machine's GPU (cuda:0, as
+    ``--predict cuda`` resolves it) where torch sees one, else unknown."""
     import torch
 
-    from torchgpu_magic.memory.targets import describe_arch
-
     if not torch.cuda.is_available():
-        return "GPU generation: unknown"
-    return f"GPU generation: {describe_arch(torch.cuda.get_device_capability(), 'this GPU')}"
+        return "GPU generation: unknown (name it with --arch)"
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"(sm_{major}{minor}, this GPU)"
 
 
 def test_the_report_as_text_html_and_dict(mip):

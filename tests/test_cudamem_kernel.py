@@ -47,8 +47,10 @@ FAILING_CELLS = [
 ]
 
 
-def _cases() -> list:
-    """(line of %%cudamem, cell body, whether it must fail) for every path."""
+def _cases(cuda_capacity_known: bool) -> list:
+    """(line of %%cudamem, cell body, whether it must fail) for every path, in a process whose torch does
+    (or does not) know a CUDA device's capacity: the kernel's and the fresh process's, not this one's, which
+    may be the simulated GPU's."""
     cases = [("", "step(x)", False), ("cpu", "step(x)", False), ("cuda", "step(x)", True)]
     cases += [("--predict cuda -q", cell, False) for cell in CUDA_CELLS]
     # for cpu, a cell that puts tensors on cuda is refused; torch.cuda.amp.autocast and GradScaler('cuda')
@@ -58,19 +60,14 @@ def _cases() -> list:
     cases += [(f"--predict {d} -q", cell, True) for cell in FAILING_CELLS for d in ("cpu", "cuda")]
     cases += [("--fit x --capacity 64MiB -q", "step(x)", False),
               ("--fit x --predict cpu --capacity 64MiB -q", "step(x)", False),
-              ("--fit x -q", "step(x)", False if _cuda_capacity_known() else True),
+              ("--fit x -q", "step(x)", not cuda_capacity_known),
               ("--capacity nonsense", "step(x)", True), ("--predict --arch z80", "step(x)", True),
               ("--predict tpu", "step(x)", True), ("--fit opt --capacity 1GiB", "step(x)", True),
               ("--predict cuda -q", "%whereis\nstep(x)", True), ("-q", "raise KeyError('the cell')", True)]
     return cases
 
 
-def _cuda_capacity_known() -> bool:
-    """Whether the fresh process or kernel these cases run in knows a CUDA GPU's capacity: a real GPU
-    under a CUDA build (--simulate-gpu's H100 lives in the test process alone)."""
-    import torch
-
-    return _cuda_build() and torch.cuda.is_available() and torch.cuda.device_count() > 0
+CAPACITY_KNOWN = "torch.cuda.is_available() and torch.cuda.device_count() > 0"
 
 
 @pytest.mark.notebook
@@ -82,18 +79,19 @@ def test_every_path_survives_in_a_real_kernel():
     spec = importlib.util.spec_from_file_location("notebook_runner", ROOT / "notebooks" / "run.py")
     runner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(runner)
-    cases = _cases()
+    cases = _cases(False)  # the same cells either way; the kernel's own answer sets what is expected
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext torchgpu_magic\n" + SETUP + "\nprint(os.getpid())")]
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext torchgpu_magic\n" + SETUP +
+                                          f"\nprint(os.getpid(), bool({CAPACITY_KNOWN}))")]
     nb.cells += [nbformat.v4.new_code_cell(f"%%cudamem {line}\n{body}") for line, body, _ in cases]
     nb.cells.append(nbformat.v4.new_code_cell("print(os.getpid()); step(x); print('alive')"))
     with runner.this_python_kernel() as kernel:
         client = NotebookClient(nb, kernel_name=kernel, timeout=300, allow_errors=True,
                                 resources={"metadata": {"path": str(ROOT)}})
         client.execute()  # a dead kernel raises DeadKernelError here
-    pids = [runner.cell_text(cell).split()[0] for cell in (nb.cells[0], nb.cells[-1])]
-    assert pids[0] == pids[1] and "alive" in runner.cell_text(nb.cells[-1])
-    for cell, (line, body, fails) in zip(nb.cells[1:-1], cases):
+    pid, known = runner.cell_text(nb.cells[0]).split()[:2]
+    assert runner.cell_text(nb.cells[-1]).split()[0] == pid and "alive" in runner.cell_text(nb.cells[-1])
+    for cell, (line, body, fails) in zip(nb.cells[1:-1], _cases(known == "True")):
         errors = [o for o in cell.outputs if o.output_type == "error"]
         usage = [o.text for o in cell.outputs
                  if o.output_type == "stream" and o.text.startswith("UsageError:")]
@@ -113,8 +111,9 @@ _SHELL = ("from IPython.core.interactiveshell import InteractiveShell\n"
 
 
 def test_every_path_survives_in_a_fresh_process():
-    code = (_SHELL + f"r = ip.run_cell({SETUP!r}); r.raise_error()\n"
-            f"for line, body, fails in {_cases()!r}:\n"
+    code = (_SHELL + f"r = ip.run_cell({SETUP!r}); r.raise_error()\nimport torch\n"
+            f"cases = {_cases(True)!r} if {CAPACITY_KNOWN} else {_cases(False)!r}\n"
+            "for line, body, fails in cases:\n"
             "    r = ip.run_cell('%%cudamem ' + line + '\\n' + body)\n"
             "    error = r.error_before_exec or r.error_in_exec\n"
             "    assert (error is not None) == fails, (line, body, error)\n"

@@ -38,7 +38,8 @@ def test_cell_returns_a_result_with_every_field(tip):
     assert result.threads == __import__("torch").get_num_threads()
     assert result.floor is not None and result.floor > 0
     assert result.stop_reason == "fixed"
-    assert tip.user_ns["log"] == [1] * 7  # first run + 3 samples x 2 loops, nothing else
+    # first run + 3 samples x 2 loops + the roofline's one counting run, nothing else
+    assert tip.user_ns["log"] == [1] * 8
     assert "y" not in tip.user_ns  # like %timeit, names the cell binds stay inside the timing loop
 
 
@@ -79,7 +80,7 @@ def test_line_magic_keeps_the_statement_verbatim(tip):
 
 def test_setup_runs_once_per_row_before_the_cell(tip):
     run(tip, f"%%cudatime -q {FAST} log.append('setup'); k = 100\nlog.append(k)")
-    assert tip.user_ns["log"] == ["setup"] + [100] * 7
+    assert tip.user_ns["log"] == ["setup"] + [100] * 8  # the counting run reuses the setup's scope
 
 
 def test_print_and_display_are_shown_once(tip):
@@ -118,7 +119,7 @@ def test_max_time_stops_a_noisy_cell_and_says_not_converged(tip):
 
 def test_warmup_runs_exactly_n(tip):
     run(tip, "%%cudatime -q -n 1 -r 1 --warmup 4\nlog.append(1)")
-    assert len(tip.user_ns["log"]) == 1 + 4 + 1
+    assert len(tip.user_ns["log"]) == 1 + 4 + 1 + 1  # first run, warm-up, one sample, the counting run
 
 
 def test_cold_and_flush_notes(tip):
@@ -134,7 +135,7 @@ def test_kernels_lists_top_cpu_ops_apart_from_the_samples(tip):
     names = [row.name for row in result.kernels]
     assert "aten::mm" in names
     assert result.kernels[0].time > 0 and 0 < result.kernels[0].share <= 1
-    assert len(tip.user_ns["log"]) == 7 + 2  # the profiler pass ran its own loops, after the samples
+    assert len(tip.user_ns["log"]) == 7 + 1 + 2  # the counting run, then the profiler pass's own loops
     assert "top ops by self CPU time" in result.to_text()
     table = run(tip, f"%%cudatime -o -q {FAST} --kernels --threads 1,2\ny = x @ x")
     text = table.to_text()
@@ -247,6 +248,9 @@ def test_devices_error_lists_only_devices_it_takes(tip):
     ("--devices cpu,,cpu", "--devices takes a comma-separated list"),
     ("--threads 0", "--threads takes whole numbers from 1 to 4096"),
     ("--threads 2,many", "got 'many'"),
+    ("--peak fast", "--peak takes FLOPS[,BYTES_PER_S]"),
+    ("--peak 1T,0", "got '1T,0'"),
+    ("--peak 1T --no-roofline", "--peak goes with the roofline: drop --no-roofline"),
 ])
 def test_bad_input_is_one_usage_error_before_anything_runs(tip, line, words):
     error = run_error(tip, f"%%cudatime {line}\nlog.append(1)")
@@ -284,7 +288,10 @@ def test_ontorch_inside_cudatime_runs_each_loop_there(tip):
     import torch
 
     result = run(tip, f"%%cudatime -o -q {FAST}\n%%ontorch meta -q\nlog.append(torch.ones(1).device.type)")
-    assert set(tip.user_ns["log"]) == {"meta"} and len(tip.user_ns["log"]) == 7
+    assert set(tip.user_ns["log"]) == {"meta"} and len(tip.user_ns["log"]) == 7 + 1  # + the counting run
+    # the counting run saw the cell's work on meta, and keeps it out of the cpu row's figures
+    assert result.roofline.other_devices == {"meta": {"bytes": 4, "flops": 0}}
+    assert "roofline: 4 B on meta are left out (not the timed device)" in result.notes
     assert result.device == "cpu" and torch.empty(0).device.type == "cpu"
 
 

@@ -379,3 +379,15 @@ def test_real_pynvml_here_reports_why():
             assert problem.hint
     finally:
         nvml.reset()
+
+
+def test_utilization_the_cheap_call(fake_nvml):
+    """The cluster panel's per-GPU figure: the percentage where NVML says it, NA on a lost GPU or without
+    NVML, never an exception."""
+    fake_nvml("h100_busy")
+    assert nvml.utilization(0) == 87
+    assert nvml.utilization(5) is nvml.NA  # no such GPU
+    fake_nvml("gpu_lost")
+    assert nvml.utilization(3) is nvml.NA and nvml.utilization(0) == 0
+    fake_nvml(None)
+    assert nvml.utilization(0) is nvml.NA

@@ -198,7 +198,7 @@ def test_samples_taken_below_75_percent_of_the_max_clock_are_counted_and_explain
     monkeypatch.setattr(gpu, "clock_reasons", lambda: power_cap if slow[0] else 0)
     result = timed(ip, "-n 1 -r 10 --warmup 1", f"torch.cuda._sleep({100 * CYCLES_PER_US})")
     assert result.sm_clock == {"max_mhz": 1980, "samples": 10, "below_max": 5, "below_75": 5,
-                               "lowest_mhz": 1200, "reasons": ["power cap"]}
+                               "lowest_mhz": 1200, "median_mhz": 1590, "reasons": ["power cap"]}
     assert any(w.startswith("the GPU ran under 75 % of its max SM clock in 5 of 10 samples (lowest 1200 MHz "
                             "of 1980 MHz: power cap)") for w in result.warnings)
 

@@ -176,7 +176,9 @@ def test_time_cell_keeps_a_cpu_cell_on_the_host_and_runs_its_first_run_once():
     result = engine.time_cell(cell, torch.device("cpu"), Options(loops=1, warmup=0, samples=3),
                               follow_cuda=True)
     assert result.kind == "host" and result.device == "cpu"
-    assert len(runs) == 1 + 3  # one first run (on the host clock), no second one, three samples
+    # one first run (on the host clock), no second one, three samples, and the roofline's counting run
+    assert len(runs) == 1 + 3 + 1
+    assert result.roofline is not None and result.roofline.flops == 0
 
 
 # ---- the empty-cell floor -------------------------------------------------------------------------------

@@ -200,9 +200,10 @@ def test_clock_lines_warn_under_75_percent_and_note_anything_below_the_max():
 
     readings = [(1980, ()), (1755, ("power cap",)), (345, ("idle",)), (None, None)]
     summary = throttle.ClockWatch(1980, None, readings).summary()
-    # the idle reading (clocks already dropped) and the unreadable one say nothing about a sample
+    # the idle reading (clocks already dropped) and the unreadable one say nothing about a sample; the
+    # median of the others is the clock the roofline scales its peaks to
     assert summary == {"max_mhz": 1980, "samples": 2, "below_max": 1, "below_75": 0, "lowest_mhz": 1755,
-                       "reasons": ["power cap"]}
+                       "median_mhz": 1867.5, "reasons": ["power cap"]}
     warnings, notes = throttle.clock_lines(summary)
     assert warnings == [] and notes == [
         "SM clock below its max in 1 of 2 samples (lowest 1755 MHz, 88.6 % of 1980 MHz: power cap)"]
@@ -210,3 +211,4 @@ def test_clock_lines_warn_under_75_percent_and_note_anything_below_the_max():
     assert throttle.clock_lines(at_max) == (
         [], ["SM clock at its max (1980 MHz) in all 2 samples, with clock reasons reported: sync boost"])
     assert throttle.clock_lines(throttle.ClockWatch(None).summary()) == ([], [])
+    assert throttle.ClockWatch(None).summary()["median_mhz"] is None

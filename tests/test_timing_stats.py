@@ -61,8 +61,16 @@ def test_stop_reason_is_a_pure_function():
 
 # ---- options --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("options", [dict(loops=0), dict(samples=0), dict(warmup=-1), dict(max_time=0),
-                                     dict(max_time=float("nan")), dict(loops=2.5)])
+                                     dict(max_time=float("nan")), dict(loops=2.5), dict(peak=(0,)),
+                                     dict(peak=(1e12, -1.0)), dict(peak="1T"), dict(peak=(1, 2, 3)),
+                                     dict(peak=(None,)), dict(peak=(float("inf"),)),
+                                     dict(peak=(1e12,), roofline=False)])
 def test_bad_options_are_refused_in_one_line(options):
     with pytest.raises(MagicInputError) as info:
         Options(**options).check()
     assert "\n" not in str(info.value)
+
+
+def test_peak_options_the_engine_takes():
+    for peak in ((1e12,), (1e12, None), (1e12, 2e11), [3, 4.5]):
+        Options(peak=peak).check()

@@ -46,15 +46,21 @@ def fmt_bytes(n: Any, signed: bool = False) -> str:
         sign, n = "-", -n
     elif signed:
         sign = "+"
-    value = float(n)
-    unit = _BYTE_UNITS[0]
-    for unit in _BYTE_UNITS:
-        if value < 1024 or unit == _BYTE_UNITS[-1]:
-            break
-        value /= 1024
+    value, unit = _scaled(float(n), _BYTE_UNITS, 1024, 1024)
     if unit == "B":
         return f"{sign}{n} B"
     return f"{sign}{_sig3(value)} {unit}"
+
+
+def _scaled(value: float, units: tuple, base: float, below: float) -> tuple:
+    """``(value, unit)``: ``value`` divided by ``base`` until it is under ``below`` (or the units run out),
+    with the unit it has reached."""
+    unit = units[0]
+    for unit in units:
+        if value < below or unit == units[-1]:
+            break
+        value /= base
+    return value, unit
 
 
 def _sig3(value: float) -> str:
@@ -89,6 +95,21 @@ def fmt_percent(fraction: Any) -> str:
         return "N/A"
     value = float(fraction) * 100
     return f"{'-' if value < 0 else ''}{_sig3(abs(value))} %"
+
+
+_SI_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def fmt_si(value: Any, unit: str) -> str:
+    """A rate or count in decimal SI units with three significant figures, never scaled below the unit:
+    612 TFLOP/s, 3.35 TB/s, 1.50 GFLOP, 0.33 FLOP/B."""
+    if is_na(value):
+        return "N/A"
+    number = float(value)
+    sign = "-" if number < 0 else ""
+    number, prefix = _scaled(abs(number), _SI_PREFIXES, 1000, 999.5)
+    shown = str(int(number)) if not prefix and isinstance(value, int) else _sig3(number)
+    return f"{sign}{shown} {prefix}{unit}"
 
 
 def fmt_value(value: Any, unit: str = "") -> str:

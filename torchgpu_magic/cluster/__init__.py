@@ -1,7 +1,10 @@
 """The magics beyond one machine: the bridge to the ipyparallel engines or Dask workers users already run.
 
-- :mod:`.bridge`: find the user's Client or view, run one engine-side function on every engine at once,
-  gather plain data with a time limit per engine (:class:`Reply`).
+- :mod:`.bridge`: what the adapters share: one :class:`Reply` per engine, failures classified with their
+  fix, the one-line :class:`ClusterGone` and :class:`ClusterInterrupted`.
+- :mod:`.ipp_bridge`, :mod:`.dask_bridge`: run one engine-side function on every engine at once and
+  gather plain data under a deadline, without queueing behind busy engines or waiting for hung ones.
+- :mod:`.find`: the user's cluster object by name, or the one in the namespace.
 - :mod:`.remote`: the functions that run on the engines (imported there by name).
 - :mod:`.gpus`, :mod:`.timing`, :mod:`.placement`, :mod:`.memory`: the cluster-wide reports.
 
@@ -12,20 +15,15 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from .bridge import (
-    DEFAULT_TIMEOUT,
-    PROBLEMS,
-    Bridge,
-    DaskBridge,
-    IPyParallelBridge,
-    Reply,
-    candidates,
-    connect,
-)
+from .bridge import DEFAULT_TIMEOUT, PROBLEMS, Bridge, ClusterGone, ClusterInterrupted, Reply
+from .dask_bridge import DaskBridge
+from .find import candidates, close_clients, connect, kind_of
+from .ipp_bridge import IPyParallelBridge
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "PROBLEMS", "Bridge", "DaskBridge", "IPyParallelBridge", "LocalAssignment", "Reply",
-    "candidates", "connect", "gpu_report", "local_devices", "placement_report", "time_cell",
+    "DEFAULT_TIMEOUT", "PROBLEMS", "Bridge", "ClusterGone", "ClusterInterrupted", "DaskBridge",
+    "IPyParallelBridge", "LocalAssignment", "Reply", "candidates", "close_clients", "connect", "gpu_report",
+    "kind_of", "local_devices", "placement_report", "time_cell",
 ]
 
 

@@ -1,18 +1,14 @@
-"""The adapter over the cluster engines users already run: ipyparallel and Dask distributed.
+"""What every adapter over a user's cluster shares: the :class:`Reply` per engine, how failures are
+classified (with a fix a person can act on), the :class:`Bridge` interface, and the one-line exceptions
+for a cluster that is gone (:class:`ClusterGone`) and for Ctrl-C (:class:`ClusterInterrupted`).
 
 A :class:`Bridge` runs one of our engine-side functions (named by its dotted path in
 :mod:`torchgpu_magic.cluster.remote`) on every engine or worker at once and gathers plain data, one
-:class:`Reply` per engine, each under a time limit. An engine that is dead, too slow, lacks torch or lacks
-this package gets a reply that says so (``problem`` and ``message``) while the others still report.
-
-ipyparallel (``Client`` / ``DirectView`` / ``LoadBalancedView``: one ``apply_async`` to all engines) and
-distributed (``Client.run`` per worker, each in a daemon thread) are imported only when a user's object of
-theirs is found in the namespace, so this module costs nothing to import.
+:class:`Reply` per engine, each under a time limit. The adapters: :mod:`.ipp_bridge` (ipyparallel) and
+:mod:`.dask_bridge` (Dask distributed); :mod:`.find` finds the user's cluster object by name.
 """
 from __future__ import annotations
 
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -22,11 +18,18 @@ from ..errors import MagicInputError
 DEFAULT_TIMEOUT = 30.0
 """Seconds one engine may take to answer before its reply says 'timeout'."""
 
-_ENTRY = "torchgpu_magic.cluster.remote.call"
+ASK_TIMEOUT = 5.0
+"""Seconds the controller or scheduler may take to say which engines there are and which are busy: it
+answers from memory, in milliseconds, so no answer in this time means it is gone."""
+
+STOP_WAIT = 5.0
+"""Seconds an interrupt waits for the engines to give up our call (their replies coming back)."""
 
 PROBLEMS = {
     "dead": "the engine died or is gone",
     "timeout": "no answer in time",
+    "busy": "the engine runs something else (a %px cell, a task): not asked, so nothing queues behind it",
+    "stuck": "our previous request is still queued there: the engine is stopped, blocked or overloaded",
     "no_package": "torchgpu_magic is not importable there",
     "no_torch": "torch is not importable there",
     "error": "our function failed there",
@@ -36,12 +39,51 @@ PROBLEMS = {
 FIX_PACKAGE = ("install it on every engine (pip install torchgpu-magic), or start the engines with this "
                "package on their PYTHONPATH")
 FIX_TORCH = "install torch in the engine's environment (the one its python runs from)"
+FIX_DASK_PACKAGE = ("; or, from the notebook, on every worker at once: client.register_plugin("
+                    "distributed.diagnostics.plugin.PipInstall(['torchgpu-magic']))")
+
+MAGICS = {"gpuinfo": "%gpuinfo", "whereis": "%whereis", "cudatime": "%%cudatime",
+          "memory_tick": "%gpumem", "local_device": "%ontorch local", "ping": "the cluster call"}
+"""The magic behind each engine function, for the one line an interrupt prints."""
+
+
+class ClusterGone(MagicInputError):
+    """The cluster object no longer reaches a cluster (a stopped cluster, a closed client, a controller
+    or scheduler that does not answer): one line saying so and how to connect again."""
+
+
+class ClusterInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a ``--cluster`` call, after the engines were interrupted too. Still a
+    KeyboardInterrupt (a loop around the magic stops), shown as its one line: IPython renders an
+    exception through ``_render_traceback_`` when it has one."""
+
+    def _render_traceback_(self) -> list:
+        return [f"KeyboardInterrupt: {self}"]
+
+
+def engine_list(labels: Sequence[str]) -> str:
+    """'engine 0' / 'engines 0, 2, 3' / 'worker a, worker b'."""
+    if len(labels) == 1:
+        return labels[0]
+    words = [label.split(" ", 1) for label in labels]
+    if all(len(w) == 2 and w[0] == words[0][0] for w in words):
+        return f"{words[0][0]}s {', '.join(w[1] for w in words)}"
+    return ", ".join(labels)
+
+
+def when(epoch: float, now: Optional[float] = None) -> str:
+    """'19:40:12 (2 min 5 s ago)': a wall-clock moment for a person, with its age."""
+    now = time.time() if now is None else now
+    age = max(0.0, now - epoch)
+    ago = f"{age:.0f} s" if age < 60 else f"{int(age // 60)} min {int(age % 60)} s"
+    return f"{time.strftime('%H:%M:%S', time.localtime(epoch))} ({ago} ago)"
 
 
 @dataclass(repr=False)
 class Reply:
     """One engine's answer: ``value`` (plain data from the engine) when ``ok``, else ``problem`` (a key
-    of :data:`PROBLEMS`) and ``message``. ``host`` and ``pid`` come from the engine when it answered."""
+    of :data:`PROBLEMS`) and ``message``. ``host`` and ``pid`` come from the engine when it answered;
+    ``since`` is when a busy or stuck engine became so (epoch seconds)."""
 
     engine: str
     key: Any
@@ -52,41 +94,69 @@ class Reply:
     host: str = ""
     pid: Optional[int] = None
     seconds: float = 0.0
-
+    since: Optional[float] = None
+    cpus: Optional[int] = None  # the CPUs the engine's process may run on
+    threads: Optional[int] = None  # torch's intra-op threads there
+    fix: str = ""  # what to do about ``problem``, where the reply knows better than its code
     def to_dict(self) -> dict:
         return {"engine": self.engine, "key": self.key, "ok": self.ok, "value": self.value,
                 "problem": self.problem, "message": self.message, "host": self.host, "pid": self.pid,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "since": self.since, "cpus": self.cpus, "threads": self.threads,
+                "fix": self.fix}
 
     def error_text(self) -> str:
-        """'timeout: no answer in 5 s' / 'no_package: ... fix: ...': one line for a table cell."""
-        return f"{self.problem}: {self.message}" if self.message else self.problem
+        """'timeout: no answer in 5 s' / 'busy since 19:40:12 (...)' / 'no_package: No module named
+        ...: install it ...': one line for a table cell, with the fix where the reply has one."""
+        if self.problem in ("busy", "stuck"):
+            return self.message
+        text = f"{self.problem}: {self.message}" if self.message else self.problem
+        return f"{text}: {self.fix}" if self.fix else text
+
+    def fail(self, problem: str, message: str, since: Optional[float] = None, fix: str = "") -> Reply:
+        self.ok, self.problem, self.message, self.since, self.fix = False, problem, message, since, fix
+        return self
 
 
-def _envelope(reply: Reply, data: Any) -> Reply:
+def envelope(reply: Reply, data: Any) -> Reply:
     """Fill ``reply`` from what :func:`remote.call` returned on the engine."""
     if not isinstance(data, dict) or "ok" not in data:
-        reply.problem, reply.message = "error", f"unexpected answer {type(data).__name__}"
-        return reply
+        return reply.fail("error", f"unexpected answer {type(data).__name__}")
     reply.host, reply.pid = data.get("host", ""), data.get("pid")
+    reply.cpus, reply.threads = data.get("cpus"), data.get("threads")
     if data["ok"]:
         reply.ok, reply.value = True, data.get("value")
     else:
-        reply.problem, reply.message = data.get("problem", "error"), data.get("message", "")
+        problem = data.get("problem", "error")
+        reply.fail(problem, data.get("message", ""), fix=FIX_TORCH if problem == "no_torch" else "")
     return reply
 
 
-def _from_exception(reply: Reply, name: str, text: str) -> Reply:
-    """Classify an exception raised on the way to or on the engine (by its class name and text)."""
-    if name in ("ModuleNotFoundError", "ImportError") and "torchgpu_magic" in text:
-        reply.problem, reply.message = "no_package", f"{text}; {FIX_PACKAGE}"
-    elif name in ("ModuleNotFoundError", "ImportError") and "torch" in text:
-        reply.problem, reply.message = "no_torch", f"{text}; {FIX_TORCH}"
-    elif name in ("EngineError", "CommClosedError", "KilledWorker") or "died" in text or "not found" in text:
-        reply.problem, reply.message = "dead", f"{name}: {text}"
-    else:
-        reply.problem, reply.message = "error", f"{name}: {text}"
-    return reply
+def missing_module(text: str) -> str:
+    """The top-level package an import error names: "No module named 'torchgpu_magic.cluster'" ->
+    'torchgpu_magic'; '' when the text names none."""
+    import re
+
+    found = re.search(r"No module named '([^']+)'", text) or re.search(r"import name '[^']+' from '([^']+)'",
+                                                                       text)
+    return found.group(1).split(".")[0] if found else ""
+
+
+def from_exception(reply: Reply, name: str, text: str, where: str = "") -> Reply:
+    """Classify an exception raised on the way to or on the engine (by its class name and text, since
+    Dask and ipyparallel wrap the original: Dask may send back ``Exception('ModuleNotFoundError ...')``).
+    ``where`` says where the engine's Python lives, for the install hint."""
+    module = missing_module(f"{name}: {text}")
+    place = f" (on {where})" if where else ""
+    if module == "torchgpu_magic":
+        return reply.fail("no_package", f"No module named 'torchgpu_magic'{place}", fix=FIX_PACKAGE)
+    if module == "torch":
+        return reply.fail("no_torch", f"No module named 'torch'{place}", fix=FIX_TORCH)
+    if module:
+        return reply.fail("error", f"No module named {module!r}{place}",
+                          fix="pip install it in the engine's environment (our function needs it there)")
+    if name in ("EngineError", "CommClosedError", "KilledWorker") or "died" in text or "not found" in text:
+        return reply.fail("dead", f"{name}: {text}")
+    return reply.fail("error", f"{name}: {text}")
 
 
 @dataclass
@@ -107,225 +177,22 @@ class Bridge:
         return self.labels.get(key, str(key))
 
     def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
-            keys: Optional[Sequence[Any]] = None, **kwargs: Any) -> list:
+            keys: Optional[Sequence[Any]] = None, only: Optional[Sequence[Any]] = None,
+            **kwargs: Any) -> list:
         """Run ``torchgpu_magic.cluster.remote.<target>(*args, **kwargs)`` on every engine (or those in
-        ``keys``) at once; one :class:`Reply` per engine, in engine order, within ``timeout`` seconds."""
+        ``keys``) at once; one :class:`Reply` per engine, in engine order, within ``timeout`` seconds.
+        Busy engines are not asked (their reply says since when they are busy); Ctrl-C interrupts the
+        engines too and raises :class:`ClusterInterrupted`; a cluster that is gone raises
+        :class:`ClusterGone`. With ``only``, just those engines are asked: the others' replies say
+        whether they are free (``ok``, value None) or why not (busy, silent, gone)."""
         raise NotImplementedError
 
-
-class IPyParallelBridge(Bridge):
-    """An ipyparallel ``Client`` or view: one ``apply_async`` to a DirectView of all the engines asked
-    (the function and its arguments serialised once, one result set to watch), then each engine's
-    result read on its own under the deadline, so one slow or dead engine costs the others nothing."""
-
-    def __init__(self, name: str, obj: Any) -> None:
-        client = getattr(obj, "client", None) or obj
-        super().__init__(name, obj, "ipyparallel")
-        self.client = client
-
-    def engines(self) -> list:
-        targets = getattr(self.obj, "targets", None)
-        if targets is None or targets == "all" or self.obj is self.client:
-            return list(self.client.ids)
-        return [targets] if isinstance(targets, int) else list(targets)
-
-    def label(self, key: Any) -> str:
-        return f"engine {key}"
-
-    def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
-            keys: Optional[Sequence[Any]] = None, **kwargs: Any) -> list:
-        keys = self.engines() if keys is None else list(keys)
-        alive = set(self.client.ids)
-        start = time.monotonic()
-        replies = {key: Reply(self.label(key), key, False) for key in keys}
-        live = []
-        for key in keys:
-            if key in alive:
-                live.append(key)
-            else:
-                replies[key].problem = "dead"
-                replies[key].message = "the controller no longer lists this engine"
-        if live:
-            for part, result in self._send(live, replies, target, args, kwargs):
-                self._gather(part, result, replies, timeout, start)
-        return [replies[key] for key in keys]
-
-    def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict) -> list:
-        """Send the call to every engine in ``live``: ``[(keys, AsyncResult)]``. One DirectView apply;
-        should it fail (an engine gone between the check and the send), one apply per engine, so that
-        only the engine at fault gets the error."""
-        from . import remote
-
-        try:
-            return [(live, self.client[live].apply_async(remote.call, target, args, kwargs))]
-        except Exception:  # noqa: BLE001 - retried per engine below, where each failure is that engine's
-            sent = []
-            for key in live:
-                try:
-                    sent.append(([key], self.client[[key]].apply_async(remote.call, target, args, kwargs)))
-                except Exception as exc:  # noqa: BLE001 - one engine's failure is its reply, not ours
-                    _from_exception(replies[key], type(exc).__name__, str(exc))
-            return sent
-
-    def _gather(self, keys: list, result: Any, replies: dict, timeout: float, start: float) -> None:
-        """Wait for ``result`` (the engines ``keys``) until ``start + timeout``, then fill each engine's
-        reply: all at once when every engine answered (the usual tick), else engine by engine from
-        ``result.split()``, an engine without an answer getting 'timeout'."""
-        result.wait(max(0.0, start + timeout - time.monotonic()))
-        elapsed = time.monotonic() - start
-        if result.ready():
-            answers = result.get(0, return_exceptions=True)
-            for key, answer, seconds in zip(keys, answers, _seconds(result, elapsed)):
-                _fill(replies[key], answer, seconds)
-            return
-        for key, part in zip(keys, result.split()):
-            reply = replies[key]
-            if part.ready():
-                _fill(reply, part.get(0, return_exceptions=True), _seconds(part, elapsed)[0])
-            else:
-                reply.problem, reply.message = "timeout", f"no answer in {timeout:g} s"
-                reply.seconds = elapsed
-
-
-def _seconds(result: Any, elapsed: float) -> list:
-    """Each engine's round trip in ``result`` from ipyparallel's metadata (sent to received);
-    ``elapsed`` where the metadata lacks it."""
-    submitted, received = result["submitted"], result["received"]
-    if not isinstance(submitted, list):  # a single-engine result
-        submitted, received = [submitted], [received]
-    return [(r - s).total_seconds() if r is not None and s is not None else elapsed
-            for s, r in zip(submitted, received)]
-
-
-def _fill(reply: Reply, answer: Any, seconds: float) -> None:
-    """One engine's answer (the envelope from :func:`remote.call`, or the exception ipyparallel stored:
-    RemoteError, EngineError for an engine that died) into its reply."""
-    from ipyparallel import error
-
-    if isinstance(answer, error.RemoteError):
-        _from_exception(reply, answer.ename, str(answer.evalue))
-    elif isinstance(answer, BaseException):
-        _from_exception(reply, type(answer).__name__, str(answer))
-    else:
-        _envelope(reply, answer)
-    reply.seconds = seconds
-
-
-class DaskBridge(Bridge):
-    """A distributed ``Client``: ``Client.run`` on each worker from its own daemon thread, joined with a
-    deadline (``Client.run`` itself has no timeout), so a hung worker cannot hold the notebook."""
-
-    def __init__(self, name: str, obj: Any) -> None:
-        super().__init__(name, obj, "dask")
-
-    def engines(self) -> list:
-        workers = self.obj.scheduler_info(n_workers=-1)["workers"] if _takes_n_workers(self.obj) \
-            else self.obj.scheduler_info()["workers"]
-        keys = sorted(workers, key=lambda addr: str(workers[addr].get("name", addr)))
-        self.labels = {addr: f"worker {workers[addr].get('name', addr)}" for addr in keys}
-        return keys
-
-    def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
-            keys: Optional[Sequence[Any]] = None, **kwargs: Any) -> list:
-        from . import remote
-
-        keys = self.engines() if keys is None else list(keys)
-        start = time.monotonic()
-        replies = {key: Reply(self.label(key), key, False) for key in keys}
-        done: dict = {}
-
-        def ask(key: Any) -> None:
-            try:
-                answer = self.obj.run(remote.call, target, args, kwargs, workers=[key], on_error="return")
-                done[key] = answer.get(key, KeyError(f"worker {key} not found"))
-            except BaseException as exc:  # noqa: BLE001 - the reply reports it
-                done[key] = exc
-            finally:
-                done.setdefault("_times", {})[key] = time.monotonic() - start
-
-        threads = [threading.Thread(target=ask, args=(key,), daemon=True, name=f"torchgpu-cluster-{key}")
-                   for key in keys]
-        for thread in threads:
-            thread.start()
-        deadline = start + timeout
-        for key, thread in zip(keys, threads):
-            thread.join(max(0.0, deadline - time.monotonic()))
-            reply = replies[key]
-            if key not in done:
-                reply.problem, reply.message = "timeout", f"no answer in {timeout:g} s"
-                reply.seconds = time.monotonic() - start
-                continue
-            answer = done[key]
-            reply.seconds = done.get("_times", {}).get(key, 0.0)
-            if isinstance(answer, BaseException):
-                _from_exception(reply, type(answer).__name__, str(answer))
-            else:
-                _envelope(reply, answer)
-        return [replies[key] for key in keys]
-
-
-def _takes_n_workers(client: Any) -> bool:
-    import inspect
-
-    try:
-        return "n_workers" in inspect.signature(client.scheduler_info).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-# ---- finding the user's cluster object ----------------------------------------------------------------
-
-def _kinds() -> list:
-    """(kind, classes) for the cluster libraries already imported: an object of theirs cannot exist
-    otherwise, so nothing is imported here."""
-    out = []
-    if "ipyparallel" in sys.modules:
-        import ipyparallel
-
-        views = (ipyparallel.Client, ipyparallel.DirectView, ipyparallel.LoadBalancedView)
-        out.append(("ipyparallel", views))
-    if "distributed" in sys.modules:
-        import distributed
-
-        out.append(("dask", (distributed.Client,)))
-    return out
-
-
-def candidates(ns: dict) -> dict:
-    """The user's cluster objects in ``ns``, by name: ipyparallel clients and views, Dask clients
-    (names starting with '_' are IPython's output history, left out)."""
-    kinds = _kinds()
-    found = {}
-    for name, obj in ns.items():
-        if name.startswith("_"):
-            continue
-        for kind, classes in kinds:
-            if isinstance(obj, classes):
-                found[name] = kind
-    return found
-
-
-_BRIDGES: dict = {"ipyparallel": IPyParallelBridge, "dask": DaskBridge}
-
-
-def connect(ns: dict, name: Optional[str]) -> Bridge:
-    """The :class:`Bridge` for ``ns[name]``, or for the one cluster object in ``ns`` when ``name`` is
-    empty. Raises :class:`MagicInputError` naming the candidates when there are none, several, or
-    ``name`` is not one of them."""
-    found = candidates(ns)
-    listed = ", ".join(f"{n} ({k})" for n, k in sorted(found.items())) or "none"
-    how = ("start one first, e.g. rc = ipyparallel.Cluster(n=4).start_and_connect_sync(), or "
-           "client = distributed.Client(LocalCluster())")
-    if name:
-        if name not in found:
-            what = "is not defined" if name not in ns else f"is a {type(ns[name]).__name__}"
-            raise MagicInputError(f"--cluster {name}: {name} {what}, not an ipyparallel Client/view or a "
-                                  f"Dask Client; cluster objects here: {listed}")
-        return _BRIDGES[found[name]](name, ns[name])
-    if not found:
-        raise MagicInputError(f"--cluster: no ipyparallel Client/view or Dask Client in the namespace; {how}")
-    if len(found) > 1:
-        raise MagicInputError(f"--cluster: several cluster objects here ({listed}); name one: --cluster NAME")
-    (only, kind), = found.items()
-    return _BRIDGES[kind](only, ns[only])
-
+    def interrupted(self, target: str, labels: Sequence[str], left: Sequence[str]) -> ClusterInterrupted:
+        """The one line for Ctrl-C: which engines were interrupted, and any still running our call."""
+        magic = MAGICS.get(target, target)
+        said = f"{magic} --cluster interrupted"
+        if labels:
+            said += f"; interrupted it on {engine_list(list(labels))} too, as %px does"
+        if left:
+            said += f"; {engine_list(list(left))} did not stop within {STOP_WAIT:g} s"
+        return ClusterInterrupted(said)

@@ -13,10 +13,18 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..render import Table, fmt_bytes, fmt_value, html_lines
+from .bridge import FIX_PACKAGE, FIX_TORCH, engine_list
 
 FIX_SHARED_IDLE = ("give each engine its own GPU: %ontorch local --cluster (the GPU of each engine's local "
                    "rank), or start each engine with its own CUDA_VISIBLE_DEVICES; with Dask, dask-cuda's "
                    "LocalCUDACluster starts one worker per GPU")
+FIX_STRAY = ("choose each engine's GPU first thing, before any CUDA call: torch.cuda.set_device(local rank) "
+             "or %%ontorch local (which sets it), then create tensors on that device ('cuda:N' or the "
+             "default, never a bare 'cuda:0'); or start each engine with its own CUDA_VISIBLE_DEVICES, so it "
+             "sees only its GPU. A context once made stays until its engine restarts")
+CONTEXT_MAX = 1 << 30
+"""The most GPU memory a bare CUDA context takes (300-600 MiB on recent GPUs and drivers): an engine
+holding no more than this on a GPU where torch keeps nothing holds a stray context there."""
 FIX_SHARED_FULL = ("the engines compete for this GPU's memory and compute: run one engine per GPU on this "
                    "host (fewer engines, or dask-cuda's LocalCUDACluster)")
 
@@ -61,23 +69,32 @@ class ClusterGPUReport:
         return text + (f"; {down} engine{'s' * (down != 1)} did not report" if down else "")
 
     def tables(self) -> list:
-        gpus = Table(["host", "GPU", "name", "memory used / total", "engines on it"], align="lrlrl",
+        gpus = Table(["host", "GPU", "name", "memory used / total", "util", "engines on it"], align="lrlrrl",
                      title="GPUs (one row per physical GPU, by host and UUID)")
         for g in self.gpus:
+            on = ", ".join(g["engines"]) or "idle"
+            if g.get("stray"):
+                on += f" (+ stray contexts of {engine_list(g['stray'])})"
             gpus.add(g["host"], g["index"], g["name"], f"{fmt_bytes(g['used'])} / {fmt_bytes(g['total'])}",
-                     ", ".join(g["engines"]) or "idle")
-        engines = Table(["engine", "host", "pid", "torch", "torch devices -> GPU", "on GPU", "status"],
-                        align="llrllll", title="Engines")
+                     fmt_value(g.get("util"), "%"), on)
+        ranks = any((e.get("report") or {}).get("dist") for e in self.engines)
+        engines = Table(["engine", "host", "pid"] + (["rank"] if ranks else []) +
+                        ["torch", "torch devices -> GPU", "on GPU", "status"],
+                        align="llr" + ("r" if ranks else "") + "llll", title="Engines")
         for e in self.engines:
             report = e.get("report") or {}
             env = report.get("environment", {})
             torch = torch_build(env) if env else "-"
             devices = ", ".join(f"cuda:{t} -> GPU {n}" for t, n in e.get("map", [])) or "-"
             on = ", ".join(f"GPU {i}" for i in e.get("on", [])) or "-"
-            status = "ok" if e["ok"] else f"{e['problem']}: {e['message']}"
+            status = "ok" if e["ok"] else e["message"] if e["problem"] in ("busy", "stuck") \
+                else f"{e['problem']}: {e['message']}"  # the fix is in the flags below
             if e["ok"] and report.get("diagnosis"):
                 status = "torch cannot use a GPU"
-            engines.add(e["label"], e["host"] or "-", fmt_value(e["pid"]), torch, devices, on, status)
+            dist = report.get("dist")
+            rank = ([f"{dist['rank']} of {dist['world_size']} ({dist['backend']})" if dist else "-"]
+                    if ranks else [])
+            engines.add(e["label"], e["host"] or "-", fmt_value(e["pid"]), *rank, torch, devices, on, status)
         out = [gpus, engines] if self.gpus else [engines]
         if self.processes:
             procs = Table(["host", "GPU", "pid", "name", "GPU memory", "engine"], align="lrrlrl",
@@ -118,16 +135,6 @@ def torch_build(env: dict) -> str:
     return f"{env.get('torch_version')} ({'CUDA ' + cuda if cuda else 'CPU-only'})"
 
 
-def engine_list(labels: Sequence[str]) -> str:
-    """'engine 0' / 'engines 0, 2, 3' / 'worker a, worker b'."""
-    if len(labels) == 1:
-        return labels[0]
-    words = [label.split(" ", 1) for label in labels]
-    if all(len(w) == 2 and w[0] == words[0][0] for w in words):
-        return f"{words[0][0]}s {', '.join(w[1] for w in words)}"
-    return ", ".join(labels)
-
-
 def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
     """Merge the engines' ``remote.gpuinfo`` replies into one :class:`ClusterGPUReport`."""
     gpus: dict = {}  # (host, uuid) -> row
@@ -136,7 +143,8 @@ def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
     pid_engine = {(r.host, r.pid): r.engine for r in replies if r.ok}
     for reply in replies:
         row = {"label": reply.engine, "host": reply.host, "pid": reply.pid, "ok": reply.ok,
-               "problem": reply.problem, "message": reply.message, "report": reply.value, "map": [], "on": []}
+               "problem": reply.problem, "message": reply.message, "fix": reply.fix, "report": reply.value,
+               "map": [], "on": []}
         engines.append(row)
         if not reply.ok:
             continue
@@ -152,6 +160,7 @@ def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
             gpu = gpus.setdefault(key, {"host": reply.host, "index": index, "uuid": uuid, "engines": [],
                                         "name": snap.get("name") or (entry.get("torch") or {}).get("name"),
                                         "used": snap.get("memory_used"), "total": snap.get("memory_total"),
+                                        "util": snap.get("utilization_gpu"), "stray": [],
                                         "driver": report["environment"].get("driver_version")})
             if entry["torch_index"] is not None:
                 row["map"].append((entry["torch_index"], index))
@@ -159,8 +168,15 @@ def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
                 processes[(reply.host, index, proc["pid"])] = (
                     reply.host, index, proc["pid"], proc["name"], proc["used_memory"],
                     pid_engine.get((reply.host, proc["pid"]), ""))
-            if entry["nvml_index"] in report.get("using", []) or (
-                    not report.get("using") and entry["torch_index"] == (report.get("current_device") or 0)):
+        on, stray = _placed(report, reply.pid)
+        for entry in report["gpus"]:
+            gpu = gpus[by_index[entry["nvml_index"]]]
+            index = gpu["index"]
+            if entry["nvml_index"] in stray:
+                gpu["stray"].append(reply.engine)
+                row.setdefault("stray", []).append((index, stray[entry["nvml_index"]]))
+            elif entry["nvml_index"] in on or (
+                    not on and not stray and entry["torch_index"] == (report.get("current_device") or 0)):
                 row["on"].append(index)
                 gpu["engines"].append(reply.engine)
     rows = sorted(gpus.values(), key=lambda g: (g["host"], str(g["index"])))
@@ -170,8 +186,49 @@ def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
     return out
 
 
+def _placed(report: dict, pid: Any) -> tuple:
+    """The GPUs (NVML indices) engine ``pid`` works on, and those where it holds only a stray CUDA
+    context (``{index: bytes}``), from NVML's process lists and torch's allocator. A GPU where the
+    engine holds memory is a stray context when torch keeps nothing there and it is not torch's current
+    device, or (torch unable to say) when the engine holds at most :data:`CONTEXT_MAX` there and more on
+    another GPU."""
+    held, reserved, current = {}, {}, report.get("current_device")
+    for entry in report["gpus"]:
+        for proc in entry.get("processes", []):
+            if proc["pid"] == pid:
+                held[entry["nvml_index"]] = proc.get("used_memory") or 0
+        torch = entry.get("torch") or {}
+        if torch.get("reserved") is not None:
+            reserved[entry["nvml_index"]] = (torch["reserved"], entry["torch_index"] == current)
+    if len(held) < 2:
+        return set(held), {}
+    stray = {}
+    for index, used in held.items():
+        if index in reserved:
+            if not reserved[index][0] and not reserved[index][1]:
+                stray[index] = used
+        elif used <= CONTEXT_MAX and any(other > used for i, other in held.items() if i != index):
+            stray[index] = used
+    if len(stray) == len(held):  # nothing to tell the working GPU apart: call none stray
+        return set(held), {}
+    return set(held) - set(stray), stray
+
+
 def _flags(report: ClusterGPUReport) -> list:
     flags = []
+    for gpu in report.gpus:
+        if gpu.get("stray"):
+            holders = [e for e in report.engines if any(i == gpu["index"] for i, _ in e.get("stray", []))]
+            amounts = [used for e in holders for i, used in e["stray"] if i == gpu["index"]]
+            one = len(holders) == 1
+            default = ", the default GPU," if gpu["index"] == 0 else ""
+            flags.append(Flag("stray_contexts", (
+                f"{engine_list(gpu['stray'])} on {gpu['host']} hold{'s' * one} a CUDA context on GPU "
+                f"{gpu['index']} besides the GPU {'it works' if one else 'they work'} on "
+                f"({fmt_bytes(sum(amounts))} in all, about {fmt_bytes(sum(amounts) // len(amounts))} "
+                "each): stray contexts, made when an engine touches CUDA (a tensor or model put on 'cuda', "
+                f"a torch.cuda call) before choosing its own GPU, which lands on GPU {gpu['index']}{default} "
+                "until then"), FIX_STRAY))
     for gpu in report.gpus:
         if len(gpu["engines"]) < 2:
             continue
@@ -215,16 +272,18 @@ def _flags(report: ClusterGPUReport) -> list:
     for e in report.engines:
         if not e["ok"]:
             flags.append(Flag(f"engine_{e['problem']}", f"{e['label']} did not report: {e['message']}",
-                              _engine_fix(e["problem"])))
+                              e.get("fix") or _engine_fix(e["problem"])))
     return flags
 
 
 def _engine_fix(problem: str) -> str:
-    from .bridge import FIX_PACKAGE, FIX_TORCH
-
     return {
         "no_package": FIX_PACKAGE,
         "no_torch": FIX_TORCH,
         "dead": "restart the engine (ipcluster / your launcher); the other engines' rows are current",
         "timeout": "the engine is busy (a long %px cell?) or stuck: wait, interrupt it, or raise --timeout",
+        "busy": "wait for it to finish, or stop it as %px would (Ctrl-C in the %px cell, or "
+                "rc.send_signal('SIGINT', targets=[N])); the other engines' rows are current",
+        "stuck": "restart the engine if it does not recover (ipcluster / your launcher); the other engines' "
+                 "rows are current",
     }.get(problem, "see the message; the other engines' rows are current")

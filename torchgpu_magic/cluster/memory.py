@@ -1,24 +1,31 @@
 """``%gpumem --cluster``: every engine's GPU memory, sampled from a background thread, and the peaks of
 each notebook cell per engine.
 
-:class:`ClusterSampler` asks every engine for one memory sample per interval (``remote.memory_sample``)
-from a named daemon thread, so the notebook never waits; after a notebook cell the same call also brings
-the peaks since the previous cell (``remote.cell_peaks``, which resets them). Each tick produces a
-:class:`ClusterMemory`: a row per engine's GPU (memory bar, sparkline of the recent history) and the
-per-cell peaks per engine. The thread only calls ``on_update`` (the panel sets one widget value there).
+:class:`ClusterSampler` asks every engine for one compact sample per interval (``remote.memory_tick``)
+from a named daemon thread, so the notebook never waits. The bridge does not ask busy engines (a
+``%px`` cell running): their rows keep their last figures and say since when they are busy, while the
+others refresh at the interval. One engine per host reports the host's GPUs (NVML: memory, utilisation,
+processes), so a host's GPUs travel once per tick however many engines it runs; every engine reports
+its torch allocator figures and process memory.
+
+Each tick produces a :class:`ClusterMemory`: a row per GPU, by host and UUID, with the engines using it
+under it (an engine before CUDA is initialised is on no GPU yet, not on all of them), and the peaks of
+each notebook cell per engine. An engine busy through some cells reports their peaks when it answers
+again, under those cells' labels: nothing is lost. The thread only calls ``on_update``.
 """
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..render import Table, fmt_bytes, html_lines
+from ..render import Table, fmt_bytes, fmt_value, html_lines
 
 THREAD_NAME = "torchgpu-cluster-gpumem"
-HISTORY = 60  # samples kept per engine GPU for its sparkline
+HISTORY = 60  # samples kept per GPU and per engine for their sparklines
 CELLS = 20  # notebook cells whose per-engine peaks are kept
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 
@@ -40,33 +47,78 @@ def bar(used: Any, total: Any, width: int = 20) -> str:
     return "#" * filled + "-" * (width - filled)
 
 
+def _bare(uuid: Any) -> str:
+    """A GPU UUID as torch prints it (NVML's carries a 'GPU-' / 'MIG-' prefix)."""
+    text = str(uuid or "")
+    return text.split("-", 1)[1] if text[:4] in ("GPU-", "MIG-") else text
+
+
 @dataclass(repr=False)
 class ClusterMemory:
-    """One tick: ``rows`` (one per engine GPU, or per engine without a GPU), ``cells`` (per-cell peaks
-    per engine, newest last), ``failed`` (engines that did not answer)."""
+    """One tick: ``gpus`` (one per GPU, by host and UUID: NVML's used / total / utilisation and the
+    engines on it), ``rows`` (one per engine: where it is, torch's figures, process RSS, its status),
+    ``cells`` (per-cell peaks per engine, newest last) and ``failed`` (engines without a fresh answer:
+    busy, stuck, dead)."""
 
+    gpus: list
     rows: list
     cells: list = field(default_factory=list)  # [(cell label, {engine: {'gpus': {...}, 'peak_rss'}})]
     failed: list = field(default_factory=list)
     time: float = 0.0
 
+    def headline(self) -> str:
+        hosts = len({r["host"] for r in self.rows if r["host"]})
+        n = len(self.rows)
+        return (f"%gpumem --cluster: {n} engine{'s' * (n != 1)} on {hosts} host{'s' * (hosts != 1)}, "
+                f"{len(self.gpus)} GPU{'s' * (len(self.gpus) != 1)}")
+
     def table(self) -> Table:
-        table = Table(["engine", "host", "GPU", "used / total (NVML)", "", "torch alloc / reserved",
-                       "process RSS", "recent"], align="lllrlrrl", title="%gpumem --cluster")
-        for r in self.rows:
-            nvml = f"{fmt_bytes(r['used'])} / {fmt_bytes(r['total'])}" if r["total"] else "-"
-            torch = (f"{fmt_bytes(r['allocated'])} / {fmt_bytes(r['reserved'])}"
-                     if r["allocated"] is not None else "-")
-            table.add(r["engine"], r["host"], r["gpu"], nvml, bar(r["used"], r["total"]), torch,
-                      fmt_bytes(r["rss"]), sparkline(r["history"], r["total"]))
-        for label, problem in self.failed:
-            table.add(label, "", "-", "-", "", "-", "-", problem)
+        """One row per GPU (by host and UUID) with the engines using it indented under it, then each
+        host's engines on no GPU; without any GPU (a CPU cluster, or before NVML answers), the engines
+        alone, without the NVML columns."""
+        rows: list = []
+        placed = set()
+        hosts = {r["host"] for r in self.rows} | {g["host"] for g in self.gpus}
+        for host in sorted(hosts, key=lambda h: (not h, h)):  # engines of unknown host (busy at once) last
+            gpus = [g for g in self.gpus if g["host"] == host]
+            for gpu in gpus:
+                rows.append([host, f"GPU {gpu['index']}  {gpu['name'] or ''}".rstrip(),
+                             f"{fmt_bytes(gpu['used'])} / {fmt_bytes(gpu['total'])}" if gpu["total"] else "-",
+                             bar(gpu["used"], gpu["total"]), fmt_value(gpu["util"], "%"), "", "",
+                             sparkline(gpu["history"], gpu["total"]),
+                             "" if gpu["engines"] else "stale: its reporter did not answer" if gpu["stale"]
+                             else "idle"])
+                for row in self.rows:
+                    if gpu["key"] in row["gpus"]:
+                        rows.append(self._engine(row, "  ", gpu["key"], gpu["procs"].get(row["pid"])))
+                        placed.add(row["engine"])
+            rest = [r for r in self.rows if r["host"] == host and r["engine"] not in placed]
+            if rest and gpus:
+                rows.append([host, "not on a GPU"] + [""] * 7)
+            rows += [self._engine(row, "  " if gpus else "", None, None) for row in rest]
+        headers = ["host", "GPU / engine" if self.gpus else "engine", "used / total (NVML)", "", "util",
+                   "torch alloc / reserved", "process RSS", "recent", "status"]
+        keep = range(9) if self.gpus else (0, 1, 5, 6, 7, 8)
+        title = self.headline() + (" (GPUs by host and UUID; engines under the GPU they use)" if self.gpus
+                                   else "")
+        table = Table([headers[i] for i in keep], align="".join("llrlrrrll"[i] for i in keep), title=title)
+        for row in rows:
+            table.add(*(row[i] for i in keep))
         return table
+
+    @staticmethod
+    def _engine(row: dict, indent: str, key: Any, process: Any) -> list:
+        """An engine's row: under GPU ``key``, its process's GPU memory there (NVML) and torch's figures."""
+        figures = row["gpus"].get(key) if key is not None else next(
+            (v for v in row["gpus"].values() if v), None)
+        torch = (f"{fmt_bytes(figures[0])} / {fmt_bytes(figures[1])}" if figures else "-")
+        return [row["host"] or "-", indent + row["engine"], fmt_bytes(process) if process else "", "", "",
+                torch, fmt_bytes(row["rss"]), sparkline(row["history"], None), row["status"]]
 
     def cell_table(self) -> Optional[Table]:
         if not self.cells:
             return None
-        engines = sorted({e for _, per in self.cells for e in per})
+        engines = sorted({e for _, per in self.cells for e in per}, key=_label_order)
         table = Table(["cell"] + engines, align="l" + "r" * len(engines),
                       title="peak per cell and engine (torch GPU peak, else process peak RSS)")
         for label, per in self.cells:
@@ -86,18 +138,19 @@ class ClusterMemory:
     def _repr_html_(self) -> str:
         cells = self.cell_table()
         return self.table().to_html() + (cells.to_html() if cells is not None else "") + html_lines(
-            [f"{label} did not answer: {problem}" for label, problem in self.failed])
+            [f"{label}: {problem}" for label, problem in self.failed])
 
     def to_dict(self) -> dict:
-        return {"rows": [dict(r) for r in self.rows], "failed": [list(f) for f in self.failed],
+        return {"gpus": [{**g, "key": list(g["key"]), "procs": {str(p): v for p, v in g["procs"].items()}}
+                         for g in self.gpus],
+                "rows": [{**r, "gpus": {str(k): list(v) for k, v in r["gpus"].items()}} for r in self.rows],
+                "failed": [list(f) for f in self.failed],
                 "cells": [{"cell": label, "engines": per} for label, per in self.cells], "time": self.time}
 
 
-def _gpu_label(gpu: Optional[dict]) -> str:
-    """'cuda:0' where torch sees the GPU, else 'nvml:3'; '-' for an engine without a GPU."""
-    if gpu is None:
-        return "-"
-    return f"cuda:{gpu['torch_index']}" if gpu.get("torch_index") is not None else f"nvml:{gpu['nvml_index']}"
+def _label_order(label: str) -> tuple:
+    head, _, tail = label.rpartition(" ")
+    return (head, int(tail), "") if tail.isdigit() else (head, -1, tail)
 
 
 def _peak_text(peak: Optional[dict]) -> str:
@@ -117,46 +170,182 @@ class ClusterSampler:
         self.interval = interval
         self.on_update = on_update
         self.latest: Optional[ClusterMemory] = None
-        self._history: dict = {}
+        self._gpus: dict = {}  # (host, uuid or index) -> GPU row (kept while its reporter is busy)
+        self._engines: dict = {}  # engine label -> its last row
+        self._history: dict = {}  # GPU key or engine label -> deque
+        self._reporters: dict = {}  # host -> pid of the engine that reports the host's GPUs
         self._cells: deque = deque(maxlen=CELLS)
-        self._pending: list = []  # notebook cells ended since the last tick
+        self._notes: deque = deque(maxlen=1000)  # (sequence, label) of the notebook cells ended
+        self._seq = 0
+        self._covered: dict = {}  # engine label -> the cell count its last full answer covered
+        self._token = uuid.uuid4().hex[:12]  # this panel, for the engines' count of cells reported
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def note_cell(self, label: str) -> None:
-        """A notebook cell ended: the next tick collects the engines' peaks for it (never blocks)."""
-        with self._lock:
-            self._pending.append(label)
+    @property
+    def deadline(self) -> float:
+        """Seconds one tick waits for the engines: about the interval (a sample takes milliseconds), so
+        an engine that became busy just as its request was sent delays one tick by that much at most,
+        and the next tick finds it busy and leaves it out."""
+        return max(1.0, self.interval)
 
-    def tick(self) -> ClusterMemory:
-        """One sample of every engine (and the peaks of cells ended since the last one)."""
+    def note_cell(self, label: str) -> None:
+        """A notebook cell ended: the next answer of each engine brings its peaks (never blocks)."""
         with self._lock:
-            pending, self._pending = self._pending, []
-        replies = self.bridge.run("memory_sample", bool(pending), timeout=max(5.0, 2 * self.interval))
-        if pending:
-            peaks = {r.engine: r.value["cell_peaks"] for r in replies if r.ok}
-            self._cells.append((", ".join(pending), peaks))
-        rows = []
+            self._seq += 1
+            self._notes.append((self._seq, label))
+
+    def tick(self, timeout: Optional[float] = None) -> ClusterMemory:
+        """One tick. The first asks every engine in full (``remote.memory_tick``: its torch figures,
+        process memory, and its host's GPUs from one engine per host). The next ones ask one free engine
+        per host (``remote.host_tick``: the host's GPUs with each process's GPU memory, and each engine's
+        process memory, read from the OS), so a host costs one call however many engines it runs and a
+        busy engine's row stays current while another engine of its host is free; an engine that missed
+        notebook cells (they ended since its last full answer) or never answered in full is asked in
+        full too, and brings those cells' peaks. At most ``timeout`` seconds (default :attr:`deadline`;
+        the first tick, when the engines may still import torch, is given longer)."""
+        with self._lock:
+            seq, notes = self._seq, list(self._notes)
+        wait = self.deadline if timeout is None else timeout
+        if not self._engines:
+            replies = self.bridge.run("memory_tick", None, [self._token, seq], timeout=wait)
+        else:
+            leaders = self._leaders()
+            replies = self.bridge.run("host_tick", self._pids(), timeout=wait, only=list(leaders.values()))
+            for reply in replies:
+                if reply.ok and reply.value is not None:
+                    self._host(reply)
+            behind = [r.key for r in replies if r.ok and self._covered.get(r.engine, -1) < seq]
+            if behind:
+                again = self.bridge.run("memory_tick", dict(self._reporters), [self._token, seq],
+                                        timeout=wait, keys=behind)
+                full = {r.key: r for r in again}
+                replies = [full.get(r.key, r) for r in replies]
+        now = time.time()
+        by_cells: dict = {}
         for reply in replies:
-            if not reply.ok:
-                continue
-            snap = reply.value
-            rss = (snap.get("host") or {}).get("rss")
-            gpus = snap["gpus"] or [None]
-            for gpu in gpus:
-                label = _gpu_label(gpu)
-                key = (reply.engine, label)
-                used = gpu["used"] if gpu else rss
-                history = self._history.setdefault(key, deque(maxlen=HISTORY))
-                history.append(used)
-                rows.append({"engine": reply.engine, "host": reply.host, "gpu": label,
-                             "used": gpu["used"] if gpu else None, "total": gpu["total"] if gpu else None,
-                             "allocated": gpu["allocated"] if gpu else None,
-                             "reserved": gpu["reserved"] if gpu else None, "rss": rss,
-                             "history": list(history)})
+            if reply.ok and reply.value is not None and "rss" in reply.value and "torch" in reply.value:
+                self._answer(reply, now)
+                self._covered[reply.engine] = seq
+                if "cell_peaks" in reply.value:
+                    first = reply.value.get("cells_from", 0)
+                    labels = tuple(label for s, label in notes if first < s <= seq)
+                    if labels:
+                        by_cells.setdefault(labels, {})[reply.engine] = reply.value["cell_peaks"]
+            elif reply.ok:
+                self._engines.get(reply.engine, {})["status"] = ""
+            else:
+                self._silent(reply)
+        for labels, per in by_cells.items():
+            self._cells.append((", ".join(labels), per))
+        self._choose_reporters(replies)
+        self.latest = self._snapshot(replies, now)
+        return self.latest
+
+    def _pids(self) -> dict:
+        """``{host: [pid, ...]}`` of the engines whose host is known."""
+        out: dict = {}
+        for row in self._engines.values():
+            if row["host"] and row["pid"]:
+                out.setdefault(row["host"], []).append(row["pid"])
+        return out
+
+    def _leaders(self) -> dict:
+        """``{host: engine key}``: the engine asked for its host this tick (the host's reporter)."""
+        out = {}
+        for row in self._engines.values():
+            if row["host"] and self._reporters.get(row["host"]) == row["pid"]:
+                out[row["host"]] = row["key"]
+        return out
+
+    def _host(self, reply: Any) -> None:
+        """A host's figures from its reporter: its GPUs, each engine's process memory there."""
+        self._take_gpus(reply.host, reply.value.get("gpus") or [])
+        rss = reply.value.get("rss") or {}
+        for row in self._engines.values():
+            if row["host"] == reply.host and row["pid"] in rss:
+                row["rss"] = rss[row["pid"]]
+                for key, gpu in self._gpus.items():
+                    if key[0] == reply.host and row["pid"] in gpu["pids"]:
+                        row["gpus"].setdefault(key, None)
+                reserved = sum(v[1] for v in row["gpus"].values() if v)
+                self._push(row["engine"], reserved if reserved else row["rss"])
+                row["history"] = list(self._history[row["engine"]])
+
+    def _answer(self, reply: Any, now: float) -> None:
+        """Take one engine's sample: its host's GPU rows when it reports them, its own row."""
+        data = reply.value
+        self._take_gpus(reply.host, data.get("gpus") or [])
+        mine: dict = {}
+        for torch_index, gpu_uuid, allocated, reserved in data.get("torch") or []:
+            mine[(reply.host, _bare(gpu_uuid) or f"cuda:{torch_index}")] = (allocated, reserved)
+        for key, gpu in self._gpus.items():
+            if key[0] == reply.host and reply.pid in gpu["pids"] and key not in mine:
+                mine[key] = None  # its process holds memory there, torch keeps nothing (or cannot say)
+        mine = {key: value for key, value in mine.items() if key in self._gpus or value is not None}
+        reserved = sum(v[1] for v in mine.values() if v)
+        self._push(reply.engine, reserved if reserved else data.get("rss"))
+        self._engines[reply.engine] = {"engine": reply.engine, "key": reply.key, "host": reply.host,
+                                       "pid": reply.pid, "gpus": mine, "rss": data.get("rss"), "status": "",
+                                       "history": list(self._history[reply.engine])}
+
+    def _take_gpus(self, host: str, rows: list) -> None:
+        """The GPU rows an engine reported for its host (see :func:`remote.memory_tick`)."""
+        for index, gpu_uuid, name, used, total, util, procs in rows:
+            key = (host, _bare(gpu_uuid) or f"#{index}")
+            self._gpus[key] = {"key": key, "host": host, "index": index, "uuid": gpu_uuid, "name": name,
+                               "used": used, "total": total, "util": util, "stale": False,
+                               "pids": {int(p): v for p, v in procs.items()}, "engines": []}
+            self._push(key, used)
+
+    def _silent(self, reply: Any) -> None:
+        """An engine without a fresh answer keeps its last row (heartbeat figures when the bridge has
+        them), with the reason as its status."""
+        row = self._engines.get(reply.engine)
+        if row is None:
+            row = {"engine": reply.engine, "key": reply.key, "host": reply.host or "", "pid": reply.pid,
+                   "gpus": {}, "rss": None, "history": []}
+            self._engines[reply.engine] = row
+        row["status"] = reply.error_text()
+        for key, gpu in self._gpus.items():
+            if key[0] == row["host"] and self._reporters.get(row["host"]) == row["pid"]:
+                gpu["stale"] = True
+        if isinstance(reply.value, dict) and reply.value.get("source") == "heartbeat":
+            row["rss"] = reply.value.get("rss")
+            row["status"] += "; figures from its last heartbeat"
+            mine = {row["pid"]: None} if row["pid"] else {}
+            rows = [[*gpu[:6], gpu[6] or mine] for gpu in reply.value.get("gpus") or []]
+            self._take_gpus(row["host"], rows)
+
+    def _choose_reporters(self, replies: list) -> None:
+        """Keep each host's reporter while it is free; else the first free engine of that host."""
+        free = {self._engines[r.engine]["pid"] for r in replies if r.ok and r.engine in self._engines}
+        for row in self._engines.values():
+            host = row["host"]
+            if host and row["pid"] in free and self._reporters.get(host) not in free:
+                self._reporters[host] = row["pid"]
+
+    def _push(self, key: Any, value: Any) -> None:
+        self._history.setdefault(key, deque(maxlen=HISTORY)).append(value)
+
+    def _snapshot(self, replies: list, now: float) -> ClusterMemory:
+        labels = [r.engine for r in replies]
+        rows = [self._engines[label] for label in labels if label in self._engines]
+        gpus = []
+        for key in sorted(self._gpus, key=lambda k: (k[0], str(self._gpus[k]["index"]))):
+            gpu = dict(self._gpus[key])
+            gpu["engines"] = [r["engine"] for r in rows if key in r["gpus"]]
+            gpu["history"] = list(self._history.get(key, ()))
+            gpu["procs"] = dict(gpu.pop("pids"))
+            gpus.append(gpu)
         failed = [(r.engine, r.error_text()) for r in replies if not r.ok]
-        self.latest = ClusterMemory(rows, list(self._cells), failed, time.time())
+        return ClusterMemory(gpus, [dict(r) for r in rows], list(self._cells), failed, now)
+
+    def gone(self, exc: BaseException) -> ClusterMemory:
+        """The last tick's figures with one line saying why there is no new one (the cluster gone)."""
+        last = self.latest or ClusterMemory([], [])
+        self.latest = ClusterMemory(last.gpus, last.rows, last.cells, [("cluster", str(exc))], time.time())
         return self.latest
 
     def start(self) -> None:
@@ -171,9 +360,12 @@ class ClusterSampler:
         while not self._stop.is_set():
             try:
                 snapshot = self.tick()
+            except Exception as exc:  # noqa: BLE001 - a lost cluster must not kill the thread: say it, retry
+                snapshot = self.gone(exc)
+            try:
                 if self.on_update is not None:
                     self.on_update(snapshot)
-            except Exception:  # noqa: BLE001,S112 - a lost cluster must not kill the thread; next tick retries
+            except Exception:  # noqa: BLE001,S110 - a closed widget: the thread is being stopped
                 pass
             next_at += self.interval
             now = time.monotonic()

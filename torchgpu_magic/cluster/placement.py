@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..render import Table, html_lines
-from .gpus import engine_list
+from .bridge import engine_list
 
 
 @dataclass(repr=False)

@@ -1,32 +1,43 @@
 """What runs on each engine or worker: small functions that return plain data (``to_dict()`` results,
 numbers, strings), never live objects, so nothing of the engine's torch state travels back.
 
-:func:`call` is the one entry the bridge ships; it reports the engine's host and PID, says so plainly when
-torch or a function fails, and finds the function by name so that the bridge sends only a dotted path.
+:func:`call` is the one entry the bridge ships (by reference: ipyparallel gets it as an :class:`Entry`
+object); it reports the engine's host and PID, says so plainly when torch or a function fails, and finds
+the function by name, so that only the name and the arguments travel.
 The engine's namespace (for ``%whereis`` and ``%%cudatime``) is the IPython shell's user namespace on an
 ipyparallel engine and ``__main__`` on a Dask worker.
+
+On a Dask worker the bridge ships :func:`dask_call` instead: a coroutine ``Client.run`` awaits on the
+worker's event loop while :func:`call` runs in a thread of the worker, so the worker keeps answering its
+scheduler (heartbeats, other ``Client.run`` calls) while a cell is timed there; it answers by its own
+deadline, and :func:`interrupt` stops a call there on Ctrl-C.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
-from typing import Optional
+import threading
+from typing import Any, Optional
 
 from ..devices import LOCAL_RANK_VARS, ORDER_VAR
 
 
 def call(target: str, args: tuple, kwargs: dict) -> dict:
     """Run ``remote.<target>(*args, **kwargs)`` here; ``{'ok', 'value' | 'problem', 'message', 'host',
-    'pid'}``. Never raises: a failure is data the notebook shows in this engine's row."""
-    out: dict = {"host": socket.gethostname(), "pid": os.getpid(), "ok": False}
+    'pid', 'cpus', 'threads'}``. Never raises: a failure is data the notebook shows in this engine's row.
+    ``cpus`` (the CPUs this process may run on) and ``threads`` (torch's intra-op threads) let the
+    notebook see a host whose engines share too few cores."""
+    out: dict = {"host": socket.gethostname(), "pid": os.getpid(), "ok": False, "cpus": _cpus()}
     try:
-        import torch  # noqa: F401 - every function here needs it; say so once, plainly
+        import torch
     except ImportError as exc:
         out.update(problem="no_torch", message=f"{type(exc).__name__}: {exc}")
         return out
+    out["threads"] = torch.get_num_threads()
     func = globals().get(target)
-    if target.startswith("_") or not callable(func) or target == "call":
+    if target.startswith("_") or not callable(func) or target in _NOT_TARGETS:
         out.update(problem="error", message=f"no engine function {target!r} (this engine's torchgpu_magic "
                                             "is another version?)")
         return out
@@ -35,6 +46,111 @@ def call(target: str, args: tuple, kwargs: dict) -> dict:
     except Exception as exc:  # noqa: BLE001 - the notebook shows it in this engine's row
         out.update(problem="error", message=f"{type(exc).__name__}: {exc}")
     return out
+
+
+class Entry:
+    """:func:`call` as an object, for ipyparallel: it ships a plain function (or a partial of one) by
+    value, its code serialised for every engine at every call (some 2.4 KB), but an instance of a class
+    by reference (this module and the class name, some 70 bytes)."""
+
+    __slots__ = ()
+
+    def __call__(self, target: str, args: tuple, kwargs: dict) -> dict:
+        return call(target, args, kwargs)
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS says, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+# ---- Dask: run in a thread of the worker, under a deadline, interruptible --------------------------------
+
+_CONTEXT = threading.local()  # .worker: the Dask worker the call in this thread runs for
+_ACTIVE: dict = {}  # call id -> idents of the threads running that call here
+_LOCK = threading.Lock()
+
+
+async def dask_call(target: str, args: tuple, kwargs: dict, deadline: float, call_id: str,
+                    dask_worker: Any = None) -> dict:
+    """``Client.run``'s entry on a Dask worker (it passes ``dask_worker``): :func:`call` in a thread, the
+    event loop free meanwhile; past ``deadline`` seconds the call is interrupted and the answer says
+    'timeout', so one slow worker cannot hold the ``Client.run`` of all."""
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(None, _tracked, call_id, dask_worker, target, args, kwargs)
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), deadline)
+    except asyncio.TimeoutError:
+        interrupt(call_id)
+        return _stopped(f"no answer in {deadline:g} s; our call there was stopped", "timeout")
+    except KeyboardInterrupt:  # never into the worker's event loop, which it would stop
+        return _stopped("interrupted")
+
+
+def _stopped(message: str, problem: str = "error") -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "ok": False, "problem": problem,
+            "message": message}
+
+
+def _tracked(call_id: str, worker: Any, target: str, args: tuple, kwargs: dict) -> dict:
+    """:func:`call` in a worker thread, listed as running ``call_id`` meanwhile. An interrupt ends it
+    with an 'interrupted' answer; none escapes (into the executor, then the event loop)."""
+    ident = threading.get_ident()
+    result = _stopped("interrupted")
+    try:
+        try:
+            with _LOCK:
+                _ACTIVE.setdefault(call_id, set()).add(ident)
+            _CONTEXT.worker = worker
+            result = call(target, args, kwargs)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            _CONTEXT.worker = None
+            _forget(call_id, ident)
+    except KeyboardInterrupt:  # one landing in the clauses above, before the thread left the list
+        _forget(call_id, ident)
+    return result
+
+
+def _forget(call_id: str, ident: int) -> None:
+    """Take this thread off the calls running here. An interrupt aimed at it just before may land in
+    the middle: then it is done again, so that no finished call is ever listed as running."""
+    while True:
+        try:
+            with _LOCK:
+                idents = _ACTIVE.get(call_id)
+                if idents is not None:
+                    idents.discard(ident)
+                    if not idents:
+                        del _ACTIVE[call_id]
+            return
+        except KeyboardInterrupt:
+            continue
+
+
+def interrupt(call_id: str) -> int:
+    """Raise KeyboardInterrupt in the threads running ``call_id`` here (at their next Python
+    instruction: a running GPU kernel finishes first); the number of threads told."""
+    import ctypes
+
+    told = 0
+    with _LOCK:  # a thread off the list is never told
+        for ident in _ACTIVE.get(call_id, ()):
+            told += ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
+                                                               ctypes.py_object(KeyboardInterrupt))
+    return told
+
+
+def running() -> list:
+    """The ids of the calls of ours running here now (a test asks: nothing of ours left running)."""
+    return sorted(_ACTIVE)
+
+
+_NOT_TARGETS = ("call", "dask_call", "interrupt", "running", "Entry")
 
 
 def namespace() -> dict:
@@ -69,9 +185,21 @@ def gpuinfo(show_processes: bool = True) -> dict:
     if not show_processes:
         for gpu in data["gpus"]:
             gpu["processes"] = []
-    data.update(using=using, current_device=current, package=__version__,
+    data.update(using=using, current_device=current, package=__version__, dist=_dist(),
                 local_rank={name: os.environ[name] for name in LOCAL_RANK_VARS if name in os.environ})
     return data
+
+
+def _dist() -> Optional[dict]:
+    """This engine's torch.distributed process group (rank, world size, backend), None without one."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                "backend": str(dist.get_backend())}
+    except Exception:  # noqa: BLE001 - a group being torn down: no rank to show
+        return None
 
 
 def whereis(names: Optional[list] = None) -> dict:
@@ -94,8 +222,28 @@ def whereis(names: Optional[list] = None) -> dict:
                            "summary": placement.placement_line(obj)}
         return {"names": found, "missing": missing}
     snap = placement.namespace_snapshot(ns)
-    return {"names": {name: {"kind": p.kind, "devices": list(p.devices), "summary": p.summary}
-                      for name, p in snap.items()}, "missing": missing}
+    found = {name: {"kind": p.kind, "devices": list(p.devices), "summary": p.summary}
+             for name, p in snap.items()}
+    for key, obj in _results():
+        kind = placement.kind_of(obj)
+        if kind:
+            found[f"dask result {key}"] = {"kind": kind, "devices": list(placement.devices_of(obj)),
+                                           "summary": placement.placement_line(obj)}
+    return {"names": found, "missing": missing}
+
+
+def _results() -> list:
+    """On a Dask worker: ``(key, value)`` of the task results it holds in memory (``worker.data``; the
+    spilled ones stay on disk, unread), which hold tensors no name in ``__main__`` shows."""
+    worker = getattr(_CONTEXT, "worker", None)
+    if worker is None:
+        return []
+    data = getattr(worker, "data", None)
+    data = getattr(data, "fast", data)  # a SpillBuffer's in-memory part
+    try:
+        return list(data.items()) if data is not None else []
+    except Exception:  # noqa: BLE001 - the store changed under us: the next call sees it
+        return []
 
 
 def cudatime(setup: str, body: str, options: dict, device: Optional[str] = None) -> dict:
@@ -115,23 +263,126 @@ def cudatime(setup: str, body: str, options: dict, device: Optional[str] = None)
     return timing.time_cell(compiled, target, opts, show_output=False, follow_cuda=device is None).to_dict()
 
 
-def memory_sample(peaks: bool = False) -> dict:
-    """One memory sample of this engine: ``MemorySnapshot.to_dict()`` over the GPUs torch uses here
-    (all NVML sees when CUDA is not initialised); with ``peaks``, also :func:`cell_peaks` (which resets
-    them) under ``'cell_peaks'``, so that a tick after a notebook cell is still one call per engine."""
-    from .. import memory
-    from ..gpus import inventory, nvml
+def memory_tick(reporters: Optional[dict] = None, cells: Optional[list] = None) -> dict:
+    """One compact memory sample of this engine for ``%gpumem --cluster`` (a few hundred bytes):
 
-    targets = []
-    if memory.cuda_state() == "initialised":
-        targets = memory.targets_from(inventory.gpu_map())
-    elif nvml.status() is None:
-        targets = [memory.GPUTarget(None, i, str(nvml.gpu_snapshot(i, identity_only=True).name))
-                   for i in range(nvml.device_count())]
-    sample = memory.collect(targets).to_dict()
-    if peaks:
-        sample["cell_peaks"] = cell_peaks()
-    return sample
+    - ``rss``: the process's resident memory;
+    - ``torch``: ``[[torch index, GPU UUID, allocated, reserved]]`` for the GPUs torch uses here (the
+      current one, and any where its allocator holds memory); empty before CUDA is initialised;
+    - ``gpus``: ``[[NVML index, UUID, name, used, total, utilisation %, {pid: bytes}]]`` for every GPU of
+      this host, only from the engine the notebook picked to report its host (``reporters[host] ==
+      pid``; every engine of a host not in ``reporters``), so a host's GPUs travel once per tick
+      however many engines it runs;
+    - ``cells`` is ``[panel token, number of notebook cells ended]``: when cells ended since this engine
+      last said, ``cell_peaks`` (:func:`cell_peaks`, which resets them) and ``cells_from``, the count it
+      last reported at: its peaks cover the cells after that one. An engine busy through several cells
+      reports them all at once when it answers again.
+    """
+    from .. import memory
+
+    host = memory.host_memory()
+    out: dict = {"rss": host.rss if host is not None else None, "torch": _torch_devices()}
+    here = socket.gethostname()
+    monitored = _monitored(getattr(_CONTEXT, "worker", None))
+    if monitored:
+        out["gpus"] = monitored
+    elif reporters is None or reporters.get(here, os.getpid()) == os.getpid():
+        out["gpus"] = _host_gpus()
+    if cells is not None:
+        _cells(out, *cells)
+    return out
+
+
+def host_tick(pids: Optional[dict] = None) -> dict:
+    """What one engine can say for its whole host without the other engines' help (so a busy engine's
+    row stays current, and a host costs one call per tick however many engines it runs): ``gpus`` as in
+    :func:`memory_tick` (each GPU's processes with their GPU memory), and ``rss``: ``{pid: resident
+    bytes}`` for this host's engines in ``pids`` (``{host: [pid, ...]}``), read from the OS."""
+    import psutil
+
+    rss: dict = {}
+    for pid in (pids or {}).get(socket.gethostname(), [os.getpid()]):
+        try:
+            rss[pid] = psutil.Process(pid).memory_info().rss
+        except (psutil.Error, OSError):
+            rss[pid] = None
+    return {"gpus": _monitored(getattr(_CONTEXT, "worker", None)) or _host_gpus(), "rss": rss}
+
+
+_PANEL: dict = {"token": None, "seq": 0}  # the live panel's token and the cell count last reported
+
+
+def _cells(out: dict, token: str, seq: int) -> None:
+    if _PANEL["token"] != token:  # a new panel: its cells start now (or, busy until now, at its start)
+        _PANEL.update(token=token, seq=0)
+        if not seq:
+            cell_peaks()
+            return
+    if seq > _PANEL["seq"]:
+        out["cell_peaks"], out["cells_from"] = cell_peaks(), _PANEL["seq"]
+        _PANEL["seq"] = seq
+
+
+_UUIDS: dict = {}  # torch index -> UUID (a device's never changes in a process)
+_IDENTITY: dict = {}  # NVML index -> (UUID, name)
+
+
+def _torch_devices() -> list:
+    from ..memory.figures import initialised_cuda
+
+    cuda = initialised_cuda()
+    if cuda is None:
+        return []
+    rows = []
+    current = cuda.current_device()
+    for index in range(cuda.device_count()):
+        reserved = int(cuda.memory_reserved(index))
+        if reserved or index == current:
+            if index not in _UUIDS:
+                _UUIDS[index] = str(getattr(cuda.get_device_properties(index), "uuid", "") or "")
+            rows.append([index, _UUIDS[index], int(cuda.memory_allocated(index)), reserved])
+    return rows
+
+
+def _monitored(worker: Any) -> Optional[list]:
+    """A Dask worker's GPU as distributed's own NVML monitoring reads it (the figures its heartbeats
+    carry: memory used and total, utilisation), in :func:`memory_tick`'s row shape; None where that
+    monitoring is off (no pynvml, or ``distributed.diagnostics.nvml: False``)."""
+    monitor = getattr(worker, "monitor", None)
+    if monitor is None or not getattr(monitor, "gpu_name", None):
+        return None
+    quantities = getattr(monitor, "quantities", {})
+
+    def last(name: str) -> Any:
+        values = quantities.get(name)
+        return values[-1] if values else None
+
+    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+    index, uuid = (int(first), None) if first.isdigit() else (0, first)
+    return [[index, uuid, monitor.gpu_name, last("gpu_memory_used"), monitor.gpu_memory_total,
+             last("gpu_utilization"), {os.getpid(): None}]]
+
+
+def _host_gpus() -> list:
+    from ..gpus import nvml
+    from ..render import is_na
+
+    def plain(value: Any) -> Any:
+        return None if is_na(value) else value
+
+    if nvml.status() is not None:
+        return []
+    rows = []
+    for index in range(nvml.device_count()):
+        if index not in _IDENTITY:
+            snap = nvml.gpu_snapshot(index, identity_only=True)
+            _IDENTITY[index] = (plain(snap.uuid), plain(snap.name))
+        uuid, name = _IDENTITY[index]
+        used, total = nvml.memory(index)
+        procs, _ = nvml.processes(index)
+        rows.append([index, uuid, name, plain(used), plain(total), plain(nvml.utilization(index)),
+                     {p.pid: plain(p.used_memory) for p in procs}])
+    return rows
 
 
 def cell_peaks(reset: bool = True) -> dict:

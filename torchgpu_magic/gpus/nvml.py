@@ -28,6 +28,7 @@ __all__ = [
     "cuda_driver_version",
     "gpu_snapshot",
     "memory",
+    "utilization",
     "processes",
     "clock_reader",
     "reset",
@@ -354,6 +355,12 @@ def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
     if info is None:
         return NA, NA
     return int(info.used), int(info.total)
+
+
+def utilization(nvml_index: int) -> Any:
+    """GPU ``nvml_index``'s utilisation in percent, or NA: the cheap call for a cluster panel's GPU rows."""
+    return _query("utilization", lambda module: module.nvmlDeviceGetUtilizationRates(
+        module.nvmlDeviceGetHandleByIndex(nvml_index)).gpu)[0]
 
 
 # Each list's pynvml functions, newest first, called by their versioned names: pynvml's unversioned names

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Optional, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, magics_class
@@ -163,6 +163,7 @@ class TorchGPUMagics(Magics):
 
         super().__init__(shell)
         self._closers: list[Callable[[], None]] = []
+        self._cluster_closer = False  # whether unload closes the clients --cluster connected
         self.tracebacks = Tracebacks(shell)  # the user's cell first; parts add their explainers
         self.parts: list[MagicsPart] = [cls(shell, self) for cls in parts]
 
@@ -206,6 +207,20 @@ class MagicsPart(Magics):
     def add_closer(self, closer: Callable[[], None]) -> None:
         """Have ``closer`` run when the extension is unloaded (see :meth:`TorchGPUMagics.close`)."""
         self._owner.add_closer(closer)
+
+    def cluster_bridge(self, name: Optional[str]) -> Any:
+        """The :class:`~torchgpu_magic.cluster.Bridge` for ``--cluster [NAME]``: the view ``%px`` runs on
+        is preferred among names for one cluster, and the clients connected here to cluster objects
+        (``--cluster cluster`` on an ``ipp.Cluster`` or ``LocalCluster``) are closed at unload."""
+        from .. import cluster
+
+        px = self.shell.magics_manager.magics["line"].get("px")
+        view = getattr(getattr(px, "__self__", None), "view", None)
+        bridge = cluster.connect(self.shell.user_ns, name, view)
+        if not self._owner._cluster_closer:
+            self._owner._cluster_closer = True
+            self.add_closer(cluster.close_clients)
+        return bridge
 
     def start(self) -> None:
         """Hook what is always on into the shell, once, at load; a magic that waits to be used has

@@ -39,6 +39,12 @@ class CUDATimeMagics(MagicsPart):
               help="comma-separated torch CPU thread counts, one row each (e.g. 1,4,16); restored after")
     @argument("--kernels", action="store_true",
               help="add a separate torch.profiler pass listing the top kernels (cpu: ops)")
+    @argument("--no-roofline", dest="no_roofline", action="store_true",
+              help="skip the extra, untimed run that counts FLOPs and bytes (for a cell that must not run "
+                   "again: one that appends, trains, sends...)")
+    @argument("--peak", metavar="FLOPS[,BYTES_PER_S]",
+              help="peak FLOP/s (and bytes/s) to give the percentage against, in place of the GPU table's "
+                   "(e.g. 1.5e12,2e11 or 1.5T,200G); on cpu the only way to get one")
     @argument("--cluster", nargs="?", const="", default=None, metavar="NAME",
               help="time the cell on every engine of the ipyparallel Client/view or Dask Client NAME at "
                    "once (without NAME: the one in the namespace); a row per engine and the spread")
@@ -59,6 +65,10 @@ class CUDATimeMagics(MagicsPart):
         ``--devices`` it times on torch's default device; when that is cpu, where the tensors of the
         setup and the first run were (on the GPU when they were on it, or when the cell initialised
         CUDA), however initialised CUDA already was; on cpu the figure is host time, and the report says so.
+        After the samples the cell runs once more, untimed, to count its FLOPs and bytes: the line under
+        the headline gives the achieved FLOP/s and bytes/s, the bound and the percentage of the GPU's
+        peak (``--no-roofline`` skips that run; ``--peak`` gives the peak where the table has none, as on
+        cpu).
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
         from .. import timing
@@ -70,7 +80,8 @@ class CUDATimeMagics(MagicsPart):
                              "or %%cudatime [options] [setup] with the cell below")
         opts = timing.Options(loops=args.loops, samples=args.samples, warmup=args.warmup,
                               max_time=args.max_time, cold=args.cold, flush_l2=args.flush_l2,
-                              kernels=args.kernels)
+                              kernels=args.kernels, roofline=not args.no_roofline,
+                              peak=None if args.peak is None else timing.parse_peak(args.peak))
         opts.check()
         if args.cluster is not None:
             return self._cluster(args, opts, statement if cell is not None else "",
@@ -122,9 +133,9 @@ class CUDATimeMagics(MagicsPart):
         if len(devices) > 1:
             raise UsageError("%cudatime: with --cluster, --devices takes one device (each engine's own "
                              "cuda:N, or local)")
-        bridge = cluster.connect(self.shell.user_ns, args.cluster)
+        bridge = self.cluster_bridge(args.cluster)
         options = {name: getattr(opts, name) for name in ("loops", "samples", "warmup", "max_time", "cold",
-                                                          "flush_l2", "kernels")}
+                                                          "flush_l2", "kernels", "roofline", "peak")}
         outcome = cluster.time_cell(bridge, setup, body, options, devices[0], args.timeout)
         if args.output:
             return outcome
@@ -160,9 +171,24 @@ class CUDATimeMagics(MagicsPart):
             if action is not None and action.nargs not in (0, "?") and not attached:
                 index += 1  # the option's value
             elif action is not None and action.nargs == "?" and not attached and index < len(tokens) \
-                    and tokens[index].group().isidentifier():
+                    and self._names_cluster(tokens, index):
                 index += 1  # --cluster NAME: an optional value, a name when there is one
         return line, ""
+
+    def _names_cluster(self, tokens: list, index: int) -> bool:
+        """Whether the word after ``--cluster`` is its NAME rather than the setup statement's first word
+        (``%%cudatime --cluster x = torch.ones(8)``): an identifier that holds a cluster object, or one
+        followed by nothing or by an option."""
+        import re
+
+        from ..cluster import kind_of
+
+        word = tokens[index].group()
+        if not word.isidentifier():
+            return False
+        if word in self.shell.user_ns and kind_of(self.shell.user_ns[word]):
+            return True
+        return index + 1 == len(tokens) or bool(re.match(r"--?[A-Za-z]", tokens[index + 1].group()))
 
     @staticmethod
     def _items(text: str, option: str) -> list:

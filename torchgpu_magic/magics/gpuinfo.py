@@ -53,6 +53,6 @@ class GPUInfoMagics(MagicsPart):
 
         if args.index is not None:
             raise MagicInputError("-i does not go with --cluster: the cluster report shows every GPU")
-        bridge = cluster.connect(self.shell.user_ns, args.cluster)
+        bridge = self.cluster_bridge(args.cluster)
         return cluster.gpu_report(bridge, not args.no_processes,
                                   cluster.DEFAULT_TIMEOUT if args.timeout is None else args.timeout)

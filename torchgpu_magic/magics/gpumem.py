@@ -130,11 +130,15 @@ class GPUMemMagics(MagicsPart):
         if args.cluster is not None and args.action is None:
             return self._cluster(args, interval)
         if args.action == "stop":
-            self._stop_cluster()
             if line.split() != ["stop"]:
                 raise MagicInputError("'stop' takes no options")
+            cluster = self._cluster_live is not None
+            self._stop_cluster()
             said = ("%gpumem: sampler stopped, panel closed" if self._panel is not None
                     else "%gpumem: per-cell lines stopped" if self._text else "%gpumem: not running")
+            if cluster:
+                said = ("%gpumem: cluster sampler stopped, panel closed" if said.endswith("not running")
+                        else said + "; cluster sampler stopped, its panel closed")
             self._stop()
             print(said)
             return None
@@ -328,15 +332,15 @@ class GPUMemMagics(MagicsPart):
         peaks per engine collected on its next tick (the notebook never waits for the engines)."""
         from IPython.display import display
 
-        from .. import cluster
+        from ..cluster import DEFAULT_TIMEOUT
         from ..cluster.memory import ClusterSampler
 
         if args.records or args.cells is not None or args.refresh is not None:
             raise MagicInputError("--cluster takes --interval, --text / --widget and -o")
-        bridge = cluster.connect(self.shell.user_ns, args.cluster)
+        bridge = self.cluster_bridge(args.cluster)
         self._stop_cluster()
         sampler = ClusterSampler(bridge, interval or 1.0)
-        first = sampler.tick()
+        first = sampler.tick(DEFAULT_TIMEOUT)  # the engines' first call imports torch and this package
         if self._wants_text(args.text, args.widget):
             if not args.output:
                 display(first)

@@ -146,7 +146,7 @@ class OnTorchMagics(MagicsPart):
                 or args.fallback or args.reset:
             raise UsageError("%ontorch: --cluster goes with the line form and SPEC local only: "
                              "%ontorch local --cluster [NAME]; then %%px %%ontorch local on the engines")
-        assignment = cluster.local_devices(cluster.connect(self.shell.user_ns, args.cluster))
+        assignment = cluster.local_devices(self.cluster_bridge(args.cluster))
         if not args.quiet:
             from IPython.display import display
 

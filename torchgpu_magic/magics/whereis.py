@@ -139,7 +139,7 @@ class WhereIsMagics(MagicsPart):
         name, names = args.cluster, list(args.names)
         if name and name not in cluster.candidates(ns) and cluster.candidates(ns):
             name, names = "", [name, *names]
-        bridge = cluster.connect(ns, name)
+        bridge = self.cluster_bridge(name)
         return cluster.placement_report(bridge, names,
                                         cluster.DEFAULT_TIMEOUT if args.timeout is None else args.timeout)
 

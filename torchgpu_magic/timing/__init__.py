@@ -16,10 +16,17 @@ it took to *queue* kernels. This package follows ``docs/timing-method.md``, one 
 - :mod:`.flags`: the warnings and notes (noise, floor, launch-bound from the GPU's idle time, other
   streams, the L2 note).
 - :mod:`.results`: :class:`TimingResult`, :class:`TimingComparison` and the kernel table.
+- :mod:`.roofline`: achieved FLOP/s and bytes/s, the bound and the % of peak, from :mod:`.counting`
+  (FLOPs and bytes of one extra, untimed run) and :mod:`.peaks` (the datasheet table, scaled to the SM
+  clock :mod:`.throttle` read after the samples).
+- :mod:`.dispatch`: what the first-run watch and the counter share (their ``TorchDispatchMode`` base,
+  which imports no ``torch._dynamo``, and the tensors of an op).
 
 The arrows point one way: engine imports the others, results imports clocks, flags, stats and
-throttle, clocks imports cells (and throttle, lazily), flags imports stats. Nothing here imports
-IPython; torch is imported lazily. The names callers use are re-exported here.
+throttle, clocks imports cells (and throttle, lazily), flags imports stats, throttle imports stats;
+roofline imports peaks and (lazily) counting; observe and counting import dispatch. Nothing here
+imports IPython; torch is imported lazily, at the top only by counting. The names callers use are
+re-exported here.
 """
 from __future__ import annotations
 
@@ -29,12 +36,13 @@ from .engine import WARMUP_MIN_RUNS, empty_cell_floor, measure, time_cell
 from .flags import assess
 from .observe import Touched, choose_device, timing_device, watch
 from .results import KernelRow, TimingComparison, TimingResult, kernel_table, result_from
+from .roofline import Roofline, parse_peak
 from .stats import FLOOR_SAMPLES, Options, Stats, loops_for, next_loops, stop_reason
 
 __all__ = [
-    "FLOOR_SAMPLES", "WARMUP_MIN_RUNS", "Clock", "KernelRow", "MemoryProbe", "Options", "Sample", "Stats",
-    "TimingComparison", "TimingResult", "assess", "check_device", "choose_device", "compile_cell",
+    "FLOOR_SAMPLES", "WARMUP_MIN_RUNS", "Clock", "KernelRow", "MemoryProbe", "Options", "Roofline", "Sample",
+    "Stats", "TimingComparison", "TimingResult", "assess", "check_device", "choose_device", "compile_cell",
     "cpu_cache_bytes", "empty_cell_floor", "kernel_table", "loops_for", "measure", "next_loops",
-    "result_from", "silenced", "sleep_cycles_per_ms", "stop_reason", "time_cell", "timing_device",
-    "Touched", "watch",
+    "parse_peak", "result_from", "silenced", "sleep_cycles_per_ms", "stop_reason", "time_cell",
+    "timing_device", "Touched", "watch",
 ]

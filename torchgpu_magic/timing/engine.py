@@ -300,6 +300,10 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
         result = result_from(run, clock, device, memory, floor, opts, torch.get_num_threads(),
                              torch.__version__, device_name(device), kernels,
                              touched.working_set(device) if touched else None)
+        if opts.roofline:  # FLOPs and bytes, counted in one more run (untimed, after the samples)
+            from . import roofline
+
+            roofline.attach(result, lambda: cell.run(1), device, opts.peak, silence)
     finally:
         cell.close()
     return result

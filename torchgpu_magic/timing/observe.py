@@ -12,7 +12,8 @@ ops touched per device: the working set the L2 note compares with the GPU's cach
 The watch keeps numbers and strings only (no reference to a tensor), runs for the first run alone (a
 cell run under a Python dispatch mode is slower; the first run is excluded from the statistics anyway),
 and tells ``torch.compile`` to ignore it, so compiled regions still compile (their inner ops are then not
-seen). torch is imported lazily.
+seen). It shares its base class (no ``torch._dynamo`` import) and its reading of an op's tensors with the
+roofline's counter (:mod:`.dispatch`). torch is imported lazily.
 """
 from __future__ import annotations
 
@@ -56,21 +57,11 @@ _MODE: Any = None  # the TorchDispatchMode subclass, made once on first use
 def _mode_class() -> Any:
     global _MODE
     if _MODE is None:
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
+        from .dispatch import mode_base, tensors_in
 
-        skip = _dynamo_skip()
-
-        class Watch(TorchDispatchMode):
+        class Watch(mode_base()):
             """Notes the device and storage of every tensor an op reads or writes (fake tensors, which
             hold no memory and may claim devices this machine lacks, are left out)."""
-
-            @classmethod
-            def _should_skip_dynamo(cls) -> bool:
-                # torch wraps __torch_dispatch__ so that torch.compile never traces into it, importing
-                # torch._dynamo at the first op (seconds, in the first run's figure); where torch lets
-                # us, its frames are marked skipped below instead
-                return skip is None
 
             def __init__(self, touched: Touched) -> None:
                 super().__init__()
@@ -84,14 +75,8 @@ def _mode_class() -> Any:
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 kwargs = kwargs or {}
                 out = func(*args, **kwargs)
-                for group in (args, kwargs.values(), (out,)):
-                    for item in group:
-                        if isinstance(item, torch.Tensor):
-                            self.note(item)
-                        elif isinstance(item, (list, tuple)):
-                            for inner in item:
-                                if isinstance(inner, torch.Tensor):
-                                    self.note(inner)
+                for tensor in tensors_in(args, kwargs, out):
+                    self.note(tensor)
                 return out
 
             def note(self, tensor: Any) -> None:
@@ -116,24 +101,8 @@ def _mode_class() -> Any:
                 except (RuntimeError, NotImplementedError, TypeError):  # sparse and other storage-less kinds
                     pass
 
-        if skip is not None:
-            for function in (Watch.__torch_dispatch__, Watch.note):
-                skip(function.__code__)
         _MODE = Watch
     return _MODE
-
-
-def _dynamo_skip() -> Any:
-    """A function marking a code object, and all it calls, as never compiled by torch.compile: what
-    ``torch._dynamo.disable`` does for a function, through torch's C layer, so that torch._dynamo is not
-    imported; None on a torch without that layer."""
-    try:
-        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
-
-        strategy = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
-    except (ImportError, AttributeError, TypeError):
-        return None
-    return lambda code: set_code_exec_strategy(code, strategy)
 
 
 @contextlib.contextmanager

@@ -95,6 +95,7 @@ class TimingResult:
     notes: list = field(default_factory=list)
     kernels: Optional[list] = None
     kernels_empty: Optional[str] = None
+    roofline: Optional[Any] = None  # a roofline.Roofline: FLOP/s, bytes/s, bound, % of peak
     magic: str = "%%cudatime"  # the line form's results say %cudatime
 
     @property
@@ -133,7 +134,8 @@ class TimingResult:
 
     def to_text(self) -> str:
         title = f"{self.magic} on {self.device} ({self.device_name}), {self.clock}"
-        lines = [title, "  " + self.headline()] + ["  " + line for line in self.detail_lines()]
+        achieved = [self.roofline.line()] if self.roofline is not None and self.roofline.line() else []
+        lines = [title, "  " + self.headline()] + ["  " + line for line in achieved + self.detail_lines()]
         if self.kernels is not None:
             lines.append(self.kernel_table().to_text(indent="  "))
         return "\n".join(lines)
@@ -151,6 +153,8 @@ class TimingResult:
         table.add("IQR", fmt_seconds(self.iqr))
         table.add("min / max", f"{fmt_seconds(self.min)} / {fmt_seconds(self.max)}")
         table.add("samples x loops", f"{self.n} x {self.loops:,}")
+        if self.roofline is not None and self.roofline.line():
+            table.add("achieved", self.roofline.line())
         if self.kind != "host" and self.host is not None:
             table.add("host enqueue", fmt_seconds(self.host))
         if self.wall is not None:
@@ -174,6 +178,7 @@ class TimingResult:
         out = {name: _plain(getattr(self, name)) for name in self.__dataclass_fields__}
         out["iqr"] = _plain(self.iqr)
         out["kernels"] = None if self.kernels is None else [_plain(vars(row)) for row in self.kernels]
+        out["roofline"] = None if self.roofline is None else _plain(self.roofline.to_dict())
         return out
 
 
@@ -221,12 +226,15 @@ class TimingComparison:
     def table(self) -> Table:
         headers = ["row", "device", "time per loop", "IQR", "min", "samples x loops", "speed-up",
                    "first run", "clock"]
+        counted = any(result.roofline is not None for _, result in self.rows)
+        headers += ["achieved (% of peak)"] if counted else []
         title = f"{self.magic} comparison (median per loop; speed-up relative to the first row)"
-        table = Table(headers, align="llrrrrrrl", title=title)
+        table = Table(headers, align="llrrrrrrl" + "r" * counted, title=title)
         for (label, result), speedup in zip(self.rows, self.speedups()):
+            achieved = [result.roofline.short() if result.roofline is not None else "-"] if counted else []
             table.add(label, result.device_name, fmt_seconds(result.median), fmt_seconds(result.iqr),
                       fmt_seconds(result.min), f"{result.n} x {result.loops:,}", f"{speedup:.2f}x",
-                      fmt_seconds(result.first_run), _KIND_WORDS[result.kind])
+                      fmt_seconds(result.first_run), _KIND_WORDS[result.kind], *achieved)
         return table
 
     def notes(self) -> list:

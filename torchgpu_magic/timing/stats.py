@@ -113,6 +113,8 @@ class Options:
     cold: bool = False
     flush_l2: bool = False
     kernels: bool = False
+    roofline: bool = True  # count FLOPs and bytes in one extra, untimed run (--no-roofline: False)
+    peak: Optional[tuple] = None  # --peak: (FLOP/s, bytes/s or None), in place of the table's
     min_samples: int = MIN_SAMPLES
     min_time: float = MIN_TIME_S
     target_sample: float = TARGET_SAMPLE_S
@@ -127,6 +129,15 @@ class Options:
         if not (isinstance(self.max_time, (int, float)) and 0 < self.max_time <= 86400
                 and math.isfinite(self.max_time)):
             raise MagicInputError(f"--max-time must be a number of seconds above 0, not {self.max_time!r}")
+        if self.peak is not None:
+            values = list(self.peak) if isinstance(self.peak, (tuple, list)) else [self.peak]
+            if not 1 <= len(values) <= 2 or not all(
+                    v is None and i == 1 or isinstance(v, (int, float)) and 0 < v < math.inf
+                    for i, v in enumerate(values)):
+                raise MagicInputError(f"--peak takes FLOPS[,BYTES_PER_S]: numbers per second above 0, not "
+                                      f"{self.peak!r}")
+            if not self.roofline:
+                raise MagicInputError("--peak goes with the roofline: drop --no-roofline to use it")
 
 
 def next_loops(loops: int, elapsed: float, target: float) -> int:

@@ -1,11 +1,12 @@
 """Whether the GPU ran at its full clock while it was timed.
 
 A GPU held below its max SM clock by its power cap, heat or sync boost runs the same kernels slower, and
-nothing in the events says so: nvbench drops the samples taken under 75 % of the max clock. Here NVML's
-SM clock and its reasons are read after every sample (:class:`ClockWatch`, two NVML calls, outside the
-timed spans), and the result says how many samples ran below the max clock, how low, and why
-(:func:`clock_lines`). A reading taken after the GPU had already dropped to its idle clock says nothing
-about the sample and is left out. Uses :mod:`torchgpu_magic.gpus`; torch is not imported here.
+nothing in the events says so: nvbench drops the samples taken under 75 % of the max clock. Here NVML's SM
+clock and its reasons are read after every sample (:class:`ClockWatch`, two NVML calls, outside the timed
+spans), and the result says how many samples ran below the max clock, how low, and why
+(:func:`clock_lines`); the median of those readings is the clock the roofline scales the peaks to. A reading
+taken after the GPU had already dropped to its idle clock says nothing about the sample and is left out.
+Uses :mod:`torchgpu_magic.gpus`; torch is not imported here.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..render import fmt_percent
+from .stats import median
 
 SLOW_CLOCK = 0.75  # nvbench drops samples taken under 75 % of the max SM clock
 IDLE = "idle"
@@ -57,8 +59,9 @@ class ClockWatch:
 
     def summary(self) -> dict:
         """Plain figures for the result: ``max_mhz``, ``samples`` read under load, ``below_max`` and
-        ``below_75`` (how many of them ran below the max clock / below 75 % of it), ``lowest_mhz``, and the
-        ``reasons`` seen, in words (idle left out)."""
+        ``below_75`` (how many of them ran below the max clock / below 75 % of it), ``lowest_mhz``,
+        ``median_mhz`` (the clock the samples ran at, beside their median time: the roofline scales the
+        table's peaks to it), and the ``reasons`` seen, in words (idle left out)."""
         loaded = [(clock, reasons or ()) for clock, reasons in self.readings
                   if clock is not None and IDLE not in (reasons or ())]
         top = self.top
@@ -68,7 +71,8 @@ class ClockWatch:
             reasons += [r for r in seen if r not in reasons]
         return {"max_mhz": top, "samples": len(loaded), "below_max": len(below),
                 "below_75": sum(1 for clock in below if clock < SLOW_CLOCK * top),
-                "lowest_mhz": min(below) if below else None, "reasons": reasons}
+                "lowest_mhz": min(below) if below else None,
+                "median_mhz": median([clock for clock, _ in loaded]) if loaded else None, "reasons": reasons}
 
 
 def clock_lines(summary: Optional[dict]) -> tuple:

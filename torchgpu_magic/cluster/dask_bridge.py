@@ -1,0 +1,279 @@
+"""The adapter over a Dask ``distributed.Client``.
+
+One ``Client.run`` per call reaches every worker at once (the scheduler fans it out), with a deadline
+(``callback_timeout``): no thread per worker, nothing left behind when a worker hangs. On each worker
+the call runs in a thread (:func:`~torchgpu_magic.cluster.remote.dask_call`), so its event loop keeps
+answering the scheduler while a cell is timed there, and the worker answers by its own deadline, a little
+shorter than ours, so that one slow worker costs the others nothing.
+
+A worker whose event loop is blocked cannot answer at all and would hold the ``Client.run`` of all: the
+scheduler's record of its heartbeats shows it (``last_seen``), so such a worker is left out and its row
+says since when it is silent, filled from its last heartbeat (process memory, and GPU memory where
+distributed's NVML monitoring runs). A client whose cluster was closed, or whose scheduler does not
+answer, is one line.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, Optional, Sequence
+
+from .bridge import (
+    ASK_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    FIX_DASK_PACKAGE,
+    STOP_WAIT,
+    Bridge,
+    ClusterGone,
+    Reply,
+    envelope,
+    from_exception,
+    when,
+)
+
+FIX_CLOSED = ("connect again: client = distributed.Client(cluster) for a cluster object of yours, or "
+              "Client('tcp://scheduler:8786')")
+REFRESH = 10.0
+"""Seconds the scheduler's list of workers is reused between calls of one bridge (a live panel's ticks):
+new workers appear within this time, and a gone one's row says so at once."""
+SILENT = 5.0
+"""After a call ran past its deadline, a worker whose last heartbeat is this many heartbeat intervals
+older than the newest is the one that held it: left out until its heartbeats resume."""
+LONG_SILENT = 10.0
+"""Without a call past its deadline, only a worker silent this many seconds (or 10 heartbeat intervals)
+is left out before asking: a worker whose event loop was busy a few seconds (importing torch in a
+``Client.run``) is asked as usual."""
+TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
+
+
+class DaskBridge(Bridge):
+    """A distributed ``Client`` (see the module's docstring)."""
+
+    def __init__(self, name: str, obj: Any) -> None:
+        super().__init__(name, obj, "dask")
+        self.workers: dict = {}  # address -> the scheduler's record of the worker (identity)
+        self._fetched = -REFRESH  # when self.workers was fetched (monotonic)
+        self._held: dict = {}  # address -> last heartbeat of a worker left out for holding a call
+
+    # ---- the scheduler's view ---------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise :class:`ClusterGone` (one line) unless the client is connected."""
+        status = getattr(self.obj, "status", "running")
+        address = getattr(getattr(self.obj, "scheduler", None), "address", "") or ""
+        at = f" at {address}" if address else ""
+        if status in ("closing", "closed"):
+            raise ClusterGone(f"--cluster {self.name}: this Dask Client is closed (its cluster was closed, "
+                              f"or client.close() was called); {FIX_CLOSED}")
+        if status == "connecting":
+            raise ClusterGone(f"--cluster {self.name}: this Dask Client lost its scheduler{at} and is trying "
+                              f"to reconnect (the cluster stopped?); {FIX_CLOSED}")
+        if status != "running":
+            raise ClusterGone(f"--cluster {self.name}: this Dask Client is {status}, not running; "
+                              f"{FIX_CLOSED}")
+
+    def identity(self) -> dict:
+        """Every worker's record from the scheduler (``{address: identity}``), under a time limit."""
+        client = self.obj
+        kwargs = {"n_workers": -1} if _takes_n_workers(client) else {}
+        try:
+            info = client.sync(client.scheduler.identity, callback_timeout=ASK_TIMEOUT, **kwargs)
+        except TIMEOUTS:
+            raise ClusterGone(f"--cluster {self.name}: the Dask scheduler at {client.scheduler.address} did "
+                              f"not answer in {ASK_TIMEOUT:g} s (stopped, or unreachable); "
+                              f"{FIX_CLOSED}") from None
+        except OSError as exc:
+            raise ClusterGone(f"--cluster {self.name}: the Dask scheduler cannot be reached ({exc}); "
+                              f"{FIX_CLOSED}") from None
+        self.workers = dict(info.get("workers") or {})
+        self._fetched = time.monotonic()
+        self.labels = {addr: f"worker {w.get('name', addr)}" for addr, w in self.workers.items()}
+        return self.workers
+
+    def engines(self) -> list:
+        self.check()
+        workers = self.workers if time.monotonic() - self._fetched < REFRESH else self.identity()
+        return sorted(workers, key=lambda addr: _order(workers[addr].get("name", addr)))
+
+    def silent(self, strict: bool = False) -> dict:
+        """``{address: last heartbeat (epoch)}`` of the workers left out for silence: those whose
+        heartbeats stopped (for :data:`LONG_SILENT`; with ``strict``, after a call ran past its deadline,
+        for :data:`SILENT` intervals), kept out until a newer heartbeat shows. The newest heartbeat the
+        scheduler got stands for its clock (the notebook's may differ)."""
+        seen = {addr: w.get("last_seen") for addr, w in self.workers.items() if w.get("last_seen")}
+        if not seen:
+            return {}
+        newest = max(seen.values())
+        beat = _heartbeat(len(seen))
+        limit = SILENT * beat if strict else max(LONG_SILENT, 2 * SILENT * beat)
+        for addr, last in seen.items():
+            if newest - last > limit:
+                self._held[addr] = last
+        self._held = {addr: held for addr, held in self._held.items() if addr in seen and seen[addr] <= held}
+        return dict(self._held)
+
+    # ---- running our function ---------------------------------------------------------------------------
+    def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
+            keys: Optional[Sequence[Any]] = None, only: Optional[Sequence[Any]] = None,
+            **kwargs: Any) -> list:
+        self.check()
+        every = self.engines()
+        if self._held or self.silent():
+            self.identity()  # a worker looks silent: see whether its heartbeats came back
+        keys = every if keys is None else list(keys)
+        replies = {key: Reply(self.label(key), key, False) for key in keys}
+        live = self._triage(target, keys, replies, strict=only is not None)  # unasked: no cost to say
+        if only is not None:
+            for key in live:
+                replies[key].ok = key not in only
+            live = [key for key in live if key in set(only)]
+        answers = self._ask(target, live, args, kwargs, timeout) if live else {}
+        if answers is None:  # past the deadline: find the workers that stopped heartbeating, ask the rest
+            self.identity()
+            fresh = self._triage(target, live, replies, strict=True)
+            answers = (self._ask(target, fresh, args, kwargs, min(timeout, ASK_TIMEOUT))
+                       if fresh and len(fresh) < len(live) else None) or {}
+            for key in fresh:
+                if key not in answers:
+                    replies[key].fail("timeout", f"no answer in {timeout:g} s")
+        self._fill(answers, replies)
+        return [replies[key] for key in keys]
+
+    def _triage(self, target: str, keys: list, replies: dict, strict: bool = False) -> list:
+        """The workers to ask; the others' replies say why not (gone, silent, or busy for a timing)."""
+        silent = self.silent(strict)
+        live = []
+        for key in keys:
+            record = self.workers.get(key)
+            if record is None:
+                replies[key].fail("dead", "the scheduler no longer lists this worker")
+            elif key in silent:
+                replies[key].fail("stuck", f"silent since {when(silent[key])}: no heartbeat since then (its "
+                                           "event loop is blocked by a call holding it, or the process is "
+                                           "stopped)", silent[key])
+                replies[key].value = heartbeat_figures(record)
+            elif target == "cudatime" and _executing(record):
+                replies[key].fail("busy", f"busy: {_executing(record)} task(s) running there (its last "
+                                          "heartbeat); timing beside them would measure both, so not timed")
+            else:
+                live.append(key)
+        return live
+
+    def _ask(self, target: str, keys: list, args: tuple, kwargs: dict, timeout: float) -> Optional[dict]:
+        """One ``Client.run`` to ``keys``: ``{address: envelope or exception}``; None past ``timeout``.
+        Ctrl-C interrupts the call on the workers and raises :class:`ClusterInterrupted`."""
+        from . import remote
+
+        call_id = uuid.uuid4().hex
+        deadline = timeout * 0.8 if timeout < 5 else timeout - 1.0  # the workers answer before we give up
+        try:
+            return self.obj.run(remote.dask_call, target, args, kwargs, deadline, call_id, workers=keys,
+                                on_error="return", callback_timeout=timeout)
+        except TIMEOUTS:
+            return None
+        except KeyboardInterrupt:
+            told, left = self._interrupt(call_id, keys)
+            raise self.interrupted(target, [self.label(k) for k in told],
+                                   [self.label(k) for k in left]) from None
+
+    def _interrupt(self, call_id: str, keys: list) -> tuple:
+        """Stop ``call_id`` on the workers ``keys`` and wait (bounded) until none runs it, telling again
+        those that still do (a worker that did not answer at first)."""
+        from . import remote
+
+        deadline = time.monotonic() + STOP_WAIT
+        told: set = set()
+        left = list(keys)
+        while left and time.monotonic() < deadline:
+            limit = max(0.5, min(ASK_TIMEOUT, deadline - time.monotonic()))
+            try:
+                answers = self.obj.run(remote.interrupt, call_id, workers=left, on_error="return",
+                                       callback_timeout=limit)
+                told |= {key for key, n in answers.items() if isinstance(n, int) and n}
+                still = self.obj.run(remote.running, workers=left, on_error="return", callback_timeout=limit)
+            except (Exception, KeyboardInterrupt):  # noqa: BLE001 - nothing more can be done from here
+                break
+            left = [key for key in left if not isinstance(still.get(key), list) or call_id in still[key]]
+            if left:
+                time.sleep(0.1)
+        return [key for key in keys if key in told], left
+
+    def _fill(self, answers: dict, replies: dict) -> None:
+        missing = []
+        for key, answer in answers.items():
+            reply = replies.get(key)
+            if reply is None:
+                continue
+            if isinstance(answer, BaseException):
+                from_exception(reply, type(answer).__name__, str(answer))
+                if reply.message.startswith("No module named"):
+                    missing.append(key)
+            else:
+                envelope(reply, answer)
+        if missing:
+            self._where(missing, replies)
+
+    def _where(self, keys: list, replies: dict) -> None:
+        """Add each worker's host and Python (standard-library calls, which need nothing of ours there)
+        and the way to install on every worker from the notebook, to an import failure's message."""
+        import socket
+        from multiprocessing.spawn import get_executable
+
+        try:
+            hosts = self.obj.run(socket.gethostname, workers=keys, on_error="return",
+                                 callback_timeout=ASK_TIMEOUT)
+            pythons = self.obj.run(get_executable, workers=keys, on_error="return",
+                                   callback_timeout=ASK_TIMEOUT)
+        except Exception:  # noqa: BLE001 - the hint is a courtesy; the reply says what failed anyway
+            hosts, pythons = {}, {}
+        import os
+
+        for key in keys:
+            reply = replies[key]
+            host, python = hosts.get(key), pythons.get(key)
+            where = (f"{host}, Python {os.fsdecode(python)}" if isinstance(host, str)
+                     and isinstance(python, (str, bytes)) else "")
+            reply.host = host if isinstance(host, str) else reply.host
+            reply.message += f" (on {where})" if where else ""
+            reply.fix += FIX_DASK_PACKAGE if reply.problem == "no_package" else ""
+
+
+def heartbeat_figures(record: dict) -> dict:
+    """What a worker's last heartbeat says of its memory, in :func:`remote.memory_tick`'s shape: process
+    memory, and its GPU's memory and utilisation where distributed's NVML monitoring runs."""
+    metrics = record.get("metrics") or {}
+    gpu = metrics.get("gpu") or {}
+    out: dict = {"rss": metrics.get("memory"), "torch": [], "source": "heartbeat"}
+    if gpu:
+        total = (record.get("gpu") or {}).get("memory-total")
+        out["gpus"] = [[0, None, (record.get("gpu") or {}).get("name"), gpu.get("memory-used"), total,
+                        gpu.get("utilization"), {}]]
+    return out
+
+
+def _executing(record: dict) -> int:
+    counts = (record.get("metrics") or {}).get("task_counts") or {}
+    return int(counts.get("executing", 0) or 0)
+
+
+def _heartbeat(workers: int) -> float:
+    """The interval distributed asks of each worker's heartbeats for a cluster this size."""
+    try:
+        from distributed.scheduler import heartbeat_interval
+    except ImportError:
+        return 1.0
+    return float(heartbeat_interval(workers))
+
+
+def _order(name: Any) -> tuple:
+    """Workers by name, numbers in numeric order (worker 2 before worker 10)."""
+    return (0, name, "") if isinstance(name, int) else (1, 0, str(name))
+
+
+def _takes_n_workers(client: Any) -> bool:
+    import inspect
+
+    try:
+        return "n_workers" in inspect.signature(client.scheduler_info).parameters
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,210 @@
+"""Finding the user's cluster object: ``--cluster NAME`` and bare ``--cluster``.
+
+NAME may hold what users have at hand: an ipyparallel ``Client`` or view, an ``ipp.Cluster``, a Dask
+``Client``, or a Dask cluster object (``LocalCluster``, dask-cuda's ``LocalCUDACluster``, dask-jobqueue's
+clusters). A cluster object is reached through a client of it already in the namespace (or, for Dask, any
+live client of it), else through one this package connects once and closes at ``%unload_ext``
+(:func:`close_clients`).
+
+Bare ``--cluster`` takes the one cluster the namespace holds, however many names point into it
+(``rc`` and ``dv = rc[:]`` are one cluster): the view ``%px`` runs on when it is one of that cluster's,
+else the Client (every engine). With nothing in the namespace, Dask's default client
+(``distributed.default_client()``, what ``get_client()`` returns in a notebook) is used.
+
+ipyparallel and distributed are imported only when already imported by the user: an object of theirs
+cannot exist otherwise.
+"""
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any, Optional
+
+from ..errors import MagicInputError
+from .bridge import Bridge, ClusterGone
+from .dask_bridge import DaskBridge
+from .ipp_bridge import IPyParallelBridge
+
+HOW = ("start one first, e.g. rc = ipyparallel.Cluster(n=4).start_and_connect_sync(), or "
+       "client = distributed.Client(LocalCluster())")
+
+_OWNED: dict = {}  # id(cluster object) -> (weakref to it, the client this package connected to it)
+
+
+def _kinds() -> list:
+    """(kind, classes) for the cluster libraries already imported."""
+    out = []
+    if "ipyparallel" in sys.modules:
+        import ipyparallel
+
+        views = (ipyparallel.Client, ipyparallel.DirectView, ipyparallel.LoadBalancedView)
+        out += [("ipyparallel", views), ("ipyparallel cluster", (ipyparallel.Cluster,))]
+    if "distributed" in sys.modules:
+        import distributed
+        from distributed.deploy.cluster import Cluster
+
+        out += [("dask", (distributed.Client,)), ("dask cluster", (Cluster,))]
+    return out
+
+
+def kind_of(obj: Any) -> str:
+    """'ipyparallel' / 'ipyparallel cluster' / 'dask' / 'dask cluster', or '' for anything else."""
+    for kind, classes in _kinds():
+        if isinstance(obj, classes):
+            return kind
+    return ""
+
+
+def candidates(ns: dict) -> dict:
+    """The user's cluster objects in ``ns``, by name (names starting with '_' are IPython's output
+    history, left out): ``{name: kind}``."""
+    kinds = _kinds()
+    found = {}
+    for name, obj in ns.items():
+        if name.startswith("_"):
+            continue
+        for kind, classes in kinds:
+            if isinstance(obj, classes):
+                found[name] = kind
+                break
+    return found
+
+
+def connect(ns: dict, name: Optional[str], px_view: Any = None) -> Bridge:
+    """The :class:`Bridge` for ``ns[name]``, or for the one cluster in ``ns`` when ``name`` is empty
+    (``px_view``: the view the shell's ``%px`` runs on, preferred when it is that cluster's). Raises
+    :class:`MagicInputError` naming the candidates when there are none, several clusters, or ``name``
+    is not one; :class:`ClusterGone` for a cluster object that no longer runs."""
+    found = candidates(ns)
+    listed = ", ".join(f"{n} ({k})" for n, k in sorted(found.items())) or "none"
+    if name:
+        if name not in found:
+            what = "is not defined" if name not in ns else f"is a {type(ns[name]).__name__}"
+            raise MagicInputError(f"--cluster {name}: {name} {what}, not an ipyparallel Client/view/Cluster "
+                                  f"or a Dask Client/cluster; cluster objects here: {listed}")
+        return _bridge(name, ns[name], ns)
+    if not found:
+        default = _dask_default()
+        if default is not None:
+            return DaskBridge("default_client()", default)
+        raise MagicInputError(f"--cluster: no ipyparallel Client/view/Cluster or Dask Client/cluster in the "
+                              f"namespace; {HOW}")
+    groups: dict = {}
+    for each in sorted(found):
+        groups.setdefault(_cluster_key(ns[each]), []).append(each)
+    if len(groups) > 1:
+        said = "; ".join(", ".join(names) for names in groups.values())
+        raise MagicInputError(f"--cluster: several clusters here ({said}); name one: --cluster NAME")
+    (names,) = groups.values()
+    chosen = names[0] if len(names) == 1 else _pick(names, ns, px_view)
+    return _bridge(chosen, ns[chosen], ns)
+
+
+def _pick(names: list, ns: dict, px_view: Any) -> str:
+    """Among names for one cluster: the view %px runs on, else the Client, else the first view."""
+    for each in names:
+        if px_view is not None and ns[each] is px_view:
+            return each
+    for each in names:
+        if kind_of(ns[each]) in ("ipyparallel", "dask") and getattr(ns[each], "client", ns[each]) is ns[each]:
+            return each
+    return names[0]
+
+
+def _cluster_key(obj: Any) -> tuple:
+    """One key per cluster: a view, its client and its cluster object share it (Dask's: the scheduler's
+    address)."""
+    kind = kind_of(obj)
+    if kind == "ipyparallel":
+        client = getattr(obj, "client", None) or obj
+        cluster = getattr(client, "cluster", None)
+        return ("ipp", id(cluster) if cluster is not None else id(client))
+    if kind == "ipyparallel cluster":
+        return ("ipp", id(obj))
+    if kind == "dask":
+        return ("dask", _address(obj) or id(obj))
+    return ("dask", getattr(obj, "scheduler_address", "") or id(obj))
+
+
+def _bridge(name: str, obj: Any, ns: dict) -> Bridge:
+    kind = kind_of(obj)
+    if kind == "ipyparallel":
+        return IPyParallelBridge(name, obj)
+    if kind == "dask":
+        return DaskBridge(name, obj)
+    if kind == "ipyparallel cluster":
+        return IPyParallelBridge(name, _ipp_client(name, obj, ns))
+    return DaskBridge(name, _dask_client(name, obj, ns))
+
+
+def _owned(obj: Any) -> Any:
+    entry = _OWNED.get(id(obj))
+    if entry is not None and entry[0]() is obj and not getattr(entry[1], "_closed", False) \
+            and getattr(entry[1], "status", "running") != "closed":
+        return entry[1]
+    return None
+
+
+def _ipp_client(name: str, cluster: Any, ns: dict) -> Any:
+    """A client of the ``ipp.Cluster`` ``cluster``: one in ``ns``, else one connected here (kept)."""
+    for obj in ns.values():
+        client = getattr(obj, "client", obj) if kind_of(obj) == "ipyparallel" else None
+        if client is not None and getattr(client, "cluster", None) is cluster and not client._closed:
+            return client
+    client = _owned(cluster)
+    if client is None:
+        if getattr(cluster, "controller", None) is None:
+            raise ClusterGone(f"--cluster {name}: this ipp.Cluster is not running; start it: "
+                              f"rc = {name}.start_and_connect_sync()")
+        client = cluster.connect_client_sync()
+        _OWNED[id(cluster)] = (weakref.ref(cluster), client)
+    return client
+
+
+def _dask_client(name: str, cluster: Any, ns: dict) -> Any:
+    """A client of the Dask cluster object ``cluster``: one in ``ns`` or any live one of it, else one
+    connected here (kept)."""
+    import distributed
+
+    address = getattr(cluster, "scheduler_address", None)
+    if getattr(cluster, "status", None) is not None and str(getattr(cluster.status, "name", cluster.status)) \
+            in ("closing", "closed", "failed"):
+        raise ClusterGone(f"--cluster {name}: this Dask cluster is closed; start a new one and connect: "
+                          "client = distributed.Client(LocalCluster())")
+    clients = [obj for obj in ns.values() if isinstance(obj, distributed.Client)]
+    clients += list(distributed.Client._instances)
+    for client in clients:
+        if client.status == "running" and (getattr(client, "cluster", None) is cluster
+                                           or (address and _address(client) == address)):
+            return client
+    client = _owned(cluster)
+    if client is None:
+        client = distributed.Client(cluster, set_as_default=False)
+        _OWNED[id(cluster)] = (weakref.ref(cluster), client)
+    return client
+
+
+def _address(client: Any) -> str:
+    return getattr(getattr(client, "scheduler", None), "address", "") or ""
+
+
+def _dask_default() -> Any:
+    """Dask's default client (``distributed.default_client()``), or None without one."""
+    if "distributed" not in sys.modules:
+        return None
+    import distributed
+
+    try:
+        return distributed.default_client()
+    except ValueError:
+        return None
+
+
+def close_clients() -> None:
+    """Close the clients this package connected to cluster objects (at ``%unload_ext``)."""
+    while _OWNED:
+        _, (_, client) = _OWNED.popitem()
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001,S110 - a client already gone: nothing to close
+            pass

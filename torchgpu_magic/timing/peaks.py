@@ -1,0 +1,203 @@
+"""The hardware's limits for ``%%cudatime``'s roofline: datasheet peaks of NVIDIA GPUs, per precision, and
+their memory bandwidth; which entry a device is, by the name torch and NVML report; and the peak scaled
+to the SM clock the samples ran at and to the SMs the device really has (a MIG instance has a share of
+them).
+
+Figures are dense (NVIDIA's datasheets print tensor figures "with sparsity": those are halved here) and
+in FLOP/s and bytes/s. Per precision: ``fp64`` is the FP64 Tensor Core figure where the GPU has one
+(cuBLAS runs fp64 GEMMs on it), ``fp32`` the CUDA-core figure, ``tf32`` / ``bf16`` / ``fp16`` / ``fp8``
+the tensor-core figures with FP32 accumulate, which is what PyTorch's matmuls use (GeForce cards run
+FP16 accumulate at twice that rate; PyTorch does not use it). A precision a datasheet does not list has no
+entry, and a FLOP of it gets no percentage.
+
+Each entry's ``clock_mhz`` is the SM clock its tensor figures assume: the H100 whitepaper's 1830 MHz
+(SXM) and 1620 MHz (PCIe), elsewhere the boost clock, or the clock the figure implies (figure / (SMs x
+tensor FLOP per SM per clock)) where NVIDIA states none. When the samples ran at a lower SM clock (the
+median of what NVML read after each of them, :mod:`.throttle`), every FLOP/s peak is scaled by clock /
+``clock_mhz``, and the report says so.
+
+Nothing here imports torch at import time; it is asked only for a CUDA device.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+LABELS = {"fp64": "fp64", "fp32": "fp32", "tf32": "tf32 dense", "bf16": "bf16 dense", "fp16": "fp16 dense",
+          "fp8": "fp8 dense"}
+FALLBACK = {"tf32": "fp32"}  # no TF32 units (Volta, Turing): cuBLAS runs an fp32 GEMM on CUDA cores
+ANY = "*"  # the precision key of a --peak FLOPS figure: it applies to every FLOP
+
+H100_PAGE = "https://www.nvidia.com/en-us/data-center/h100/"
+H100_PDF = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+H200_PAGE = "https://www.nvidia.com/en-us/data-center/h200/"
+GH200_PAGE = "https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/"
+HGX_PAGE = "https://www.nvidia.com/en-us/data-center/hgx/"
+A100_PDF = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+            "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+V100_PDF = ("https://images.nvidia.com/content/technologies/volta/pdf/"
+            "volta-v100-datasheet-update-us-1165301-r5.pdf")
+T4_PDF = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/"
+          "t4-tensor-core-datasheet-951643.pdf")
+ADA_PDF = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
+GA102_PDF = "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"
+HOPPER_CLOCKS = "H100 whitepaper, table 3 (tensor figures at 1830 MHz SXM5, 1620 MHz PCIe)"
+
+
+@dataclass(frozen=True)
+class GPUModel:
+    """One row of the peak table: a GPU model's dense peaks (FLOP/s per precision), memory bandwidth
+    (bytes/s), SM count, the SM clock its tensor figures assume, memory size, and where the figures are
+    from. ``pattern`` is a regular expression searched in the lower-cased name torch / NVML report."""
+
+    name: str
+    pattern: str
+    flops: dict
+    bandwidth: float
+    sms: int
+    clock_mhz: float
+    memory_gb: float
+    source: str
+
+
+def _gpu(name: str, pattern: str, source: str, sms: int, clock_mhz: float, memory_gb: float,
+         bandwidth_gbs: float, **tflops: float) -> GPUModel:
+    return GPUModel(name, pattern, {p: tflops[p] * 1e12 for p in PRECISIONS if p in tflops},
+                    bandwidth_gbs * 1e9, sms, clock_mhz, memory_gb, source)
+
+
+_HOPPER_SXM = dict(fp64=67, fp32=67, tf32=494.5, bf16=989.5, fp16=989.5, fp8=1979)
+_HOPPER_NVL = dict(fp64=60, fp32=60, tf32=417.5, bf16=835.5, fp16=835.5, fp8=1670.5)
+_A100 = dict(fp64=19.5, fp32=19.5, tf32=156, bf16=312, fp16=312)
+
+# Ordered from the most specific pattern to the least: the first match wins.
+TABLE = (
+    _gpu("H100 NVL", r"\bh100 nvl", H100_PAGE, 132, 1545, 94, 3900, **_HOPPER_NVL),
+    _gpu("H100 PCIe", r"\bh100\b.*pcie", f"{H100_PDF} ; {HOPPER_CLOCKS}", 114, 1620, 80, 2000,
+         fp64=51, fp32=51, tf32=378, bf16=756.5, fp16=756.5, fp8=1513),
+    _gpu("H100 SXM", r"\bh100\b", f"{H100_PAGE} ; {HOPPER_CLOCKS}", 132, 1830, 80, 3350, **_HOPPER_SXM),
+    _gpu("GH200 144GB HBM3e", r"\bgh200\b.*(144g|hbm3e)", GH200_PAGE, 132, 1830, 144, 4900, **_HOPPER_SXM),
+    _gpu("GH200", r"\bgh200\b", GH200_PAGE, 132, 1830, 96, 4000, **_HOPPER_SXM),
+    _gpu("H200 NVL", r"\bh200 nvl", H200_PAGE, 132, 1545, 141, 4800, **_HOPPER_NVL),
+    _gpu("H200", r"\bh200\b", H200_PAGE, 132, 1830, 141, 4800, **_HOPPER_SXM),
+    _gpu("B200", r"\bb200\b", f"{HGX_PAGE} (HGX B200, per GPU)", 148, 1855, 180, 7700,
+         fp64=37, fp32=75, tf32=1100, bf16=2250, fp16=2250, fp8=4500),
+    _gpu("A100 SXM 80GB", r"\ba100\b.*sxm.*80", A100_PDF, 108, 1410, 80, 2039, **_A100),
+    _gpu("A100 SXM 40GB", r"\ba100\b.*sxm", A100_PDF, 108, 1410, 40, 1555, **_A100),
+    _gpu("A100 PCIe 80GB", r"\ba100\b.*(80gb.*pcie|pcie.*80)", A100_PDF, 108, 1410, 80, 1935, **_A100),
+    _gpu("A100 PCIe 40GB", r"\ba100\b.*pcie", A100_PDF, 108, 1410, 40, 1555, **_A100),
+    _gpu("L40S", r"\bl40s\b", "https://www.nvidia.com/en-us/data-center/l40s/", 142, 2490, 48, 864,
+         fp32=91.6, tf32=183, bf16=362.05, fp16=362.05, fp8=733),
+    _gpu("L4", r"\bl4\b", "https://www.nvidia.com/en-us/data-center/l4/", 58, 2040, 24, 300,
+         fp32=30.3, tf32=60, bf16=121, fp16=121, fp8=242.5),
+    _gpu("A10G", r"\ba10g\b", "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/ "
+         "(AWS's A10G; NVIDIA publishes no datasheet for it)", 80, 1710, 24, 600,
+         fp32=35, tf32=35, bf16=70, fp16=70),
+    _gpu("A10", r"\ba10\b", "https://www.nvidia.com/en-us/data-center/products/a10-gpu/", 72, 1695, 24, 600,
+         fp32=31.2, tf32=62.5, bf16=125, fp16=125),
+    _gpu("T4", r"\bt4\b", T4_PDF, 40, 1590, 16, 320, fp32=8.1, fp16=65),
+    _gpu("V100S PCIe", r"\bv100s\b", V100_PDF, 80, 1597, 32, 1134, fp64=8.2, fp32=16.4, fp16=130),
+    _gpu("V100 SXM2", r"\bv100-sxm2", V100_PDF, 80, 1530, 32, 900, fp64=7.8, fp32=15.7, fp16=125),
+    _gpu("V100 PCIe", r"\bv100-pcie", V100_PDF, 80, 1380, 32, 900, fp64=7, fp32=14, fp16=112),
+    _gpu("RTX 4090", r"\brtx 4090\b(?!.*(laptop|\bd\b))", f"{ADA_PDF} (appendix A)", 128, 2520, 24, 1008,
+         fp32=82.6, tf32=82.6, bf16=165.2, fp16=165.2, fp8=330.3),
+    _gpu("RTX 3090", r"\brtx 3090\b(?! ti)", f"{GA102_PDF} (appendix A)", 82, 1695, 24, 936,
+         fp32=35.6, tf32=35.6, bf16=71, fp16=71),
+)
+
+
+def lookup(name: str) -> Optional[GPUModel]:
+    """The table's entry for a GPU called ``name`` (as ``torch.cuda.get_device_name`` or NVML say it,
+    e.g. 'NVIDIA H100 80GB HBM3', 'Tesla T4', 'NVIDIA A100-SXM4-40GB MIG 3g.20gb'); None if unknown."""
+    text = " ".join(str(name).lower().split())
+    return next((model for model in TABLE if re.search(model.pattern, text)), None)
+
+
+@dataclass(repr=False)
+class Peak:
+    """The limits one measurement is held against: FLOP/s per precision (after the device's share of
+    SMs, before clock scaling), memory bandwidth, where they come from, and the SM clock the samples ran
+    at (``clock_mhz``) against the clock the figures assume (``reference_mhz``)."""
+
+    name: str
+    flops: dict
+    bandwidth: Optional[float]
+    source: str
+    clock_mhz: Optional[float] = None
+    reference_mhz: Optional[float] = None
+    notes: list = field(default_factory=list)
+
+    @property
+    def clock_scale(self) -> float:
+        """clock / reference when the GPU ran below the clock the figures assume, else 1."""
+        if not self.clock_mhz or not self.reference_mhz or self.clock_mhz >= self.reference_mhz:
+            return 1.0
+        return self.clock_mhz / self.reference_mhz
+
+    def flops_for(self, precision: str, clocked: bool = True) -> Optional[float]:
+        """Peak FLOP/s for ``precision`` (scaled to the clock unless ``clocked`` is False); None if the
+        table has no figure for it."""
+        value = (self.flops.get(precision) or self.flops.get(FALLBACK.get(precision, ""))
+                 or self.flops.get(ANY))
+        if not value:
+            return None
+        return value * (self.clock_scale if clocked else 1.0)
+
+    def label(self, precision: str) -> str:
+        """'H100 SXM bf16 dense', or '--peak' for the user's figure."""
+        if ANY in self.flops:
+            return self.name
+        shown = precision if precision in self.flops else FALLBACK.get(precision, precision)
+        return f"{self.name} {LABELS.get(shown, shown)}"
+
+
+def user_peak(flops: Optional[float], bandwidth: Optional[float], table: Optional[Peak]) -> Peak:
+    """``--peak FLOPS[,BYTES_PER_S]``: the user's figures, each replacing the table's (what it leaves out,
+    the bandwidth, still comes from the table entry when there is one)."""
+    if table is not None and bandwidth is None:
+        return Peak("--peak", {ANY: flops}, table.bandwidth, f"--peak; bandwidth: {table.source}",
+                    notes=[n for n in table.notes if n.startswith("roofline: bandwidth")])
+    return Peak("--peak", {ANY: flops}, bandwidth, "--peak")
+
+
+def for_device(device: Any, clock_mhz: Optional[float] = None) -> tuple:
+    """``(Peak or None, notes)`` for the device a cell was timed on: the table's entry for a CUDA GPU,
+    scaled to its SMs and memory slices (MIG), carrying ``clock_mhz``, the SM clock the samples ran at
+    (the median of NVML's readings after each sample, :class:`~.throttle.ClockWatch`; None where NVML
+    read none). Elsewhere, or for a GPU not in the table, None and a note saying how to give a peak."""
+    kind = getattr(device, "type", str(device))
+    hint = "--peak FLOPS[,BYTES_PER_S] sets one, for a percentage"
+    if kind != "cuda":
+        return None, [f"roofline: no peak figures for {kind} ({hint})"]
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    name = str(torch.cuda.get_device_name(index))
+    model = lookup(name)
+    if model is None:
+        return None, [f"roofline: {name} is not in the peak table: achieved figures only ({hint})"]
+    try:
+        sms = int(torch.cuda.get_device_properties(index).multi_processor_count)
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        sms = model.sms
+    return resolve(model, name, sms, clock_mhz), []
+
+
+def resolve(model: GPUModel, name: str, sms: int, clock_mhz: Optional[float]) -> Peak:
+    """``model``'s figures for a device called ``name`` with ``sms`` SMs, at SM clock ``clock_mhz``: the
+    FLOP/s scaled to the SMs it has (a MIG instance, a cut-down variant), the bandwidth to a MIG
+    instance's memory slices (its memory over the GPU's)."""
+    notes = []
+    flops = dict(model.flops)
+    if 0 < sms < model.sms:
+        flops = {p: v * sms / model.sms for p, v in flops.items()}
+        notes.append(f"roofline: FLOP/s peaks scaled to the {sms} of {model.sms} SMs this device has")
+    bandwidth = model.bandwidth
+    mig = re.search(r"\bmig (\d+)g\.(\d+)gb", name.lower())
+    if mig and int(mig.group(2)) < model.memory_gb:
+        bandwidth *= int(mig.group(2)) / model.memory_gb
+        notes.append(f"roofline: bandwidth scaled to the MIG instance's {mig.group(2)} of "
+                     f"{model.memory_gb:g} GB memory slices")
+    return Peak(model.name, flops, bandwidth, model.source, clock_mhz, model.clock_mhz, notes)

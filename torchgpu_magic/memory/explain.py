@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ..placement.failing import FailingLine, failing_line
 from ..placement.kinds import gc_paused
-from ..render import fmt_bytes, html_lines
+from ..render import LinesReport, fmt_bytes, html_lines
 from . import devicestate
 from .holders import Holdings, Released, collect
 from .holdersreport import DeviceHolders, device_holders, fragmented
@@ -24,7 +24,7 @@ DEL_LINES = 3  # `del` advice for the largest few names; %gpumem holders lists e
 
 
 @dataclass(repr=False)
-class OOMExplanation:
+class OOMExplanation(LinesReport):
     """What an out-of-memory error asked on ``device``, who holds that device's memory (``holders``) and
     the advice, largest first (``advice``: (bytes or None, line)); ``too_big`` when the request alone is
     more than the device has in all. ``facts`` is the message read by
@@ -61,12 +61,6 @@ class OOMExplanation:
             out.append("What to do, largest first:" if not self.too_big else "What to do:")
             out.extend(f"  {i}. {line}" for i, (_, line) in enumerate(self.advice, 1))
         return out
-
-    def to_text(self) -> str:
-        return "\n".join(self.lines())
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
     def _repr_html_(self) -> str:
         import html

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ..render import fmt_bytes, html_lines
+from ..render import LinesReport, fmt_bytes, html_lines
 from .figures import HostCounters, _nvml_figures, initialised_cuda
 from .holders import Released, collect
 
@@ -41,7 +41,7 @@ class FreeStep:
 
 
 @dataclass(repr=False)
-class FreeReport:
+class FreeReport(LinesReport):
     """What ``%gpumem free`` gave back, step by step, how it was measured per device (``measured``), and
     the user's names that still hold memory (``kept``: (name, device, bytes, the del that frees it))."""
 
@@ -79,12 +79,6 @@ class FreeReport:
             if len(self.kept) > KEPT_SHOWN:
                 out.append(f"  ... and {len(self.kept) - KEPT_SHOWN} more: %gpumem holders lists them")
         return out
-
-    def to_text(self) -> str:
-        return "\n".join(self.lines())
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
     def _repr_html_(self) -> str:
         return html_lines(self.lines())

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 from ..placement.kinds import gc_paused
-from ..render import Table, fmt_bytes, html_lines
+from ..render import LinesReport, Table, fmt_bytes, html_lines
 from . import devicestate
 from .holders import collect
 
@@ -72,7 +72,7 @@ def what_text(what: Any) -> str:
 
 
 @dataclass(repr=False)
-class DeviceHolders:
+class DeviceHolders(LinesReport):
     """Who holds memory on one device: ``rows`` largest first (the holders, torch's cache, other
     processes; what no name reaches last), ``counted`` the bytes the holders reach there, ``state`` the
     device read live, ``cut`` what the walks left out."""
@@ -127,12 +127,6 @@ class DeviceHolders:
 
     def lines(self) -> list:
         return [self.headline()] + self.table().to_text(indent="  ").splitlines() + self.notes()
-
-    def to_text(self) -> str:
-        return "\n".join(self.lines())
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
 
     def _repr_html_(self) -> str:
         return (f"<div><b>{html.escape(self.headline())}</b>" + self.table().to_html()

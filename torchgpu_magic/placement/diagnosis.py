@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from ..render import LinesReport, html_pre
 from .accounting import device_str, devices_of, dtype_str, kind_of
 from .failing import cell_frames, source_line
 from .text import shape_str
@@ -178,7 +179,7 @@ class Culprit:
 
 
 @dataclass(repr=False)
-class Diagnosis:
+class Diagnosis(LinesReport):
     """What a device-mismatch error involved: the names on the user's failing line (and, when it
     raised inside a function or ``forward`` defined in a cell, on the line that raised there) and in
     the cell, their devices, and the lines that fix it on the user's line. Strings only."""
@@ -216,16 +217,8 @@ class Diagnosis:
             out.append("Fix: " + fix)
         return out
 
-    def to_text(self) -> str:
-        return "\n".join(self.lines())
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
     def _repr_html_(self) -> str:
         """The lines in one preformatted block: the culprits' columns keep their alignment."""
-        from ..render import html_pre
-
         return html_pre(self.lines())
 
     def to_dict(self) -> dict:

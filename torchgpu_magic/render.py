@@ -123,6 +123,17 @@ def fmt_value(value: Any, unit: str = "") -> str:
     return f"{value} {unit}".rstrip() if unit else str(value)
 
 
+class LinesReport:
+    """A report whose text is its ``lines()``, one per line: terminal IPython (``_repr_pretty_``) and
+    ``to_text()`` print exactly those, so every such report reads the same in a terminal."""
+
+    def to_text(self) -> str:
+        return "\n".join(self.lines())  # type: ignore[attr-defined]  # each report defines its lines
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.to_text())
+
+
 @dataclass
 class Table:
     """A plain table rendered as aligned text (terminals) or an HTML table (notebooks).

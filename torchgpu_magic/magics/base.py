@@ -85,6 +85,73 @@ def ends_with_semicolon(source: str) -> bool:
     return bool(code) and code[-1].string == ";"
 
 
+def ipython_tracebacks(shell: Any) -> list:
+    """What IPython keeps of the last error it showed, beyond ``sys.last_*``: the traceback its formatter
+    remembers (``InteractiveTB.tb``) and the exception in the last cell's ``ExecutionResult``. Each keeps
+    the failed cell's frames, and their locals, alive."""
+    found = []
+    tb = getattr(getattr(shell, "InteractiveTB", None), "tb", None)
+    if tb is not None:
+        found.append(tb)
+    error = getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None)
+    if error is not None:
+        found.append(error)
+    return found
+
+
+def release_traceback(shell: Any) -> list:
+    """Let go of the last error's traceback wherever Python and IPython keep it (``sys.last_exc``,
+    ``sys.last_value``, ``sys.last_traceback``, ``sys.last_type``, ``InteractiveTB.tb``, the last cell's
+    result, as IPython's own ``del_var`` does); the names of what was let go."""
+    import sys
+
+    released = []
+    for name in ("last_exc", "last_value", "last_traceback", "last_type"):
+        if getattr(sys, name, None) is not None:
+            delattr(sys, name)
+            released.append(f"sys.{name}")
+    formatter = getattr(shell, "InteractiveTB", None)
+    if getattr(formatter, "tb", None) is not None:
+        formatter.tb = None
+        released.append("InteractiveTB.tb")
+    if getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None) is not None:
+        shell.last_execution_result = None
+        released.append("last_execution_result")
+    return released
+
+
+def release_outputs(shell: Any) -> list:
+    """Drop the output history's entries that hold tensors, modules or optimizers: ``Out[n]`` (with its
+    ``_n``), ``_``, ``__``, ``___`` (in the namespace and the display hook), as ``%reset out`` does for
+    all of them, and the last cell's value IPython keeps in its result; the names of what was dropped."""
+    from ..memory.holders import holds_tensors
+
+    ns = shell.user_ns
+    released = []
+    out = ns.get("Out")
+    if isinstance(out, dict):
+        for key in [k for k, v in list(out.items()) if holds_tensors(v)]:
+            del out[key]
+            released.append(f"Out[{key}]")
+            for table in (ns, getattr(shell, "user_ns_hidden", {})):
+                table.pop(f"_{key}", None)
+    last = getattr(shell, "last_execution_result", None)
+    if holds_tensors(getattr(last, "result", None)):  # the last cell's value, until this cell ends
+        last.result = None
+        released.append("last_execution_result.result")
+    hook = getattr(shell, "displayhook", None)
+    hidden = getattr(shell, "user_ns_hidden", {})  # IPython pushes _, __, ___ there too
+    for name in ("_", "__", "___"):
+        if holds_tensors(ns.get(name)):
+            ns[name] = ""
+            released.append(name)
+        if holds_tensors(hidden.get(name)):
+            hidden[name] = ""
+        if hook is not None and holds_tensors(getattr(hook, name, None)):
+            setattr(hook, name, "")
+    return released
+
+
 @magics_class
 class TorchGPUMagics(Magics):
     """The extension in one shell. It defines no magic itself: it is registered under this name so that

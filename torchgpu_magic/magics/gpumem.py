@@ -10,12 +10,40 @@ from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..errors import MagicInputError
-from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
+from .base import (
+    MagicsPart,
+    TorchGPUMagics,
+    ipython_tracebacks,
+    parse_args,
+    release_outputs,
+    release_traceback,
+    usage_errors,
+)
 
 # The panel's static snapshot (the text/html and text/plain a saved notebook keeps) is rewritten after a
 # cell at most this often, and always when the panel stops: rewriting it redraws the live view too.
 SNAPSHOT_EVERY = 2.0
 _INSTALL = "pip install torchgpu-magic[widgets]"
+
+
+def _device(spec: Optional[str]) -> Optional[str]:
+    """``%gpumem holders``' DEVICE as torch names devices: 'cpu', 'cuda:0', 'mps', 'xpu:0'; 'cuda' is
+    the current GPU. Anything else is a one-line error."""
+    import re
+
+    if spec is None:
+        return None
+    text = spec.strip().lower()
+    found = re.fullmatch(r"(cpu|cuda|mps|xpu)(?::(\d+))?", text)
+    if found is None or (found.group(1) in ("cpu", "mps") and found.group(2) is not None):
+        raise MagicInputError(f"{spec!r} is not a device: use cpu, cuda, cuda:N, mps, xpu or xpu:N")
+    kind, index = found.groups()
+    if index is None and kind in ("cuda", "xpu"):
+        from ..memory import figures
+
+        cuda = figures.initialised_cuda() if kind == "cuda" else None
+        index = str(cuda.current_device()) if cuda is not None else "0"
+    return kind if kind in ("cpu", "mps") else f"{kind}:{index}"
 
 
 def in_colab() -> bool:
@@ -44,6 +72,7 @@ class GPUMemMagics(MagicsPart):
         self._cell_refresh = False  # refresh the panel after each cell instead of from the thread
         self._text = False  # text mode: a line after each cell, no panel, no thread
         self._cells: Any = None  # memory.CellLog while per-cell accounting is hooked in
+        self._growth: Any = None  # memory.growth.GrowthWatch beside it: a cell that grows run after run
         self._records: Any = None  # the last cell log's records, kept after it stops
         self._cells_wanted = True  # the last --cells choice for the live panel
         self._targets_state: Optional[str] = None  # CUDA's state when the targets were last worked out
@@ -54,7 +83,11 @@ class GPUMemMagics(MagicsPart):
     @line_magic
     @magic_arguments()
     @argument("action", nargs="?", default=None,
-              help="'stop': stop the sampler, close the panel, stop the per-cell lines. Nothing: start.")
+              help="'stop': stop the sampler, close the panel, stop the per-cell lines; 'holders [DEVICE]': "
+                   "who holds memory, by name, largest first; 'free': give back what the last error's "
+                   "traceback and the output history hold, and empty torch's cache. Nothing: start.")
+    @argument("device", nargs="?", default=None, metavar="DEVICE",
+              help="with 'holders': one device (cpu, cuda:0, mps, xpu:0); default: every device in use")
     @argument("--interval", default=None,
               help="seconds between samples, 0.05 to 60 (default 1; the panel keeps the last 5 minutes)")
     @argument("--cells", choices=["on", "off"], default=None,
@@ -84,8 +117,13 @@ class GPUMemMagics(MagicsPart):
         from .. import memory
 
         args = parse_args(self.gpumem, line)
-        if args.action not in (None, "stop"):
-            raise MagicInputError(f"unknown action {args.action!r}: use 'stop', or nothing to start")
+        if args.action not in (None, "stop", "holders", "free"):
+            raise MagicInputError(f"unknown action {args.action!r}: use 'stop', 'holders [DEVICE]', 'free', "
+                                  "or nothing to start")
+        if args.device is not None and args.action != "holders":
+            raise MagicInputError(f"{args.device!r}: only 'holders' takes a DEVICE")
+        if args.action in ("holders", "free"):
+            return self._holders_or_free(args, line)
         interval = None if args.interval is None else memory.validate_interval(args.interval)
         if args.text and args.widget:
             raise MagicInputError("--text and --widget exclude each other")
@@ -120,6 +158,31 @@ class GPUMemMagics(MagicsPart):
             self._display = display(self._panel.widget, display_id=True)
             self._snapshot_at = time.monotonic()
         return self._live_records() if args.output else None
+
+    # ---- holders and free --------------------------------------------------------------------------
+    def _holders_or_free(self, args: Any, line: str) -> Any:
+        """``%gpumem holders [DEVICE] [-o]`` and ``%gpumem free [-o]``: each takes -o alone."""
+        options = [word for word in line.split() if word not in (args.action, args.device)]
+        if any(word != "-o" for word in options):
+            takes = "DEVICE and -o" if args.action == "holders" else "-o"
+            raise MagicInputError(f"'{args.action}' takes {takes}, not "
+                                  + " ".join(w for w in options if w != "-o"))
+        if args.action == "holders":
+            from ..memory.holdersreport import holders_report
+
+            report = holders_report(self.shell.user_ns, _device(args.device), ipython_tracebacks(self.shell))
+        else:
+            from ..memory.free import give_back
+
+            steps = [("the last error's traceback", "traceback", lambda: release_traceback(self.shell)),
+                     ("the output history", "output", lambda: release_outputs(self.shell))]
+            report = give_back(steps, self.shell.user_ns, ipython_tracebacks(self.shell))
+        if args.output:
+            return report
+        from IPython.display import display
+
+        display(report)
+        return None
 
     # ---- choosing the view ------------------------------------------------------------------------
     def _wants_text(self, text: bool, widget: bool) -> bool:
@@ -330,17 +393,30 @@ class GPUMemMagics(MagicsPart):
         self._unhook_cells()
 
     # ---- the cell events --------------------------------------------------------------------------
+    def _grew(self, record: Any, source: str) -> Optional[str]:
+        """The warning when this cell, run again and again, grew memory each time (once per streak)."""
+        watch = self._growth
+        if watch is None:
+            return None
+        try:
+            return watch.observe(record, source, self.shell.user_ns)
+        except Exception as exc:  # noqa: BLE001 - the warning must never break a cell
+            return f"[gpumem] could not check this cell's growth ({type(exc).__name__}: {exc})"
+
     def _hook_cells(self) -> None:
         """Start per-cell accounting: a fresh cell log, fed by the pre/post_run_cell events."""
         from .. import memory
+        from ..memory.growth import GrowthWatch
 
         self._cells = memory.CellLog(targets=self._panel.sampler.targets if self._panel else self._targets())
+        self._growth = GrowthWatch()
         self.shell.events.register("pre_run_cell", self._pre_cell)
         self.shell.events.register("post_run_cell", self._post_cell)
 
     def _unhook_cells(self) -> None:
         """Stop per-cell accounting and unregister its events, keeping the records; a no-op when off."""
         log, self._cells = self._cells, None
+        self._growth = None
         if log is None:
             return
         log.close()
@@ -363,18 +439,22 @@ class GPUMemMagics(MagicsPart):
         if log is None:
             return
         info = getattr(result, "info", None)
-        record = log.finish(getattr(result, "execution_count", None), getattr(info, "raw_cell", "") or "")
+        source = getattr(info, "raw_cell", "") or ""
+        record = log.finish(getattr(result, "execution_count", None), source)
         self._retarget()
         if record is None:
             return
+        warning = self._grew(record, source)
         if self._text:
             print(record.line())
+            if warning:
+                print(warning)
             return
         live = self._panel
         if live is None:
             return
         live.sampler.note_cell(record)
-        live.show_cells(log.records)
+        live.show_cells(log.records, warning=warning)
         if self._cell_refresh:
             live.refresh()
         if time.monotonic() - self._snapshot_at >= SNAPSHOT_EVERY:

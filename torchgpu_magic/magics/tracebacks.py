@@ -5,17 +5,18 @@ IPython's traceback of a device-mismatch error is some 25 frames of torch's (abo
 terminal) with the explanation under it, after post_run_cell. Here the explanation comes first, then the
 frames of the user's own code (cells, and files outside site-packages and the standard library), and
 each run of frames inside torch, this package or another library is one line: ``… 23 frames inside
-torch``. ``%xmode Verbose`` shows every frame as IPython does (the explanation still first), ``%xmode
-Minimal`` the explanation and the error line. Errors that merely pass through ``%%ontorch`` or
-``%%cudatime`` get the same collapsing of the magic machinery (IPython's, ``decorator``'s and this
-package's frames), and keep torch's frames as IPython shows them.
+torch``, in ``%xmode Context``'s and ``Plain``'s layouts alike. ``%xmode Verbose`` shows every frame as
+IPython does (the explanation still first), ``%xmode Minimal`` the explanation and the error line. Errors
+that merely pass through ``%%ontorch`` or ``%%cudatime`` get the same collapsing of the magic machinery
+(IPython's, ``decorator``'s and this package's frames), and keep torch's frames as IPython shows them.
 
 How: IPython renders an exception through its ``_render_traceback_`` when it has one (that is how
 ipyparallel shows remote errors). :class:`Tracebacks` wraps the shell's ``showtraceback`` (put back
 exactly on unload); for an error it explains or collapses it gives the exception a
 ``_render_traceback_`` for the one call and calls the original, so IPython's own path (``%tb``,
-``call_pdb``, ipykernel's error message) is unchanged. Explainers are registered by the magics that know
-an error: ``%whereis``'s mismatch diagnosis, and any other (an out-of-memory report) the same way. An
+``call_pdb``, ipykernel's error message) is unchanged, and IPython's remembered traceback (what
+``%debug`` opens) is the whole one. Explainers are registered by the magics that know
+an error: the mismatch diagnosis and the out-of-memory explanation (both from ``whereis.py``). An
 explainer or a formatting problem never costs the user their traceback: IPython's own is shown instead.
 """
 from __future__ import annotations
@@ -121,19 +122,23 @@ def structured(itb: Any, etype: type, value: BaseException, tb: Any, parts: list
     start = 0
     while start < min(len(bare), len(full)) and bare[start] == full[start]:
         start += 1
-    if len(full) - len(bare) != k or full[start + k:] != bare[start:]:
+    # full = what both have first, a header only a traceback with frames has (``%xmode Plain``'s
+    # 'Traceback (most recent call last):'), one entry per frame, then what both have last.
+    first = len(full) - (len(bare) - start) - k
+    if first < start or full[first + k:] != bare[start:]:
         return None
-    out = full[:start]
+    out = full[:first]
+    end = "" if getattr(itb, "tb_join_char", "\n") else "\n"  # Plain's entries end their own lines
     hinted = False
     shown = 0
     for part in parts:
         if part[0] == "frame":
-            out.append(full[start + shown])
+            out.append(full[first + shown])
             shown += 1
         else:
-            out.append(marker(part[1], part[2], not hinted))
+            out.append(marker(part[1], part[2], not hinted) + end)
             hinted = True
-    return out + full[start + k:]
+    return out + full[first + k:]
 
 
 class Tracebacks:
@@ -185,17 +190,23 @@ class Tracebacks:
         args = (exc_tuple, filename, tb_offset, exception_only, running_compiled_code)
         if not self._installed or exception_only:
             return original(*args)
+        itb = self.shell.InteractiveTB
         try:
             etype, value, tb = self.shell._get_exc_info(exc_tuple)
-            stb = self._render(etype, value, tb, tb_offset)
+            stb, explained = self._render(etype, value, tb, tb_offset)
         except Exception:  # noqa: BLE001 - never cost the user their traceback: IPython's own instead
             stb = None
         if stb is None or hasattr(type(value), "_render_traceback_"):
             return original(*args)
+        # Rendering set IPython's remembered traceback (what %debug and call_pdb open) to the partial
+        # ones it formatted: the whole one, as IPython's own rendering would have left it.
+        itb.tb = tb
         try:
             value._render_traceback_ = lambda: stb
         except (AttributeError, TypeError):  # an exception that takes no attributes
             return original(*args)
+        if explained:  # shown above the traceback: not again after the cell
+            self.explained = id(value)
         try:
             return original(*args)
         finally:
@@ -204,12 +215,13 @@ class Tracebacks:
             except AttributeError:
                 pass
 
-    def _render(self, etype: Any, value: BaseException, tb: Any, tb_offset: Any) -> Optional[list]:
-        """Our structured traceback for this error, or None to leave it to IPython."""
+    def _render(self, etype: Any, value: BaseException, tb: Any, tb_offset: Any) -> tuple:
+        """Our structured traceback for this error (None to leave it to IPython), and whether it begins
+        with an explanation."""
         from IPython.core.error import UsageError
 
         if not isinstance(value, Exception) or issubclass(etype, (SyntaxError, UsageError)):
-            return None
+            return None, False
         shell = self.shell
         itb = shell.InteractiveTB
         offset = itb.tb_offset if tb_offset is None else tb_offset
@@ -226,15 +238,12 @@ class Tracebacks:
             ours = owner(entry.tb_frame, cell) == "torchgpu_magic"
             entry = entry.tb_next
         if explanation is None and not ours:
-            return None
-        head: list = []
-        if explanation is not None:
-            head = ["\n".join(explanation.lines()) + "\n"]
-            self.explained = id(value)
+            return None, False
+        head = [] if explanation is None else ["\n".join(explanation.lines()) + "\n"]
         mode = str(getattr(itb, "mode", "Context"))
         if mode in ("Verbose", "Minimal"):
             return head + itb.structured_traceback(etype, value, tb if mode == "Verbose" else None,
-                                                   tb_offset=0)
+                                                   tb_offset=0), bool(head)
         skip_hidden = getattr(itb, "skip_hidden", True)
         if explanation is not None:
             parts = runs(tb, cell, lambda who: who is not None, skip_hidden)
@@ -242,8 +251,8 @@ class Tracebacks:
             parts = runs(tb, cell, lambda who: who in MACHINERY, skip_hidden)
         body = structured(itb, etype, value, tb, parts)
         if body is None:  # a layout this cannot splice into: IPython's own, under the explanation
-            return head + itb.structured_traceback(etype, value, tb, tb_offset=0) if head else None
-        return head + body
+            body = itb.structured_traceback(etype, value, tb, tb_offset=0) if head else None
+        return (head + body if body is not None else None), bool(head)
 
     def _explain(self, value: BaseException) -> Any:
         """The first explainer's report for ``value``, or None (an explainer that fails is skipped)."""

@@ -1,8 +1,10 @@
 """``%whereis``: where tensors, modules and optimizers live, and why a cell mixed devices.
 
 Besides the magic, two opt-in hooks (``--watch``: a line after each cell; ``--repr``: a placement line
-above tensors and modules shown as a result) and one that is always on: after a device-mismatch error,
-the names, devices and fix, from :func:`torchgpu_magic.placement.diagnose`.
+above tensors and modules shown as a result) and the explanations that are always on, each above its
+error's traceback (explainers of :mod:`.tracebacks`): for a device-mismatch error the names, devices and
+fix, from :func:`torchgpu_magic.placement.diagnose`; for an out-of-memory error who holds the device's
+memory by name and what to do, from :func:`torchgpu_magic.memory.explain.explain`.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
+from .base import MagicsPart, TorchGPUMagics, ipython_tracebacks, parse_args, usage_errors
 
 
 @magics_class
@@ -28,10 +30,12 @@ class WhereIsMagics(MagicsPart):
         self._closer_added = False
 
     def start(self) -> None:
-        """Hook the mismatch diagnosis into the shell, always on from load to unload: above the traceback
-        of a device-mismatch error (an explainer of the extension's tracebacks), and after the cell where
-        that traceback was not ours to show (another extension's ``set_custom_exc`` handler showed it)."""
+        """Hook the mismatch diagnosis and the out-of-memory explanation into the shell, always on from
+        load to unload: above the traceback of such an error (explainers of the extension's tracebacks),
+        and after the cell where that traceback was not ours to show (another extension's
+        ``set_custom_exc`` handler showed it) or the explainer failed (then one line says so)."""
         self._owner.tracebacks.add_explainer(self._explain)
+        self._owner.tracebacks.add_explainer(self._explain_oom)
         self.shell.events.register("post_run_cell", self._diagnose_cell)
         self.add_closer(lambda: self.shell.events.unregister("post_run_cell", self._diagnose_cell))
 
@@ -45,6 +49,18 @@ class WhereIsMagics(MagicsPart):
         if placement.mismatch_devices(error) is None:
             return None
         return placement.diagnose(error, source, ns, is_cell_file)
+
+    @staticmethod
+    def _explain_oom(error: BaseException, source: str, ns: Any, is_cell_file: Callable[[str], bool]) -> Any:
+        """The out-of-memory explanation of ``error`` (None for any other error), for the traceback. The
+        failed cell's frames are read from ``error`` itself and ``sys.last_*``: while the traceback is
+        being shown, IPython's own references (``InteractiveTB.tb``, the last result) are still the
+        previous error's, and about to let go of it."""
+        if not isinstance(error, (RuntimeError, MemoryError)):
+            return None
+        from ..memory import explain
+
+        return explain.explain(error, ns, (), source, is_cell_file)
 
     @magic_arguments()
     @argument("names", nargs="*", metavar="NAME",
@@ -205,17 +221,24 @@ class WhereIsMagics(MagicsPart):
         self._add_closer_once()
 
     def _diagnose_cell(self, result: Any = None) -> None:
-        """post_run_cell, always on: after a device-mismatch error's usual traceback, name the
-        tensors and modules involved, their devices, and the fix. Silent for every other outcome."""
+        """post_run_cell, always on: after a device-mismatch error's traceback that did not show the
+        diagnosis, name the tensors and modules involved, their devices, and the fix; after such an
+        out-of-memory error, who holds the device's memory and what to do (:meth:`_oom_after_cell`).
+        Silent for every other outcome, and for an error whose traceback was shown explained."""
         error = getattr(result, "error_in_exec", None)
-        if not isinstance(error, (RuntimeError, ValueError)) or self._owner.tracebacks.explained == id(error):
+        explained = error is not None and self._owner.tracebacks.explained == id(error)
+        self._owner.tracebacks.explained = None  # one cell's: an id is free for reuse once that error goes
+        if not isinstance(error, (RuntimeError, ValueError, MemoryError)) or explained:
             return
         from .. import placement
 
-        if placement.mismatch_devices(error) is None:
-            return
         info = getattr(result, "info", None)
         source = getattr(info, "raw_cell", "") or ""
+        if not isinstance(error, ValueError) and placement.oom_facts(error) is not None:
+            self._oom_after_cell(error, source)
+            return
+        if placement.mismatch_devices(error) is None:
+            return
         try:
             diagnosis = placement.diagnose(error, source, self.shell.user_ns, self._is_cell_file)
         except Exception as exc:  # noqa: BLE001 - a diagnosis must never add a traceback of its own
@@ -225,6 +248,24 @@ class WhereIsMagics(MagicsPart):
             from IPython.display import display
 
             display(diagnosis)
+
+    def _oom_after_cell(self, error: BaseException, source: str) -> None:
+        """After an out-of-memory error's traceback that did not show the explanation: on the device that
+        failed, what was asked and what is free, who holds the memory by name (the failed cell's frames
+        too) and what to do, from :func:`torchgpu_magic.memory.explain.explain`. Reads only; keeps
+        nothing; a failure of its own is one line."""
+        from ..memory import explain
+
+        try:
+            report = explain.explain(error, self.shell.user_ns, ipython_tracebacks(self.shell), source,
+                                     self._is_cell_file)
+        except Exception as exc:  # noqa: BLE001 - an explanation must never add a traceback of its own
+            print(f"gpumem: could not explain this out-of-memory error ({type(exc).__name__}: {exc})")
+            return
+        if report is not None:
+            from IPython.display import display
+
+            display(report)
 
     def _is_cell_file(self, filename: str) -> bool:
         """True for the file names IPython compiles cells under (see :func:`.tracebacks.is_cell_file`)."""

@@ -3,6 +3,12 @@ take them (:mod:`.sampler`), the per-cell records they keep (:mod:`.records`) an
 them (:mod:`.panel`). The public names of the first three are here; the panel, the package's only importer
 of ipywidgets, is imported by name (``from torchgpu_magic.memory import panel``) where a panel is shown.
 
+Who holds memory and what can be given back are imported by name too, where used: :mod:`.holders` (every
+storage the names, the output history, a failed cell's frames and their autograd graphs keep alive,
+counted once; :mod:`.graphs` walks a graph), :mod:`.devicestate` (a device read live),
+:mod:`.holdersreport` (``%gpumem holders``), :mod:`.explain` (the out-of-memory explanation),
+:mod:`.free` (``%gpumem free``) and :mod:`.growth` (a cell whose re-runs grow memory).
+
 A cell's memory for ``%%cudamem``: the tracked run (:mod:`.tracking`, torch's MemTracker), the prediction
 on fake tensors (:mod:`.prediction`, over :mod:`.fakecopy` and :mod:`.standin`), the target device and
 its allowances (:mod:`.targets`), the accounting and the CUDA caching allocator's model

@@ -99,6 +99,7 @@ class MemoryPanel:
         self._cells_on = True
         self._records: Any = ()  # the cell log's records (read when drawn, the newest CELLS_SHOWN)
         self._cells_drawn = False  # the cells widget shows _records as they are now
+        self._warning = ""  # the last growing-cell warning (memory.growth), shown above the cells
         self.title = widgets.HTML()
         self.host = widgets.HTML()
         self.gpus = widgets.HTML()
@@ -180,12 +181,15 @@ class MemoryPanel:
                 if cells is not None:
                     self.cells.value = cells
 
-    def show_cells(self, records: Any, on: bool = True) -> None:
+    def show_cells(self, records: Any, on: bool = True, warning: Optional[str] = None) -> None:
         """Show the newest cells of ``records`` (a sequence, read again whenever drawn); ``on`` False
-        says accounting is off. Cheap, as it runs after every cell: the table is drawn by the next
+        says accounting is off; ``warning`` (a cell that grew memory run after run) is shown above them
+        until the next one. Cheap, as it runs after every cell: the table is drawn by the next
         :meth:`update` (the sampler's next tick, or :meth:`refresh`), not here."""
         self._records = records
         self._cells_on = on
+        if warning:
+            self._warning = warning
         self._cells_drawn = False
 
     def _newest(self) -> list:
@@ -193,7 +197,11 @@ class MemoryPanel:
         return records.last(CELLS_SHOWN) if hasattr(records, "last") else list(records)[-CELLS_SHOWN:]
 
     def _cells_html(self) -> str:
-        return _cells_html(self._newest(), self._cells_on, bool(self.sampler.targets))
+        table = _cells_html(self._newest(), self._cells_on, bool(self.sampler.targets))
+        if not self._warning:
+            return table
+        warning = html.escape(self._warning)
+        return f'<div style="{_BOX};color:#b45309" class="tgm-growth">{warning}</div>' + table
 
     # ---- the static snapshot ----------------------------------------------------------------------
     def static_bundle(self) -> dict:
@@ -212,6 +220,8 @@ class MemoryPanel:
         lines = [f"%gpumem {note}"]
         if latest is not None:
             lines.append(latest.to_text())
+        if self._warning:
+            lines.append(self._warning)
         lines.extend(r.line() for r in self._newest())
         return {"text/plain": "\n".join(lines), "text/html": markup}
 

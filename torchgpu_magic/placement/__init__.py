@@ -19,7 +19,9 @@ Split by concern:
 - ``table``: the ``%whereis`` table (names, containers and user objects walked, gradients counted);
 - ``modules``: ``%whereis NAME`` for one tensor, module or optimizer, and the ``--repr`` line;
 - ``names``: resolving that NAME without evaluating code;
+- ``failing``: the user's failing line in a traceback, which every explanation of an error shows first;
 - ``diagnosis``: recognising a device-mismatch error and naming what it involved;
+- ``oom``: recognising an out-of-memory error in any of PyTorch's wordings, and reading its figures;
 - ``moves``: ``%%ontorch --move``, all or nothing (the one module here that changes objects, on request).
 
 Apart from ``moves``, nothing here moves a tensor, runs ``forward`` or evaluates user code: objects are
@@ -44,6 +46,7 @@ from .accounting import (
     tensor_nbytes,
 )
 from .diagnosis import Culprit, Diagnosis, diagnose, mismatch_devices
+from .failing import FailingLine, failing_line
 from .modules import (
     MAX_MODULE_ROWS,
     Lines,
@@ -57,6 +60,7 @@ from .modules import (
     tensor_line,
 )
 from .names import resolve
+from .oom import OOMFacts, is_oom, oom_facts
 from .scan import (
     SNAPSHOT_CONTAINER_LIMIT,
     Placed,
@@ -74,9 +78,10 @@ from .walk import IPYTHON_NAMES
 
 __all__ = [
     "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "ROLES", "SNAPSHOT_CONTAINER_LIMIT", "Account",
-    "Culprit", "Diagnosis", "Lines", "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport",
-    "Placed", "Row", "SnapshotCache", "account", "cell_names", "changed", "changed_elsewhere", "footer_line",
-    "describe", "device_str", "devices_of", "diagnose", "dtype_str", "fmt_count", "is_floating", "kind_of",
+    "Culprit", "Diagnosis", "FailingLine", "Lines", "ModuleReport", "ModuleRow", "NamespaceReport",
+    "OOMFacts", "OptimizerReport", "Placed", "Row", "SnapshotCache", "account", "cell_names", "changed",
+    "changed_elsewhere", "footer_line", "describe", "device_str", "devices_of", "diagnose", "dtype_str",
+    "failing_line", "fmt_count", "is_floating", "is_oom", "kind_of", "oom_facts",
     "mismatch_devices", "module_report", "namespace_report", "namespace_snapshot", "optimizer_report",
     "placement_line", "resolve", "shape_str", "storage_key", "tensor_line", "tensor_nbytes", "watch_line",
 ]

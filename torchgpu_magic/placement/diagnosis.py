@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from ..render import LinesReport, html_pre
 from .accounting import device_str, devices_of, dtype_str, kind_of
+from .failing import cell_frames, source_line
 from .text import shape_str
 from .walk import _static_attr
 
@@ -177,7 +179,7 @@ class Culprit:
 
 
 @dataclass(repr=False)
-class Diagnosis:
+class Diagnosis(LinesReport):
     """What a device-mismatch error involved: the names on the user's failing line (and, when it
     raised inside a function or ``forward`` defined in a cell, on the line that raised there) and in
     the cell, their devices, and the lines that fix it on the user's line. Strings only."""
@@ -215,16 +217,8 @@ class Diagnosis:
             out.append("Fix: " + fix)
         return out
 
-    def to_text(self) -> str:
-        return "\n".join(self.lines())
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
     def _repr_html_(self) -> str:
         """The lines in one preformatted block: the culprits' columns keep their alignment."""
-        from ..render import html_pre
-
         return html_pre(self.lines())
 
     def to_dict(self) -> dict:
@@ -427,24 +421,17 @@ def diagnose(
     in each frame's locals and globals (and ``user_ns``), the cell's other names in ``user_ns``. Only
     static lookups: no code is evaluated, nothing is kept.
     """
-    import linecache
-
     devices = mismatch_devices(exc)
     if devices is None:
         return None
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        if is_cell_file(tb.tb_frame.f_code.co_filename):
-            frames.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
+    frames = cell_frames(exc.__traceback__, is_cell_file)
 
     def names_on(frame: Any, lineno: int, scopes: list) -> tuple:
-        text = linecache.getline(frame.f_code.co_filename, lineno or 0)
+        text = source_line(frame, lineno)
         found: list = []
         for chain in _name_chains(text.strip()):
             found.extend(_resolve_chain(chain, scopes))
-        return text.rstrip("\n"), found
+        return text, found
 
     line, found_line = "", []
     lineno: Optional[int] = None
@@ -459,7 +446,7 @@ def diagnose(
             inner_function = inner.f_code.co_name
             scopes = [inner.f_locals, inner.f_globals, user_ns]
             inner_line, found_inner = names_on(inner, inner_lineno, scopes)
-    frames = outer = inner = scopes = tb = None  # drop the frames: the diagnosis keeps strings only
+    frames = outer = inner = scopes = None  # drop the frames: the diagnosis keeps strings only
     found_cell: list = []
     for chain in _name_chains(cell_source):
         found_cell.extend(_resolve_chain(chain, [user_ns]))

@@ -115,7 +115,7 @@ RSS_SETUPS = {
 def rss_rows(shell: Any) -> list:
     """Large allocations, AdamW: the measured peak above what the cell started with, against the
     process's peak RSS above its RSS before; [] where the peak RSS cannot be reset."""
-    from torchgpu_magic.memory import figures
+    from torchgpu_magic.gpumem import figures
 
     rows = []
     for label, (setup, loss) in RSS_SETUPS.items():

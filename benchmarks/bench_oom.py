@@ -13,7 +13,7 @@ Rows:
 - the same explanation when a failure freeing would fix (the CPU allocator's wording asking 1 MiB), which
   adds the advice (``memory.holders.Released``: what each release gives back, one pass over the storages);
 - the whole of it through a real InteractiveShell: a cell raising the error, shown with the explanation
-  above the traceback and torch's frames folded (``magics/tracebacks.py``; output captured), next to the
+  above the traceback and torch's frames folded (``magics/explainers.py``; output captured), next to the
   same cell with the extension unloaded (IPython's own traceback; the unload and load themselves are not
   timed): what a user waits for.
 
@@ -108,7 +108,7 @@ def main(argv: list | None = None) -> int:
 
     import torchgpu_magic
     from torchgpu_magic import placement
-    from torchgpu_magic.memory import explain
+    from torchgpu_magic.explain import outofmemory as explain
 
     torch.set_num_threads(1)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

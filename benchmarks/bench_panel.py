@@ -22,8 +22,8 @@ import statistics
 import time
 from typing import Any, Optional
 
-from torchgpu_magic import memory
-from torchgpu_magic.memory import panel
+from torchgpu_magic import gpumem as memory
+from torchgpu_magic.gpumem import panel
 
 
 def _panel(interval: float) -> panel.MemoryPanel:

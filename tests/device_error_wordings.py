@@ -1,10 +1,11 @@
 """Every wording of PyTorch's "these tensors are on different devices" error that we know of, as test data.
 
-``%whereis`` recognises a device mismatch from the text of the exception (``placement.mismatch_devices``),
-and PyTorch has phrased that error many ways over the years: in ATen's TensorIterator, in the generated
-dispatcher checks, in the legacy TH/THC bindings, in the RNN, attention, indexing, convolution and linear
-algebra kernels, in the MPS backend, in DataParallel, in FakeTensor and torch.compile, and in the Python
-reference implementations. This module is the table those tests read; it holds no tests itself.
+The mismatch diagnosis recognises a device mismatch from the text of the exception
+(``explain.mismatch.mismatch_devices``), and PyTorch has phrased that error many ways over the years: in
+ATen's TensorIterator, in the generated dispatcher checks, in the legacy TH/THC bindings, in the RNN,
+attention, indexing, convolution and linear algebra kernels, in the MPS backend, in DataParallel, in
+FakeTensor and torch.compile, and in the Python reference implementations. This module is the table those
+tests read; it holds no tests itself.
 
 Each row of ``WORDINGS`` is ``(message, expected, source)``:
 

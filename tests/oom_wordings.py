@@ -1,7 +1,8 @@
 """Every wording of PyTorch's out-of-memory error that we know of, and the look-alikes that are not one, as
 test data (the way tests/device_error_wordings.py lists the device-mismatch error).
 
-``placement.oom_facts`` recognises an out-of-memory error from its text and reads the figures it prints.
+``explain.oomerror.oom_facts`` recognises an out-of-memory error from its text and reads the figures it
+prints.
 PyTorch has written it many ways: CUDA's caching allocator (``c10/cuda/CUDACachingAllocator.cpp``; before
 it THC's ``cuda runtime error (2)``), the same file hipified for ROCm (``HIP out of memory``, with
 ``PYTORCH_HIP_ALLOC_CONF`` or the CUDA spelling of the variable, depending on the release), the

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.formatters import PlainTextFormatter
 from IPython.utils.capture import capture_output
 
-from torchgpu_magic.memory import CellMemory, FitResult
+from torchgpu_magic.cudamem import CellMemory, FitResult
 
 MIB = 2**20
 STEP = "loss = model(x).square().mean()\nloss.backward()\nopt.step()\n"

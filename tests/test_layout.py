@@ -99,9 +99,10 @@ def _package_of(module: str) -> str:
 
 
 def test_no_import_circle_between_packages():
-    """The rooms (``gpus``, ``timing``, ``placement``, ``memory``, ``cluster``, ``magics`` and the loose
-    modules) form no circle either: a reader follows arrows down from the magics and never comes back up.
-    Lazy imports count, since a circle of lazy imports still ties two rooms into one."""
+    """The rooms (``gpus``, ``timing``, ``placement``, ``gpumem``, ``holders``, ``cudamem``, ``explain``,
+    ``cluster``, ``magics`` and the loose modules) form no circle either: a reader follows arrows down from
+    the magics and never comes back up. Lazy imports count, since a circle of lazy imports still ties two
+    rooms into one."""
     edges: dict[str, set[str]] = {}
     for module, imported in GRAPH.items():
         if module == "torchgpu_magic":
@@ -120,11 +121,68 @@ def test_no_import_circle_between_packages():
         visit(room, [room])
 
 
+# The floors of the house, from the top: a room imports only rooms on lower floors (lazy imports count).
+# magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement
+#        -> {gpus, devices, accelerators, host} -> {render, errors}
+FLOORS = {
+    "__main__": 7, "magics": 6, "cluster": 5,
+    "gpumem": 4, "cudamem": 4, "explain": 4, "timing": 4,
+    "holders": 3, "placement": 2,
+    "gpus": 1, "devices": 1, "accelerators": 1, "host": 1,
+    "render": 0, "errors": 0,
+}
+
+
+def test_every_arrow_between_rooms_points_down_a_floor():
+    """magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement -> {gpus, devices,
+    accelerators, host} -> {render, errors}: a reader follows arrows down from the magics and never
+    comes back up, nor sideways (``%gpumem`` loads none of ``%%cudamem``'s code)."""
+    rooms = {_package_of(m) for m in GRAPH if m != "torchgpu_magic"}
+    assert rooms == set(FLOORS), f"rooms without a floor: {sorted(rooms - set(FLOORS))}"
+    wrong = []
+    for module, imported in GRAPH.items():
+        if module == "torchgpu_magic":
+            continue
+        here = _package_of(module)
+        for target in imported:
+            if target in GRAPH and target != "torchgpu_magic" and _package_of(target) != here:
+                if FLOORS[_package_of(target)] >= FLOORS[here]:
+                    wrong.append(f"{module} -> {target}")
+    assert not wrong, "arrows that do not point down: " + ", ".join(sorted(wrong))
+
+
 def test_each_magic_has_its_core_in_a_package_named_for_it():
     """A reader finds ``%gpuinfo``'s work in ``gpus/``, ``%%cudatime``'s in ``timing/``, ``%whereis``'s in
-    ``placement/`` and ``%gpumem``'s in ``memory/``; no core module stands loose at the top but the
-    few every room shares."""
+    ``placement/``, ``%gpumem``'s in ``gpumem/`` and ``holders/``, ``%%cudamem``'s in ``cudamem/`` and the
+    explained errors in ``explain/``; no core module stands loose at the top but the few every room
+    shares."""
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "devices.py", "errors.py", "render.py"], loose
-    for room in ("gpus", "timing", "placement", "memory", "cluster", "magics"):
+    assert loose == ["__init__.py", "__main__.py", "accelerators.py", "devices.py", "errors.py", "host.py",
+                     "render.py"], loose
+    for room in ("gpus", "timing", "placement", "gpumem", "holders", "cudamem", "explain", "cluster",
+                 "magics"):
         assert (PACKAGE / room / "__init__.py").exists(), room
+
+
+@pytest.mark.parametrize("package", sorted(p.parent for p in PACKAGE.glob("*/__init__.py")),
+                         ids=lambda p: p.name)
+def test_each_package_docstring_is_its_module_map(package):
+    """The one map of the modules: each package's docstring names every module in it (as ``name`` or
+    :mod:`.name`), and names no module that is not there."""
+    import re
+
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    named = set(re.findall(r"(?:``|:mod:`\.)([a-z_]+)(?:\.py)?(?:``|`)", doc))
+    missing = sorted(modules - named)
+    assert not missing, f"{package.name}/__init__.py's docstring does not name {missing}"
+    gone = sorted(n for n in named if n not in modules and f"{n}.py" in _MODULE_LIKE)
+    assert not gone, f"{package.name}/__init__.py's docstring names modules that are not there: {gone}"
+
+
+# Names a docstring could use for a module that has gone (every module file name the package ever used
+# here): a docstring naming one of these that does not exist in its package is out of date.
+_MODULE_LIKE = {p.name for p in PACKAGE.rglob("*.py")} | {
+    "tracebacks.py", "diagnosis.py", "failing.py", "oom.py", "text.py", "holdersreport.py", "tracking.py",
+    "cellmem.py", "standin.py", "fakecopy.py", "targets.py", "explain.py",
+}

@@ -1,8 +1,8 @@
 """The out-of-memory explanation, `%gpumem holders` and `%gpumem free` through a real InteractiveShell (and a
 real kernel, nbclient), on the CPU: `torch.empty(2**50, dtype=torch.uint8)` is a real allocation failure,
 and the CPU allocator's own wording with a small size stands in for a failure that freeing would fix.
-The explanation is shown above the traceback (magics/tracebacks.py; the order itself is checked in
-tests/test_tracebacks.py): :func:`_explanation` reads it there."""
+The explanation is shown above the traceback (magics/explainers.py; the order itself is checked in
+tests/test_explainers.py): :func:`_explanation` reads it there."""
 from __future__ import annotations
 
 import gc
@@ -141,7 +141,7 @@ def test_shared_names_are_advised_together(ip):
     text = _explanation(_cell(ip, SMALL)[0])
     assert "del solo frees 2.00 MiB" in text and "del output frees 1.00 MiB" in text
     assert "del big" not in text and "del same" not in text  # neither alone frees the storage both hold
-    from torchgpu_magic.memory.free import kept
+    from torchgpu_magic.holders.free import kept
 
     listed = {name: fix for name, _, _, fix in kept(ip.user_ns)}
     assert listed["big"] == "del big, same together" and listed["solo"] == "del solo frees 2.00 MiB"
@@ -157,7 +157,7 @@ def test_an_evaluation_cell_is_advised_no_grad(ip):
 
 
 def test_a_failure_inside_the_explanation_is_one_line(ip, monkeypatch):
-    from torchgpu_magic.memory import explain
+    from torchgpu_magic.explain import outofmemory as explain
 
     def broken(*args, **kwargs):
         raise ValueError("boom")
@@ -169,8 +169,8 @@ def test_a_failure_inside_the_explanation_is_one_line(ip, monkeypatch):
     assert isinstance(error, RuntimeError) and sys.last_value is error
     lines = out.stdout.strip().splitlines()
     assert "Traceback" in out.stdout and f"RuntimeError: {error}" in lines  # IPython's own, whole
-    said = [line for line in lines if line.startswith("gpumem:")]
-    assert said == ["gpumem: could not explain this out-of-memory error (ValueError: boom)"]
+    said = [line for line in lines if line.startswith("torchgpu_magic:")]
+    assert said == ["torchgpu_magic: could not explain this out-of-memory error (ValueError: boom)"]
     assert lines.index(said[0]) > lines.index(f"RuntimeError: {error}")
     assert not out.outputs
 
@@ -316,7 +316,7 @@ def test_every_report_reads_in_the_plain_text_formatter(ip):
     holders = ip.run_line_magic("gpumem", "holders -o")
     assert plain(holders) == holders.to_text() and "keep (also alias)" in plain(holders)
     _cell(ip, NET.format(fail=REAL))
-    from torchgpu_magic.memory import explain
+    from torchgpu_magic.explain import outofmemory as explain
 
     report = explain.explain(sys.last_value, ip.user_ns)
     assert plain(report) == report.to_text() and "forward: attn" in plain(report)
@@ -380,7 +380,7 @@ def test_gpu_a_real_cuda_out_of_memory_against_torchs_own_figures(ip):
     torch = ip.user_ns["torch"]
     index = torch.cuda.current_device()
     assert text.startswith(f"gpumem: out of memory on cuda:{index}: asked 512 MiB; ")
-    from torchgpu_magic.memory import explain
+    from torchgpu_magic.explain import outofmemory as explain
 
     report = explain.explain(result.error_in_exec, ip.user_ns)
     stats = torch.cuda.memory_stats(index)

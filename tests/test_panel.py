@@ -13,10 +13,10 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import torchgpu_magic
-from torchgpu_magic import memory
+from torchgpu_magic import gpumem as memory
+from torchgpu_magic.gpumem import panel
 from torchgpu_magic.magics import instance
 from torchgpu_magic.magics.gpumem import GPUMemMagics
-from torchgpu_magic.memory import panel
 
 MiB = 1024 * 1024
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -397,12 +397,13 @@ def test_gpus_are_remapped_on_the_main_thread_never_in_the_sampler_thread(ip, mo
     thread it could swallow the warnings of the user's running cell."""
     import warnings
 
-    from torchgpu_magic.memory import figures
+    from torchgpu_magic import accelerators
+    from torchgpu_magic.gpumem import figures
 
     state = ["not imported"]
-    for module in (memory, figures):
+    for module in (accelerators, figures):
         monkeypatch.setattr(module, "cuda_state", lambda: state[0])
-    from torchgpu_magic.memory import sampler as sampler_module
+    from torchgpu_magic.gpumem import sampler as sampler_module
 
     monkeypatch.setattr(sampler_module, "cuda_state", lambda: state[0], raising=False)
     asked_on = []

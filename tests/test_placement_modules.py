@@ -6,7 +6,7 @@ import torch
 
 from torchgpu_magic.errors import MagicInputError
 from torchgpu_magic.placement import modules, table
-from torchgpu_magic.placement.text import _sep
+from torchgpu_magic.render import separator as _sep
 
 
 class Net(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""memory/sampler.py: the interval, per-cell accounting and the Sampler thread, via the package's names."""
+"""gpumem/sampler.py: the interval, per-cell accounting and the Sampler thread, via the package's names."""
 from __future__ import annotations
 
 import math
@@ -9,10 +9,11 @@ import time
 import fake_pynvml
 import pytest
 
-from torchgpu_magic import memory
+from torchgpu_magic import gpumem as memory
+from torchgpu_magic import host
 from torchgpu_magic.errors import MagicInputError
+from torchgpu_magic.gpumem import sampler as sampler_module
 from torchgpu_magic.gpus import nvml
-from torchgpu_magic.memory import sampler as sampler_module
 
 MiB = 1024 * 1024
 H100 = memory.GPUTarget(None, 0, "NVIDIA H100 80GB HBM3")
@@ -49,7 +50,7 @@ def test_cell_log_measures_rss_delta_and_peak():
     assert record.number == 7 and record.first_line == "block = bytearray(...)"
     assert record.rss_delta > 80 * MiB
     if record.rss_peak is not None:  # Linux: the kernel's high-water mark, reset before the cell
-        assert record.rss_peak >= memory.host_memory().rss - 8 * MiB
+        assert record.rss_peak >= host.host_memory().rss - 8 * MiB
     del block
     for n in range(5):
         log.start()
@@ -59,7 +60,7 @@ def test_cell_log_measures_rss_delta_and_peak():
 
 
 def test_cell_peak_rss_is_this_cells_own():
-    if not memory.reset_peak_rss():
+    if not host.reset_peak_rss():
         pytest.skip("this OS cannot reset the peak RSS mark")
     big = bytearray(128 * MiB)
     big[:: 4096] = b"\x01" * len(big[:: 4096])
@@ -67,7 +68,7 @@ def test_cell_peak_rss_is_this_cells_own():
     log = memory.CellLog()
     log.start()
     record = log.finish(1, "pass")
-    assert record.rss_peak < memory.host_memory().rss + 32 * MiB  # the earlier 128 MiB is not counted
+    assert record.rss_peak < host.host_memory().rss + 32 * MiB  # the earlier 128 MiB is not counted
 
 
 # ---- the sampler -----------------------------------------------------------------------------------
@@ -297,7 +298,7 @@ def test_cell_deltas_are_exact_for_real_cuda_allocations():
 def test_host_counters_agree_with_psutil_and_reset_the_peak():
     import psutil
 
-    counters = memory.HostCounters()
+    counters = host.HostCounters()
     try:
         rss = counters.rss()
         assert abs(rss - psutil.Process().memory_info().rss) < 16 * MiB

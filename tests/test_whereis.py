@@ -151,7 +151,7 @@ def test_diagnosis_of_a_training_step_that_names_an_optimizer(ip):
     """The optimizer on the failing line used to kill the diagnosis with an AttributeError."""
     run(ip, SETUP + "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
     text = _explained(_cell(ip, "opt.zero_grad(); loss = model(x).sum(); loss.backward(); opt.step()"))[0]
-    assert "could not diagnose" not in text
+    assert "could not explain" not in text
     assert re.search(r"^\s+opt\s+meta\s+SGD \(optimizer\)", text, re.M)
     assert "Fix: x = x.to(next(model.parameters()).device)" in text
 
@@ -173,7 +173,7 @@ def test_diagnosis_of_rnn_attention_and_index_errors(ip, code, devices):
 
 
 def test_traceback_of_other_errors_unchanged(ip):
-    """Only the errors it explains get the extension's traceback (tests/test_tracebacks.py); any other
+    """Only the errors it explains get the extension's traceback (tests/test_explainers.py); any other
     error in an ordinary cell shows exactly IPython's."""
     import torchgpu_magic
 
@@ -230,15 +230,15 @@ def test_coexists_with_a_custom_exception_handler(ip):
 def test_reload_leaves_one_handler(ip):
     def ours():
         return [cb for cb in ip.events.callbacks["post_run_cell"]
-                if getattr(cb, "__name__", "") in ("_diagnose_cell", "_watch_cell")]
+                if getattr(cb, "__name__", "") in ("after_cell", "_watch_cell")]
 
     ip.run_line_magic("whereis", "--watch on")
     for _ in range(5):
         ip.run_line_magic("reload_ext", "torchgpu_magic")
-    assert [cb.__name__ for cb in ours()] == ["_diagnose_cell"]
+    assert [cb.__name__ for cb in ours()] == ["after_cell"]
     ip.run_line_magic("whereis", "--watch on")
     ip.run_line_magic("whereis", "--watch on")
-    assert sorted(cb.__name__ for cb in ours()) == ["_diagnose_cell", "_watch_cell"]
+    assert sorted(cb.__name__ for cb in ours()) == ["_watch_cell", "after_cell"]
 
 
 # ---- --watch ----------------------------------------------------------------------------------------------
@@ -375,11 +375,11 @@ def test_every_report_shows_its_text_in_the_shells_plain_text_formatter(ip):
     to a dataclass-generated repr (ModuleReport(name=..., rows=[ModuleRow(...)])), on either IPython leg."""
     run(ip, SETUP + "opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n")
     ns = ip.user_ns
-    from torchgpu_magic import placement
+    from torchgpu_magic.explain import mismatch
 
     error = RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
                          "cpu and meta!")
-    diagnosis = placement.diagnose(error, "c = a + b", ns, lambda filename: False)
+    diagnosis = mismatch.diagnose(error, "c = a + b", ns, lambda filename: False)
     reports = [ip.run_line_magic("whereis", f"-o {name}") for name in ("x", "model", "opt")]
     reports += [ip.run_line_magic("whereis", "-o"), diagnosis]
     plain = ip.display_formatter.formatters["text/plain"]

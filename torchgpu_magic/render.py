@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
-def _can_print(text: str) -> bool:
+def can_print(text: str) -> bool:
     """True when ``text`` survives the encoding of stdout (a 'C' locale cannot print 'µ')."""
     encoding = getattr(sys.stdout, "encoding", None) or "ascii"
     try:
@@ -24,7 +24,25 @@ def _can_print(text: str) -> bool:
     return True
 
 
-MICRO = "µs" if _can_print("µ") else "us"
+MICRO = "µs" if can_print("µ") else "us"
+
+
+def fmt_count(n: int) -> str:
+    """Counts the way model cards write them: 4, 1.2K, 7.0M, 1.3B."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(int(n))
+
+
+def join_cells(items: Any) -> str:
+    """'a, b' for table cells; '-' when there is nothing to list."""
+    return ", ".join(items) if items else "-"
+
+
+def separator() -> str:
+    """'·' where stdout can print it, '|' elsewhere (as :data:`MICRO` is 'µs' or 'us')."""
+    return "·" if MICRO == "µs" else "|"
 
 
 def is_na(value: Any) -> bool:

@@ -278,9 +278,9 @@ def memory_tick(reporters: Optional[dict] = None, cells: Optional[list] = None) 
       last reported at: its peaks cover the cells after that one. An engine busy through several cells
       reports them all at once when it answers again.
     """
-    from .. import memory
+    from ..host import host_memory
 
-    host = memory.host_memory()
+    host = host_memory()
     out: dict = {"rss": host.rss if host is not None else None, "torch": _torch_devices()}
     here = socket.gethostname()
     monitored = _monitored(getattr(_CONTEXT, "worker", None))
@@ -328,7 +328,7 @@ _IDENTITY: dict = {}  # NVML index -> (UUID, name)
 
 
 def _torch_devices() -> list:
-    from ..memory.figures import initialised_cuda
+    from ..accelerators import initialised_cuda
 
     cuda = initialised_cuda()
     if cuda is None:
@@ -390,7 +390,7 @@ def cell_peaks(reset: bool = True) -> dict:
     and the process's peak RSS; reset afterwards so the next call sees the next cell only."""
     import torch
 
-    from .. import memory
+    from .. import host
 
     gpus = {}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -398,9 +398,9 @@ def cell_peaks(reset: bool = True) -> dict:
             gpus[f"cuda:{index}"] = int(torch.cuda.max_memory_allocated(index))
             if reset:
                 torch.cuda.reset_peak_memory_stats(index)
-    rss = memory.peak_rss()
+    rss = host.peak_rss()
     if reset:
-        memory.reset_peak_rss()
+        host.reset_peak_rss()
     return {"gpus": gpus, "peak_rss": rss}
 
 

@@ -1,6 +1,9 @@
 """``%gpuinfo``'s core: which GPUs there are and whether torch can use them.
 
 - ``nvml``: the only importer of pynvml (lazy init under a lock, NA for what a GPU cannot say);
+- ``snapshots``: what NVML says about a GPU, as plain records (``nvml`` fills them);
+- ``processes``: a GPU's per-process memory (this process's share, the others'), and whether NVML's
+  process list names this PID namespace's processes at all (a container without ``--pid=host``);
 - ``problems``: NVML's errors as short codes with a hint a person can act on;
 - ``gpumap``: torch's view of its GPUs, matched to NVML's by UUID under ``CUDA_VISIBLE_DEVICES``;
 - ``inventory``: the report, and the diagnosis of why torch cannot use a GPU.

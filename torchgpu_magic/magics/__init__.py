@@ -1,14 +1,15 @@
 """The IPython side of torchgpu_magic: one ``Magics`` class per magic, registered together.
 
 As IPython keeps its own magics (``IPython/core/magics/``), each magic has a module named after it
-(``gpuinfo.py``, ``ontorch.py``, ``cudatime.py``, ``whereis.py``, ``gpumem.py``,
-``cudamem.py``) holding its options, hooks
-and state; ``base.py`` holds what they share. This package is the only part of torchgpu_magic that knows
-IPython's magic machinery and the only one that turns the core's
+(``gpuinfo.py``, ``ontorch.py``, ``cudatime.py``, ``whereis.py``, ``gpumem.py``, ``cudamem.py``) holding its
+options, hooks and state; ``base.py`` holds what they share as magics (options, closers), ``shell.py`` what
+they share of IPython's shell (the one cell compiler, results shown or returned, the history let go of), and
+``explainers.py`` the always-on hooks that show an explained error above its traceback. This package is the
+only part of torchgpu_magic that knows IPython's magic machinery and the only one that turns the core's
 :class:`~torchgpu_magic.errors.MagicInputError` into IPython's ``UsageError``. :func:`load` registers every
-magic's class under one :class:`~.base.TorchGPUMagics`, whose closers undo whatever the magics hooked into
-the shell (event callbacks, formatters, threads), so that :func:`unload` removes exactly what loading and
-use added.
+magic's class under one :class:`~.base.TorchGPUMagics`, whose closers undo whatever the magics hooked into the
+shell (event callbacks, formatters, threads), so that :func:`unload` removes exactly what loading and use
+added.
 """
 from __future__ import annotations
 

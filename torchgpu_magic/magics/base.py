@@ -1,10 +1,11 @@
-"""What the magics share: options parsed into one-line ``UsageError``s, the closers that let
-``%unload_ext`` undo what loading and use hooked into the shell, and IPython's semicolon rule.
+"""What the magics share: options parsed into one-line ``UsageError``s, and the closers that let
+``%unload_ext`` undo what loading and use hooked into the shell (what they share of IPython's shell
+itself, the cells, results and the history, is :mod:`.shell`).
 
 Each magic is a :class:`MagicsPart` in a module named after it, holding that magic's options, hooks and
 state. One :class:`TorchGPUMagics` per shell is the extension itself: registered under that name, it owns
 the closers and knows the parts, so ``load`` and ``unload`` (in ``__init__.py``) register and remove them
-together. This is the only module the magics' modules import from each other.
+together. This and :mod:`.shell` are the only modules the magics' modules import from each other.
 """
 from __future__ import annotations
 
@@ -57,101 +58,6 @@ def usage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def cell_number(shell: Any) -> int:
-    """The ``In[n]`` of the cell running now, as IPython itself names it (its traceback's "Cell In[n]",
-    its history, the ``Out[n]`` of the result). IPython 8 and 9 add one to ``execution_count`` *before* a
-    cell runs and 7.x after it, so ``execution_count`` names the next cell on one leg and this cell on the
-    other; IPython hands the running cell's ``ExecutionResult`` to its display hook on both, and its
-    ``execution_count`` is the number IPython uses. Outside a cell (``run_line_magic`` from code), or for
-    a cell run without history on 7.x, the shell's count, which names the cell it would be."""
-    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-    number = getattr(result, "execution_count", None)
-    return number if isinstance(number, int) else shell.execution_count
-
-
-def ends_with_semicolon(source: str) -> bool:
-    """True when the last code token of ``source`` is ``;``: IPython's rule for a cell whose value is
-    not shown (``DisplayHook.semicolon_at_end_of_expression`` exists only from IPython 8)."""
-    import io
-    import tokenize
-
-    skip = {tokenize.ENDMARKER, tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT,
-            tokenize.DEDENT}
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return False
-    code = [tok for tok in tokens if tok.type not in skip]
-    return bool(code) and code[-1].string == ";"
-
-
-def ipython_tracebacks(shell: Any) -> list:
-    """What IPython keeps of the last error it showed, beyond ``sys.last_*``: the traceback its formatter
-    remembers (``InteractiveTB.tb``) and the exception in the last cell's ``ExecutionResult``. Each keeps
-    the failed cell's frames, and their locals, alive."""
-    found = []
-    tb = getattr(getattr(shell, "InteractiveTB", None), "tb", None)
-    if tb is not None:
-        found.append(tb)
-    error = getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None)
-    if error is not None:
-        found.append(error)
-    return found
-
-
-def release_traceback(shell: Any) -> list:
-    """Let go of the last error's traceback wherever Python and IPython keep it (``sys.last_exc``,
-    ``sys.last_value``, ``sys.last_traceback``, ``sys.last_type``, ``InteractiveTB.tb``, the last cell's
-    result, as IPython's own ``del_var`` does); the names of what was let go."""
-    import sys
-
-    released = []
-    for name in ("last_exc", "last_value", "last_traceback", "last_type"):
-        if getattr(sys, name, None) is not None:
-            delattr(sys, name)
-            released.append(f"sys.{name}")
-    formatter = getattr(shell, "InteractiveTB", None)
-    if getattr(formatter, "tb", None) is not None:
-        formatter.tb = None
-        released.append("InteractiveTB.tb")
-    if getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None) is not None:
-        shell.last_execution_result = None
-        released.append("last_execution_result")
-    return released
-
-
-def release_outputs(shell: Any) -> list:
-    """Drop the output history's entries that hold tensors, modules or optimizers: ``Out[n]`` (with its
-    ``_n``), ``_``, ``__``, ``___`` (in the namespace and the display hook), as ``%reset out`` does for
-    all of them, and the last cell's value IPython keeps in its result; the names of what was dropped."""
-    from ..memory.holders import holds_tensors
-
-    ns = shell.user_ns
-    released = []
-    out = ns.get("Out")
-    if isinstance(out, dict):
-        for key in [k for k, v in list(out.items()) if holds_tensors(v)]:
-            del out[key]
-            released.append(f"Out[{key}]")
-            for table in (ns, getattr(shell, "user_ns_hidden", {})):
-                table.pop(f"_{key}", None)
-    last = getattr(shell, "last_execution_result", None)
-    if holds_tensors(getattr(last, "result", None)):  # the last cell's value, until this cell ends
-        last.result = None
-        released.append("last_execution_result.result")
-    hook = getattr(shell, "displayhook", None)
-    hidden = getattr(shell, "user_ns_hidden", {})  # IPython pushes _, __, ___ there too
-    for name in ("_", "__", "___"):
-        if holds_tensors(ns.get(name)):
-            ns[name] = ""
-            released.append(name)
-        if holds_tensors(hidden.get(name)):
-            hidden[name] = ""
-        if hook is not None and holds_tensors(getattr(hook, name, None)):
-            setattr(hook, name, "")
-    return released
-
-
 @magics_class
 class TorchGPUMagics(Magics):
     """The extension in one shell. It defines no magic itself: it is registered under this name so that
@@ -159,12 +65,12 @@ class TorchGPUMagics(Magics):
     that undo whatever those hooked into the shell (event callbacks, formatters, threads)."""
 
     def __init__(self, shell: Any, parts: Iterable[type[MagicsPart]]) -> None:
-        from .tracebacks import Tracebacks
+        from .explainers import Tracebacks
 
         super().__init__(shell)
         self._closers: list[Callable[[], None]] = []
         self._cluster_closer = False  # whether unload closes the clients --cluster connected
-        self.tracebacks = Tracebacks(shell)  # the user's cell first; parts add their explainers
+        self.tracebacks = Tracebacks(shell)  # the user's cell first, errors explained above
         self.parts: list[MagicsPart] = [cls(shell, self) for cls in parts]
 
     def part(self, cls: type[P]) -> P:

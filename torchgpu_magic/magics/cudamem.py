@@ -8,6 +8,7 @@ from IPython.core.magic import cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .base import MagicsPart, parse_args, usage_errors
+from .shell import register_cell, show
 
 
 @magics_class
@@ -48,18 +49,18 @@ class CUDAMemMagics(MagicsPart):
         ``%%cudamem`` measures the real run; ``%%cudamem --predict [DEVICE]`` predicts it for DEVICE
         (default cuda) from fake copies, without a GPU; ``--fit NAME`` finds the largest batch that fits.
         """
-        from ..memory import prediction, targets, tracking
+        from ..cudamem import prediction, run, targetdevice
 
         args = parse_args(self.cudamem, line)
         if args.top < 0:
             raise UsageError(f"%cudamem: --top takes 0 (all) or a positive count; got {args.top}")
-        capacity = targets.parse_size(args.capacity) if args.capacity is not None else None
-        cc = targets.parse_arch(args.arch) if args.arch is not None else None
+        capacity = targetdevice.parse_size(args.capacity) if args.capacity is not None else None
+        cc = targetdevice.parse_arch(args.arch) if args.arch is not None else None
         fit_names = self._fit_names(args.fit)
         predicting = args.predict or fit_names is not None
-        target = targets.resolve_target(args.device or "cuda") if predicting else None
+        target = targetdevice.resolve_target(args.device or "cuda") if predicting else None
         measured_on = None if predicting or args.device is None else self._measured_device(args.device)
-        tracking.tracker_class()  # a torch without MemTracker: one line, before anything runs
+        run.tracker_class()  # a torch without MemTracker: one line, before anything runs
         code, tree, filename = self._compile(cell)
         ns = self.shell.user_ns
         names = prediction.cell_names(tree, ns)
@@ -74,13 +75,7 @@ class CUDAMemMagics(MagicsPart):
         else:
             outcome = self._measure(code, filename, [(n, ns[n]) for n in names], measured_on, capacity,
                                     args.top)
-        if args.output:
-            return outcome
-        if not args.quiet:
-            from IPython.display import display
-
-            display(outcome)
-        return None
+        return show(outcome, args.output, args.quiet)
 
     @staticmethod
     def _fit_names(text: Optional[str]) -> Optional[list]:
@@ -112,7 +107,7 @@ class CUDAMemMagics(MagicsPart):
         tracebacks show its lines; a syntax error is one line."""
         shell = self.shell
         source = shell.transform_cell(cell)
-        filename = shell.compile.cache(source, shell.execution_count)
+        filename = register_cell(shell, source)
         try:
             tree = shell.transform_ast(shell.compile.ast_parse(source, filename))
             code = shell.compile(tree, filename, "exec")
@@ -124,12 +119,12 @@ class CUDAMemMagics(MagicsPart):
                  top: int) -> Any:
         """The real run, tracked; the cell's own error shows from the cell's lines, as in any cell."""
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
-        from ..memory import targets, tracking
+        from ..cudamem import run, targetdevice
 
         ns = self.shell.user_ns
         try:
-            outcome = tracking.measure(lambda: exec(code, ns), values, device, top)
-        except tracking.TrackerUnavailable:
+            outcome = run.measure(lambda: exec(code, ns), values, device, top)
+        except run.TrackerUnavailable:
             raise
         except Exception as exc:  # the cell's own error: its traceback from the cell's frame
             tb = exc.__traceback__
@@ -142,9 +137,9 @@ class CUDAMemMagics(MagicsPart):
         if capacity is not None:
             outcome.capacity, outcome.capacity_source = capacity, "--capacity"
         elif kind == "cpu":
-            outcome.capacity, outcome.capacity_source = targets.host_capacity()
+            outcome.capacity, outcome.capacity_source = targetdevice.host_capacity()
         elif kind == "cuda":
-            facts = targets.device_facts(targets.resolve_target(outcome.device))
+            facts = targetdevice.device_facts(targetdevice.resolve_target(outcome.device))
             outcome.capacity, outcome.capacity_source = facts[0], facts[1]
         return outcome
 

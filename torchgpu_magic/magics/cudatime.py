@@ -7,7 +7,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .base import MagicsPart, cell_number, parse_args, usage_errors
+from .base import MagicsPart, parse_args, usage_errors
+from .shell import register_cell, show
 
 
 @magics_class
@@ -114,13 +115,7 @@ class CUDATimeMagics(MagicsPart):
             raise exc.with_traceback(tb)  # noqa: B904 - the same exception, with our frames left out
         outcome = rows[0][1] if len(rows) == 1 and args.devices is None and args.threads is None \
             else timing.TimingComparison(rows, magic)
-        if args.output:
-            return outcome
-        if not args.quiet:
-            from IPython.display import display
-
-            display(outcome)
-        return None
+        return show(outcome, args.output, args.quiet)
 
     def _cluster(self, args: Any, opts: Any, setup: str, body: str) -> Any:
         """``--cluster``: the cell timed on every engine at once, in each engine's namespace
@@ -137,13 +132,7 @@ class CUDATimeMagics(MagicsPart):
         options = {name: getattr(opts, name) for name in ("loops", "samples", "warmup", "max_time", "cold",
                                                           "flush_l2", "kernels", "roofline", "peak")}
         outcome = cluster.time_cell(bridge, setup, body, options, devices[0], args.timeout)
-        if args.output:
-            return outcome
-        if not args.quiet:
-            from IPython.display import display
-
-            display(outcome)
-        return None
+        return show(outcome, args.output, args.quiet)
 
     def _split(self, line: str) -> tuple:
         """Split the magic's line into (options, statement): options are the leading tokens that look like
@@ -233,7 +222,7 @@ class CUDATimeMagics(MagicsPart):
         body_src = shell.transform_cell(body)
         offset = max(1, setup_src.count("\n")) if is_cell else 0
         source = (setup_src.rstrip("\n") + "\n" + body_src) if is_cell else body_src
-        filename = shell.compile.cache(source, cell_number(shell))
+        filename = register_cell(shell, source)
         start = 0  # the line the part being parsed starts after: the setup, then the body
         try:
             setup_ast = shell.compile.ast_parse(setup_src or "pass", filename)

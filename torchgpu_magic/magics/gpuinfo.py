@@ -7,6 +7,7 @@ from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .base import MagicsPart, parse_args, usage_errors
+from .shell import show
 
 
 @magics_class
@@ -40,11 +41,8 @@ class GPUInfoMagics(MagicsPart):
             import json
 
             print(json.dumps(report.to_dict(), indent=2))
-        elif not args.return_report:
-            from IPython.display import display
-
-            display(report)
-        return report if args.return_report else None
+            return report if args.return_report else None
+        return show(report, args.return_report)
 
     def _cluster(self, args: Any) -> Any:
         """``--cluster``: the cluster-wide report (:func:`torchgpu_magic.cluster.gpu_report`)."""

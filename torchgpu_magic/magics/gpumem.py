@@ -10,15 +10,8 @@ from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..errors import MagicInputError
-from .base import (
-    MagicsPart,
-    TorchGPUMagics,
-    ipython_tracebacks,
-    parse_args,
-    release_outputs,
-    release_traceback,
-    usage_errors,
-)
+from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
+from .shell import ipython_tracebacks, release_outputs, release_traceback, show
 
 # The panel's static snapshot (the text/html and text/plain a saved notebook keeps) is rewritten after a
 # cell at most this often, and always when the panel stops: rewriting it redraws the live view too.
@@ -39,9 +32,9 @@ def _device(spec: Optional[str]) -> Optional[str]:
         raise MagicInputError(f"{spec!r} is not a device: use cpu, cuda, cuda:N, mps, xpu or xpu:N")
     kind, index = found.groups()
     if index is None and kind in ("cuda", "xpu"):
-        from ..memory import figures
+        from ..accelerators import initialised_cuda
 
-        cuda = figures.initialised_cuda() if kind == "cuda" else None
+        cuda = initialised_cuda() if kind == "cuda" else None
         index = str(cuda.current_device()) if cuda is not None else "0"
     return kind if kind in ("cpu", "mps") else f"{kind}:{index}"
 
@@ -60,9 +53,9 @@ def shows_widgets(shell: Any) -> bool:
 
 @magics_class
 class GPUMemMagics(MagicsPart):
-    """``%gpumem``: a :class:`~torchgpu_magic.memory.CellLog` fed by the cell events while it runs, shown
-    either by one :class:`~torchgpu_magic.memory.panel.MemoryPanel` per kernel (over one
-    :class:`~torchgpu_magic.memory.Sampler`) or, in text mode, by one printed line per cell."""
+    """``%gpumem``: a :class:`~torchgpu_magic.gpumem.CellLog` fed by the cell events while it runs, shown
+    either by one :class:`~torchgpu_magic.gpumem.panel.MemoryPanel` per kernel (over one
+    :class:`~torchgpu_magic.gpumem.Sampler`) or, in text mode, by one printed line per cell."""
 
     def __init__(self, shell: Any, owner: TorchGPUMagics) -> None:
         super().__init__(shell, owner)
@@ -71,8 +64,8 @@ class GPUMemMagics(MagicsPart):
         self._snapshot_at = 0.0  # when that output's static snapshot was last rewritten
         self._cell_refresh = False  # refresh the panel after each cell instead of from the thread
         self._text = False  # text mode: a line after each cell, no panel, no thread
-        self._cells: Any = None  # memory.CellLog while per-cell accounting is hooked in
-        self._growth: Any = None  # memory.growth.GrowthWatch beside it: a cell that grows run after run
+        self._cells: Any = None  # gpumem.CellLog while per-cell accounting is hooked in
+        self._growth: Any = None  # gpumem.growth.GrowthWatch beside it: a cell that grows run after run
         self._records: Any = None  # the last cell log's records, kept after it stops
         self._cells_wanted = True  # the last --cells choice for the live panel
         self._targets_state: Optional[str] = None  # CUDA's state when the targets were last worked out
@@ -114,7 +107,7 @@ class GPUMemMagics(MagicsPart):
         cell's time and memory delta and peak kept as records. In a terminal (or without ipywidgets)
         one text snapshot, then one line after each cell.
         """
-        from .. import memory
+        from .. import gpumem
 
         args = parse_args(self.gpumem, line)
         if args.action not in (None, "stop", "holders", "free"):
@@ -124,7 +117,7 @@ class GPUMemMagics(MagicsPart):
             raise MagicInputError(f"{args.device!r}: only 'holders' takes a DEVICE")
         if args.action in ("holders", "free"):
             return self._holders_or_free(args, line)
-        interval = None if args.interval is None else memory.validate_interval(args.interval)
+        interval = None if args.interval is None else gpumem.validate_interval(args.interval)
         if args.text and args.widget:
             raise MagicInputError("--text and --widget exclude each other")
         if args.cluster is not None and args.action is None:
@@ -168,21 +161,16 @@ class GPUMemMagics(MagicsPart):
             raise MagicInputError(f"'{args.action}' takes {takes}, not "
                                   + " ".join(w for w in options if w != "-o"))
         if args.action == "holders":
-            from ..memory.holdersreport import holders_report
+            from ..holders.report import holders_report
 
             report = holders_report(self.shell.user_ns, _device(args.device), ipython_tracebacks(self.shell))
         else:
-            from ..memory.free import give_back
+            from ..holders.free import give_back
 
             steps = [("the last error's traceback", "traceback", lambda: release_traceback(self.shell)),
                      ("the output history", "output", lambda: release_outputs(self.shell))]
             report = give_back(steps, self.shell.user_ns, ipython_tracebacks(self.shell))
-        if args.output:
-            return report
-        from IPython.display import display
-
-        display(report)
-        return None
+        return show(report, args.output)
 
     # ---- choosing the view ------------------------------------------------------------------------
     def _wants_text(self, text: bool, widget: bool) -> bool:
@@ -207,7 +195,7 @@ class GPUMemMagics(MagicsPart):
 
     def records(self) -> Any:
         """A copy of the per-cell records of the running (or last) ``%gpumem``; empty before one ran."""
-        from ..memory.records import CellRecords
+        from ..gpumem.records import CellRecords
 
         log = self._cells
         if log is not None:
@@ -219,14 +207,14 @@ class GPUMemMagics(MagicsPart):
         """A snapshot now; a line after each cell from now on (the panel, if open, closes)."""
         from IPython.display import display
 
-        from .. import memory
+        from .. import gpumem
 
         if interval is not None:
             raise MagicInputError("--interval sets the panel's sampling: text mode samples per cell")
         self._add_closer()
         if self._panel is not None:
             self._stop()
-        display(memory.collect(self._targets()))
+        display(gpumem.collect(self._targets()))
         if not self._text:
             self._text = True
             self._hook_cells()
@@ -240,8 +228,8 @@ class GPUMemMagics(MagicsPart):
 
     def _start_panel(self, interval: Optional[float], refresh: Optional[str], cells: Optional[str]) -> Any:
         """The running panel (made and started on first use) with the options applied."""
-        from .. import memory
-        from ..memory import panel
+        from .. import gpumem
+        from ..gpumem import panel
 
         self._add_closer()
         if self._text:
@@ -249,7 +237,7 @@ class GPUMemMagics(MagicsPart):
         live = self._panel
         if live is None or live.closed:
             targets = self._targets()
-            sampler = memory.Sampler(targets, interval or memory.DEFAULT_INTERVAL)
+            sampler = gpumem.Sampler(targets, interval or gpumem.DEFAULT_INTERVAL)
             live = panel.MemoryPanel(sampler, on_close=self._on_panel_closed)
             self._panel = live
             self._cells_wanted = True
@@ -281,25 +269,25 @@ class GPUMemMagics(MagicsPart):
         """The GPUs to watch, without initialising CUDA: once CUDA is initialised, torch's devices
         matched to NVML's by UUID (inventory.gpu_map); before that, NVML's GPUs in the order
         CUDA_VISIBLE_DEVICES gives them (the order torch will use; a MIG instance as itself), and all of
-        them for a torch without CUDA (memory.nvml_targets). Called on the main thread only (at start,
+        them for a torch without CUDA (gpumem.nvml_targets). Called on the main thread only (at start,
         and after a cell that changed CUDA's state): gpu_map asks torch under
         ``warnings.catch_warnings``, which is process-wide."""
-        from .. import memory
+        from .. import accelerators, gpumem
         from ..gpus import inventory
 
-        state = memory.cuda_state()
+        state = accelerators.cuda_state()
         self._targets_state = state
         if state == "initialised":
             mappings = inventory.gpu_map()
             if mappings:
-                return memory.targets_from(mappings)
-        return memory.nvml_targets(state)
+                return gpumem.targets_from(mappings)
+        return gpumem.nvml_targets(state)
 
     def _retarget(self) -> None:
         """Work the targets out again when CUDA's state changed (say, the cell's first ``.cuda()``)."""
-        from .. import memory
+        from .. import accelerators
 
-        if memory.cuda_state() == self._targets_state:
+        if accelerators.cuda_state() == self._targets_state:
             return
         targets = self._targets()
         if self._panel is not None:
@@ -345,7 +333,7 @@ class GPUMemMagics(MagicsPart):
             if not args.output:
                 display(first)
             return first if args.output else None
-        from ..memory import panel
+        from ..gpumem import panel
 
         view = panel.ClusterPanel(first._repr_html_())
         sampler.on_update = view.update
@@ -405,10 +393,10 @@ class GPUMemMagics(MagicsPart):
 
     def _hook_cells(self) -> None:
         """Start per-cell accounting: a fresh cell log, fed by the pre/post_run_cell events."""
-        from .. import memory
-        from ..memory.growth import GrowthWatch
+        from .. import gpumem
+        from ..gpumem.growth import GrowthWatch
 
-        self._cells = memory.CellLog(targets=self._panel.sampler.targets if self._panel else self._targets())
+        self._cells = gpumem.CellLog(targets=self._panel.sampler.targets if self._panel else self._targets())
         self._growth = GrowthWatch()
         self.shell.events.register("pre_run_cell", self._pre_cell)
         self.shell.events.register("post_run_cell", self._post_cell)

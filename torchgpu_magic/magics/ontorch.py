@@ -11,7 +11,8 @@ from IPython.core.magic import line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..errors import MagicInputError
-from .base import MagicsPart, TorchGPUMagics, cell_number, ends_with_semicolon, parse_args, usage_errors
+from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
+from .shell import ends_with_semicolon, register_cell, show
 
 # type -> whether the footer watches its instances for in-place changes (modules, optimizers, containers)
 _HELD_TYPE: dict = {}
@@ -147,10 +148,7 @@ class OnTorchMagics(MagicsPart):
             raise UsageError("%ontorch: --cluster goes with the line form and SPEC local only: "
                              "%ontorch local --cluster [NAME]; then %%px %%ontorch local on the engines")
         assignment = cluster.local_devices(self.cluster_bridge(args.cluster))
-        if not args.quiet:
-            from IPython.display import display
-
-            display(assignment)
+        show(assignment, quiet=args.quiet)
 
     def _args(self, line: str) -> Any:
         """``parse_args`` for ``%%ontorch``, remembered per line: a notebook re-runs the same few magic
@@ -393,7 +391,7 @@ class OnTorchMagics(MagicsPart):
             # indented, or prompts pasted in: IPython's cleanup transforms decide, and report errors
             source = header + shell.transform_cell(cell)
             tree = shell.compile.ast_parse(source)
-        filename = shell.compile.cache(source, cell_number(shell))
+        filename = register_cell(shell, source)
         tree = shell.transform_ast(tree)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):

@@ -1,10 +1,8 @@
-"""``%whereis``: where tensors, modules and optimizers live, and why a cell mixed devices.
+"""``%whereis``: where tensors, modules and optimizers live.
 
-Besides the magic, two opt-in hooks (``--watch``: a line after each cell; ``--repr``: a placement line
-above tensors and modules shown as a result) and the explanations that are always on, each above its
-error's traceback (explainers of :mod:`.tracebacks`): for a device-mismatch error the names, devices and
-fix, from :func:`torchgpu_magic.placement.diagnose`; for an out-of-memory error who holds the device's
-memory by name and what to do, from :func:`torchgpu_magic.memory.explain.explain`.
+Besides the magic, two opt-in hooks: ``--watch`` (a line after each cell) and ``--repr`` (a placement line
+above tensors and modules shown as a result). Why a cell mixed devices is explained above its traceback,
+always on (:mod:`.explainers`).
 """
 from __future__ import annotations
 
@@ -15,7 +13,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .base import MagicsPart, TorchGPUMagics, ipython_tracebacks, parse_args, usage_errors
+from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
+from .shell import show
 
 
 @magics_class
@@ -28,39 +27,6 @@ class WhereIsMagics(MagicsPart):
         self._snapshot_cache: Any = None  # --watch's own placement.SnapshotCache, while it is on
         self._saved_printers: Optional[list] = None  # the display printers --repr on replaced, to put back
         self._closer_added = False
-
-    def start(self) -> None:
-        """Hook the mismatch diagnosis and the out-of-memory explanation into the shell, always on from
-        load to unload: above the traceback of such an error (explainers of the extension's tracebacks),
-        and after the cell where that traceback was not ours to show (another extension's
-        ``set_custom_exc`` handler showed it) or the explainer failed (then one line says so)."""
-        self._owner.tracebacks.add_explainer(self._explain)
-        self._owner.tracebacks.add_explainer(self._explain_oom)
-        self.shell.events.register("post_run_cell", self._diagnose_cell)
-        self.add_closer(lambda: self.shell.events.unregister("post_run_cell", self._diagnose_cell))
-
-    @staticmethod
-    def _explain(error: BaseException, source: str, ns: Any, is_cell_file: Callable[[str], bool]) -> Any:
-        """The mismatch diagnosis of ``error`` (None for any other error), for the traceback."""
-        if not isinstance(error, (RuntimeError, ValueError)):
-            return None
-        from .. import placement
-
-        if placement.mismatch_devices(error) is None:
-            return None
-        return placement.diagnose(error, source, ns, is_cell_file)
-
-    @staticmethod
-    def _explain_oom(error: BaseException, source: str, ns: Any, is_cell_file: Callable[[str], bool]) -> Any:
-        """The out-of-memory explanation of ``error`` (None for any other error), for the traceback. The
-        failed cell's frames are read from ``error`` itself and ``sys.last_*``: while the traceback is
-        being shown, IPython's own references (``InteractiveTB.tb``, the last result) are still the
-        previous error's, and about to let go of it."""
-        if not isinstance(error, (RuntimeError, MemoryError)):
-            return None
-        from ..memory import explain
-
-        return explain.explain(error, ns, (), source, is_cell_file)
 
     @magic_arguments()
     @argument("names", nargs="*", metavar="NAME",
@@ -122,12 +88,10 @@ class WhereIsMagics(MagicsPart):
             top = placement.DEFAULT_TOP if args.top is None else (args.top or None)
             device = args.device.strip().lower() if args.device is not None else None
             report = placement.namespace_report(ns, device=device, sort=args.sort, top=top)
-        if args.return_report:
-            return report
-        from IPython.display import display
-
-        for item in report if isinstance(report, list) else [report]:
-            display(item)
+        if args.return_report or not isinstance(report, list):
+            return show(report, args.return_report)
+        for item in report:
+            show(item)
         return None
 
     def _cluster(self, args: Any) -> Any:
@@ -219,59 +183,6 @@ class WhereIsMagics(MagicsPart):
                 fmt.type_printers[cls] = printer
         self._saved_printers = saved
         self._add_closer_once()
-
-    def _diagnose_cell(self, result: Any = None) -> None:
-        """post_run_cell, always on: after a device-mismatch error's traceback that did not show the
-        diagnosis, name the tensors and modules involved, their devices, and the fix; after such an
-        out-of-memory error, who holds the device's memory and what to do (:meth:`_oom_after_cell`).
-        Silent for every other outcome, and for an error whose traceback was shown explained."""
-        error = getattr(result, "error_in_exec", None)
-        explained = error is not None and self._owner.tracebacks.explained == id(error)
-        self._owner.tracebacks.explained = None  # one cell's: an id is free for reuse once that error goes
-        if not isinstance(error, (RuntimeError, ValueError, MemoryError)) or explained:
-            return
-        from .. import placement
-
-        info = getattr(result, "info", None)
-        source = getattr(info, "raw_cell", "") or ""
-        if not isinstance(error, ValueError) and placement.oom_facts(error) is not None:
-            self._oom_after_cell(error, source)
-            return
-        if placement.mismatch_devices(error) is None:
-            return
-        try:
-            diagnosis = placement.diagnose(error, source, self.shell.user_ns, self._is_cell_file)
-        except Exception as exc:  # noqa: BLE001 - a diagnosis must never add a traceback of its own
-            print(f"whereis: could not diagnose this device mismatch ({type(exc).__name__}: {exc})")
-            return
-        if diagnosis is not None:
-            from IPython.display import display
-
-            display(diagnosis)
-
-    def _oom_after_cell(self, error: BaseException, source: str) -> None:
-        """After an out-of-memory error's traceback that did not show the explanation: on the device that
-        failed, what was asked and what is free, who holds the memory by name (the failed cell's frames
-        too) and what to do, from :func:`torchgpu_magic.memory.explain.explain`. Reads only; keeps
-        nothing; a failure of its own is one line."""
-        from ..memory import explain
-
-        try:
-            report = explain.explain(error, self.shell.user_ns, ipython_tracebacks(self.shell), source,
-                                     self._is_cell_file)
-        except Exception as exc:  # noqa: BLE001 - an explanation must never add a traceback of its own
-            print(f"gpumem: could not explain this out-of-memory error ({type(exc).__name__}: {exc})")
-            return
-        if report is not None:
-            from IPython.display import display
-
-            display(report)
-
-    def _is_cell_file(self, filename: str) -> bool:
-        """True for the file names IPython compiles cells under (see :func:`.tracebacks.is_cell_file`)."""
-        from .tracebacks import is_cell_file
-
-        return is_cell_file(self.shell, filename)
 
 
 def _plain_printer(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:

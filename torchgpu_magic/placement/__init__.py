@@ -1,27 +1,23 @@
-"""Where tensors, modules and optimizers live: the core of ``%whereis``, the mixed-device diagnosis and
-``%%ontorch --move``.
+"""Where tensors, modules and optimizers live: the core of ``%whereis`` and ``%%ontorch --move``, and what
+the explanations (:mod:`torchgpu_magic.explain`) and the holders of memory read objects with.
 
 Split by concern:
 
-- ``kinds``: the cheap per-tensor reads (kind of an object, device and dtype names, storage and bytes),
-  and the garbage-collector pause the report walks take;
+- ``kinds``: the cheap per-tensor reads (kind of an object, device and dtype names, shapes, storage and
+  bytes, the order devices are listed in), and the garbage-collector pause the report walks take;
 - ``tree``: the one walk of a module tree, every tensor's facts read at once, figures per module;
 - ``accounting``: the one account of an object's tensors (each with its role: parameter, buffer,
   gradient, optimizer state, step counters; storages counted once; devices; bytes per device and role)
-  that every view below reads;
+  that every view below reads, and the trainable-share cell;
 - ``bydesign``: where torch keeps state off the device on purpose (optimizer step counters, GradScaler,
   RNG states, pinned buffers, DataLoader batches), so no view calls it a mistake;
 - ``walk``: the bounded walk over a namespace, and static attribute lookup;
 - ``offload``: where accelerate keeps offloaded weights, and where the forward runs;
-- ``text``: the formatting helpers the reports share;
 - ``scan``: the namespace snapshot (``--watch``, ``%%ontorch``'s footer), the names a cell's code can
   bind, and the footer's line;
 - ``table``: the ``%whereis`` table (names, containers and user objects walked, gradients counted);
 - ``modules``: ``%whereis NAME`` for one tensor, module or optimizer, and the ``--repr`` line;
 - ``names``: resolving that NAME without evaluating code;
-- ``failing``: the user's failing line in a traceback, which every explanation of an error shows first;
-- ``diagnosis``: recognising a device-mismatch error and naming what it involved;
-- ``oom``: recognising an out-of-memory error in any of PyTorch's wordings, and reading its figures;
 - ``moves``: ``%%ontorch --move``, all or nothing (the one module here that changes objects, on request).
 
 Apart from ``moves``, nothing here moves a tensor, runs ``forward`` or evaluates user code: objects are
@@ -45,8 +41,7 @@ from .accounting import (
     storage_key,
     tensor_nbytes,
 )
-from .diagnosis import Culprit, Diagnosis, diagnose, mismatch_devices
-from .failing import FailingLine, failing_line
+from .kinds import shape_str
 from .modules import (
     MAX_MODULE_ROWS,
     Lines,
@@ -60,7 +55,6 @@ from .modules import (
     tensor_line,
 )
 from .names import resolve
-from .oom import OOMFacts, is_oom, oom_facts
 from .scan import (
     SNAPSHOT_CONTAINER_LIMIT,
     Placed,
@@ -73,15 +67,13 @@ from .scan import (
     watch_line,
 )
 from .table import DEFAULT_TOP, NamespaceReport, Row, namespace_report
-from .text import fmt_count, shape_str
 from .walk import IPYTHON_NAMES
 
 __all__ = [
     "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "ROLES", "SNAPSHOT_CONTAINER_LIMIT", "Account",
-    "Culprit", "Diagnosis", "FailingLine", "Lines", "ModuleReport", "ModuleRow", "NamespaceReport",
-    "OOMFacts", "OptimizerReport", "Placed", "Row", "SnapshotCache", "account", "cell_names", "changed",
-    "changed_elsewhere", "footer_line", "describe", "device_str", "devices_of", "diagnose", "dtype_str",
-    "failing_line", "fmt_count", "is_floating", "is_oom", "kind_of", "oom_facts",
-    "mismatch_devices", "module_report", "namespace_report", "namespace_snapshot", "optimizer_report",
-    "placement_line", "resolve", "shape_str", "storage_key", "tensor_line", "tensor_nbytes", "watch_line",
+    "Lines", "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport", "Placed", "Row",
+    "SnapshotCache", "account", "cell_names", "changed", "changed_elsewhere", "footer_line", "describe",
+    "device_str", "devices_of", "dtype_str", "is_floating", "kind_of", "module_report", "namespace_report",
+    "namespace_snapshot", "optimizer_report", "placement_line", "resolve", "shape_str", "storage_key",
+    "tensor_line", "tensor_nbytes", "watch_line",
 ]

@@ -31,6 +31,7 @@ from .kinds import (
     _DEVICE_STR,
     _KIND_BY_TYPE,
     _torch,
+    device_order,
     device_str,
     dtype_str,
     grad_of,
@@ -40,7 +41,6 @@ from .kinds import (
     tensor_nbytes,
 )
 from .offload import offload_places
-from .text import _device_order
 from .tree import ModuleNode, Walk
 
 _DEVICE = operator.attrgetter("device")
@@ -379,4 +379,13 @@ def _optimizer_account(optimizer: Any) -> Account:
 
 def _ordered(devices: Any) -> tuple:
     """Device names in report order: accelerators, then cpu, disk, meta."""
-    return tuple(sorted(devices, key=_device_order))
+    return tuple(sorted(devices, key=device_order))
+
+
+def grad_state(trainable: int, total: int) -> str:
+    """The 'grad' / 'trainable' cell: 'yes', 'no', the trainable share ('25 %'), or '-' without elements."""
+    if total == 0:
+        return "-"
+    if trainable == total:
+        return "yes"
+    return "no" if trainable == 0 else f"{100 * trainable / total:.0f} %"

@@ -119,3 +119,15 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def shape_str(shape: tuple) -> str:
+    """'(3, 4)'; '()' for a scalar."""
+    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def device_order(device: str) -> tuple:
+    """Sort key listing accelerators first (by type, then index), then cpu, then disk, then meta."""
+    kind, _, index = device.partition(":")
+    rank = {"cpu": 1, "disk": 2, "meta": 3}.get(kind, 0)
+    return (rank, kind, int(index) if index.isdigit() else -1)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .accounting import _torch, account, dtype_str, kind_of, storage_key
+from ..render import fmt_count, join_cells, separator
+from .accounting import _torch, account, dtype_str, grad_state, kind_of, storage_key
 from .bydesign import pinned
-from .kinds import gc_paused
-from .text import _device_order, _grad_state, _join, _sep, fmt_count, shape_str
+from .kinds import device_order, gc_paused, shape_str
 from .walk import _placeables
 
 
@@ -67,7 +67,7 @@ def tensor_line(name: str, tensor: Any, ns: Optional[Mapping[str, Any]] = None) 
         parts.append(acc.why)
     if device == "meta":
         parts.append("meta: no data")
-    return Lines([f" {_sep()} ".join(parts)])
+    return Lines([f" {separator()} ".join(parts)])
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class ModuleRow:
 
 
 def _node_grad(node: Any) -> str:
-    return _grad_state(node.trainable, node.params)
+    return grad_state(node.trainable, node.params)
 
 
 def _uniform(node: Any) -> bool:
@@ -152,19 +152,19 @@ MAX_MODULE_ROWS = 200
 
 
 def _dtypes(dtypes: set) -> str:
-    return _join(sorted(dtype_str(d) for d in dtypes))
+    return join_cells(sorted(dtype_str(d) for d in dtypes))
 
 
 def _node_row(node: Any, collapsed: bool) -> ModuleRow:
     notes = list(node.notes)
     if len(node.devices) > 1:
-        notes.append("split across " + ", ".join(sorted(node.devices, key=_device_order)))
+        notes.append("split across " + ", ".join(sorted(node.devices, key=device_order)))
     if "meta" in node.devices:
         notes.append("meta params: no data")
     if node.children and collapsed:
         notes.append(f"+{node.n_modules - 1} submodules, same placement")
     return ModuleRow(
-        node.name, node.cls, _join(sorted(node.devices, key=_device_order)), _dtypes(node.dtypes),
+        node.name, node.cls, join_cells(sorted(node.devices, key=device_order)), _dtypes(node.dtypes),
         node.params, node.buffers, node.nbytes, _node_grad(node), "; ".join(notes),
     )
 
@@ -233,7 +233,7 @@ def _module_report(name: str, module: Any) -> ModuleReport:
             first, count = item[0], len(item)
             rows.append(ModuleRow(
                 f"{first.name}..{item[-1].name.rsplit('.', 1)[-1]}", f"{count} × {first.cls}",
-                _join(sorted(first.devices, key=_device_order)), _dtypes(first.dtypes),
+                join_cells(sorted(first.devices, key=device_order)), _dtypes(first.dtypes),
                 first.params * count, first.buffers * count, sum(n.nbytes for n in item), _node_grad(first),
                 "; ".join(first.notes),
             ))
@@ -246,7 +246,7 @@ def _module_report(name: str, module: Any) -> ModuleReport:
     if len(tree.devices) > 1:
         advice = ("accelerate's hooks move inputs and weights between them" if hooks
                   else "inputs must be on the device of the layer that reads them")
-        flags.append(f"{name} is split across {', '.join(sorted(tree.devices, key=_device_order))}"
+        flags.append(f"{name} is split across {', '.join(sorted(tree.devices, key=device_order))}"
                      + (f" (inside: {', '.join(split[:5])})" if split else "") + f": {advice}.")
     offloading = [places for _, places in hooks if places]
     if offloading:
@@ -291,7 +291,7 @@ def optimizer_report(name: str, optimizer: Any) -> OptimizerReport:
     from ..render import fmt_bytes
 
     acc = account(optimizer)
-    rows = [(index, n, _join(pdev), _join(sdev) if sdev else "(no state yet)", nbytes)
+    rows = [(index, n, join_cells(pdev), join_cells(sdev) if sdev else "(no state yet)", nbytes)
             for index, (n, pdev, sdev, nbytes) in enumerate(acc.groups)]
     where = ", ".join(f"{fmt_bytes(share.nbytes)} on {device}" for device, share in acc.shares.items()
                       if share.nbytes)
@@ -330,7 +330,7 @@ def placement_line(obj: Any) -> str:
     """One line saying where a tensor or module is: ``Linear · cuda:0 · float32 · 4 params · 16 B``."""
     from ..render import fmt_bytes
 
-    sep = f" {_sep()} "
+    sep = f" {separator()} "
     acc = account(obj, gradients=False)
     if acc.kind == "tensor":
         return sep.join([type(obj).__name__, acc.devices[0], dtype_str(obj.dtype),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .walk import _placeables, _static_attr
+from .walk import _placeables, static_attr
 
 _INDEXABLE = ("ModuleList", "Sequential", "ModuleDict", "ParameterList", "ParameterDict")
 
@@ -34,7 +34,7 @@ def resolve(expr: str, ns: Mapping[str, Any]) -> Any:
         if isinstance(node, ast.Attribute):
             base = walk(node.value)
             try:
-                return _static_attr(base, node.attr)
+                return static_attr(base, node.attr)
             except AttributeError as exc:
                 missing = f"{type(base).__name__} has no such attribute"
                 detail = str(exc) if "run code" in str(exc) else missing

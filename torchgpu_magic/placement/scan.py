@@ -11,10 +11,11 @@ from itertools import compress
 from operator import ne
 from typing import Any, Mapping, NamedTuple, Optional
 
+from ..render import fmt_count, separator
 from .accounting import account, device_str, dtype_str, kind_of, optimizer_tensors, tensor_nbytes
 from .bydesign import LOADER_WHY, loader_names, tensor_why
+from .kinds import shape_str
 from .names import resolve
-from .text import _sep, fmt_count, shape_str
 from .walk import IPYTHON_NAMES, _container_items
 
 # Containers looked into (one level deep) by the per-cell snapshot only when this small, so a list of a
@@ -246,8 +247,8 @@ def changed(before: Mapping[str, Placed], after: Mapping[str, Placed]) -> list:
 
 def watch_line(changes: list, before: Mapping[str, Placed]) -> str:
     """One compact line for ``--watch``: ``whereis: new x cpu float32 (3,) | moved model cpu→meta``."""
-    sep = f" {_sep()} "
-    arrow = "→" if _sep() == "·" else "->"
+    sep = f" {separator()} "
+    arrow = "→" if separator() == "·" else "->"
     parts = []
     for placed in changes:
         prior = before.get(placed.name)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
-from .accounting import account, dtype_str, kind_of, optimizer_tensors, tensor_columns
-from .kinds import gc_paused
-from .text import _device_order, _grad_state, _join, fmt_count, shape_str
+from ..render import fmt_count, join_cells
+from .accounting import account, dtype_str, grad_state, kind_of, optimizer_tensors, tensor_columns
+from .kinds import device_order, gc_paused, shape_str
 from .walk import Walk, _container_items
 
 # Rows shown per device when no --top is given: a namespace of a few hundred objects shows whole, one
@@ -67,7 +67,7 @@ class NamespaceReport:
         from ..render import Table, fmt_bytes
 
         tables = []
-        for device in sorted(self.totals, key=_device_order):
+        for device in sorted(self.totals, key=device_order):
             rows = [r for r in self.rows if r.device == device]
             n = self.counts.get(device, 0)
             count = f"{device}: {n} object{'s' if n != 1 else ''}, "
@@ -109,7 +109,7 @@ class NamespaceReport:
 
         if not self.rows and self.elsewhere:
             where = ", ".join(f"{d} ({n} object{'s' if n != 1 else ''})"
-                              for d, n in sorted(self.elsewhere.items(), key=lambda kv: _device_order(kv[0])))
+                              for d, n in sorted(self.elsewhere.items(), key=lambda kv: device_order(kv[0])))
             return [f"Nothing on {self.device}; the namespace's tensors, modules and optimizers are on "
                     f"{where}."]
         if not self.rows:
@@ -117,7 +117,7 @@ class NamespaceReport:
         lines = []
         if self.out_only_names:
             lines.append(
-                f"Only IPython's output cache keeps {_join(self.out_only_names)} alive "
+                f"Only IPython's output cache keeps {join_cells(self.out_only_names)} alive "
                 f"({fmt_bytes(self.out_only_bytes)}): `%reset -f out` frees them."
             )
         if self.cut:
@@ -255,8 +255,9 @@ def _module_rows(name: str, module: Any, tally: _Tally, note: str) -> list:
         elif device in offloaded:
             row_notes.append(f"offloaded by accelerate to {device}")
         rows.append(Row(
-            name, what, device, _join(sorted(share.dtypes)), f"{fmt_count(share.numel)} params", share.nbytes,
-            _grad_state(share.trainable, share.numel), "-", "; ".join(row_notes), share.grad_bytes,
+            name, what, device, join_cells(sorted(share.dtypes)), f"{fmt_count(share.numel)} params",
+            share.nbytes,
+            grad_state(share.trainable, share.numel), "-", "; ".join(row_notes), share.grad_bytes,
             _keys_on(acc, device),
         ))
     return rows
@@ -273,8 +274,8 @@ def _optimizer_rows(name: str, optimizer: Any, tally: _Tally, note: str) -> list
         return [Row(name, what, d, "-", f"{acc.params} params", 0, "-", "-", "; ".join(notes))
                 for d in acc.devices or ["(no params)"]]
     if acc.misplaced:
-        params = sorted({expected for _, _, expected in acc.misplaced}, key=_device_order)
-        notes.append(f"state not on its params' device ({_join(params)}): step() will fail")
+        params = sorted({expected for _, _, expected in acc.misplaced}, key=device_order)
+        notes.append(f"state not on its params' device ({join_cells(params)}): step() will fail")
     kept = _kept_note(acc)
     rows = []
     for index, device in enumerate(with_state):

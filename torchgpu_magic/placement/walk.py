@@ -152,7 +152,7 @@ def _placeables(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
     return iter(Walk(ns))
 
 
-def _static_attr(obj: Any, attr: str) -> Any:
+def static_attr(obj: Any, attr: str) -> Any:
     """``obj.attr`` without running code: a module's parameters/buffers/submodules, or a value found
     by ``inspect.getattr_static`` that is not a property or other descriptor."""
     import inspect

@@ -1,0 +1,21 @@
+"""``%%cudamem``'s core: a cell's memory by category, module and phase, measured or predicted.
+
+- :mod:`.run`: the cell run with its allocations tracked by torch's ``MemTracker`` (measured, or on fake
+  tensors for a prediction);
+- :mod:`.allocator`: the ledger of a tracked run (live bytes by category, the peak and where it was) and
+  the model of the CUDA caching allocator that accounts a CUDA target block by block;
+- :mod:`.prediction`: ``--predict`` and ``--fit``, the cell run on fake tensors;
+- :mod:`.fakenamespace`: the names a cell uses, and fake copies of them;
+- :mod:`.cudastandin`: fake cpu tensors standing in for CUDA where this torch cannot run fake CUDA
+  tensors, with CUDA's kernel choices where they change what is allocated;
+- :mod:`.targetdevice`: the target device's facts: where its fake tensors live, its capacity, and the
+  allowances for what fake tensors cannot see (the CUDA context, cuBLAS workspaces);
+- :mod:`.report`: the reports (:class:`CellMemory`, :class:`FitResult`), re-exported here.
+
+torch is imported inside functions only, so importing this package is cheap.
+"""
+from __future__ import annotations
+
+from .report import CellMemory, FitResult, ModuleRow
+
+__all__ = ["CellMemory", "FitResult", "ModuleRow"]

@@ -1,0 +1,251 @@
+"""``%gpumem free``'s core: give back what the failed cell and IPython's history hold, without touching the
+user's names, and say what each step gave back, measured before and after.
+
+The steps come from the caller, each a source and a function that lets go of its references and returns
+what it let go of (the magic knows IPython's: ``sys.last_*`` and the traceback IPython keeps; the output
+history's entries that hold tensors). After each, ``gc.collect()`` frees what only cycles kept, and the
+memory is measured again: on the cpu this process's RSS, on a GPU torch's allocated bytes (and, for the
+cache, reserved bytes and NVML's figure for this process). Last, torch's cache is emptied on each device
+that has one (``torch.cuda.empty_cache()``, ``torch.mps.empty_cache()``, ``torch.xpu.empty_cache()``).
+The report then lists the user's names that still hold memory, each with the ``del`` that would free it.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from ..accelerators import initialised_cuda
+from ..gpus import processes
+from ..host import HostCounters
+from ..render import LinesReport, fmt_bytes, html_lines
+from .holdings import Released, collect
+
+KEPT_SHOWN = 10  # names listed as still holding memory
+
+
+@dataclass(repr=False)
+class FreeStep:
+    """One source let go: its name, what was released (names of references), per device the bytes
+    measured free afterwards (``freed``; a device whose figure did not fall reads 0), and the bytes that
+    only this source held before, as the holders count them (``held``)."""
+
+    source: str
+    released: list
+    freed: dict
+    held: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "released": list(self.released), "freed": dict(self.freed),
+                "held": dict(self.held)}
+
+
+@dataclass(repr=False)
+class FreeReport(LinesReport):
+    """What ``%gpumem free`` gave back, step by step, how it was measured per device (``measured``), and
+    the user's names that still hold memory (``kept``: (name, device, bytes, the del that frees it))."""
+
+    steps: list
+    measured: dict
+    kept: list = field(default_factory=list)
+
+    def total(self) -> dict:
+        out: dict = {}
+        for step in self.steps:
+            for device, size in step.freed.items():
+                out[device] = out.get(device, 0) + size
+        return out
+
+    def lines(self) -> list:
+        total = self.total()
+        given = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in total.items() if b) or "nothing measurable"
+        out = [f"%gpumem free: gave back {given} (measured: "
+               + "; ".join(f"{d} {how}" for d, how in self.measured.items()) + ")"]
+        kept_by_c = False
+        for step in self.steps:
+            freed = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in step.freed.items() if b)
+            more = ", ..." if len(step.released) > 6 else ""
+            what = f" ({', '.join(step.released[:6])}{more})" if step.released else " (nothing held)"
+            held = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in step.held.items() if b)
+            out.append(f"  {step.source}{what}: " + (f"held {held}; " if held else "")
+                       + f"gave back {freed or 'nothing measurable'}")
+            kept_by_c = kept_by_c or (step.held.get("cpu", 0) > step.freed.get("cpu", 0))
+        if kept_by_c:
+            out.append("  (on the cpu, freed memory the C allocator keeps for reuse does not leave the RSS)")
+        if self.kept:
+            out.append("Your names still hold (not touched):")
+            for name, device, size, fix in self.kept[:KEPT_SHOWN]:
+                out.append(f"  {name}: {fmt_bytes(size)} on {device}; {fix}")
+            if len(self.kept) > KEPT_SHOWN:
+                out.append(f"  ... and {len(self.kept) - KEPT_SHOWN} more: %gpumem holders lists them")
+        return out
+
+    def _repr_html_(self) -> str:
+        return html_lines(self.lines())
+
+    def to_dict(self) -> dict:
+        return {"steps": [s.to_dict() for s in self.steps], "measured": dict(self.measured),
+                "total": self.total(),
+                "kept": [{"name": n, "device": d, "bytes": b, "fix": f} for n, d, b, f in self.kept]}
+
+
+def _cuda_indices() -> list:
+    cuda = initialised_cuda()
+    if cuda is None:
+        return []
+    try:
+        return list(range(cuda.device_count()))
+    except Exception:  # noqa: BLE001 - a lost GPU: the cpu is still measured
+        return []
+
+
+def _backend(kind: str) -> Any:
+    """``torch.mps`` / ``torch.xpu`` when this process has used it, else None (never initialises one)."""
+    torch = sys.modules.get("torch")
+    module = getattr(torch, kind, None) if torch is not None else None
+    if module is None:
+        return None
+    try:
+        if kind == "mps":
+            return module if module.driver_allocated_memory() else None
+        return module if module.is_initialized() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def measure(host: Optional[HostCounters] = None) -> dict:
+    """{device: (in use, reserved or the process's figure)} now: cpu (RSS, RSS), each initialised CUDA GPU
+    (torch allocated, torch reserved), mps / xpu when used."""
+    host = host or HostCounters()
+    out: dict = {"cpu": (host.rss(), host.rss())}
+    cuda = initialised_cuda()
+    for index in _cuda_indices():
+        out[f"cuda:{index}"] = (int(cuda.memory_allocated(index)), int(cuda.memory_reserved(index)))
+    mps = _backend("mps")
+    if mps is not None:
+        out["mps"] = (int(mps.current_allocated_memory()), int(mps.driver_allocated_memory()))
+    xpu = _backend("xpu")
+    if xpu is not None:
+        for index in range(xpu.device_count()):
+            out[f"xpu:{index}"] = (int(xpu.memory_allocated(index)), int(xpu.memory_reserved(index)))
+    return out
+
+
+def _drop(before: dict, after: dict, which: int) -> dict:
+    """Per device, how much the figure ``which`` (0: in use, 1: reserved) fell; 0 where it did not."""
+    out = {}
+    for device, figures in before.items():
+        now = after.get(device)
+        if figures[which] is None or now is None or now[which] is None:
+            continue
+        out[device] = max(0, figures[which] - now[which])
+    return out
+
+
+def empty_caches() -> list:
+    """Empty torch's cache on every backend this process uses; the calls made."""
+    done = []
+    cuda = initialised_cuda()
+    if cuda is not None:
+        cuda.empty_cache()
+        done.append("torch.cuda.empty_cache()")
+    for kind in ("mps", "xpu"):
+        module = _backend(kind)
+        if module is not None:
+            module.empty_cache()
+            done.append(f"torch.{kind}.empty_cache()")
+    return done
+
+
+def _nvml_process() -> dict:
+    """This process's NVML figure per initialised CUDA GPU (for the cache step); {} where NVML cannot say."""
+    from .devicestate import _nvml_target
+
+    out = {}
+    for index in _cuda_indices():
+        try:
+            target = _nvml_target(index)
+            if target is not None:
+                process = processes.process_figures(target[0], os.getpid(), target[1])[2]
+                if isinstance(process, int):
+                    out[f"cuda:{index}"] = process
+        except Exception:  # noqa: BLE001 - NVML failing costs this figure only
+            continue
+    return out
+
+
+def give_back(steps: Sequence[tuple], ns: Mapping[str, Any], tracebacks: Sequence[Any] = ()) -> FreeReport:
+    """Run ``steps`` ((source, 'traceback' or 'output', release); ``release()`` lets go of references and
+    returns their names), each followed by ``gc.collect()`` and a measurement, then empty torch's caches;
+    list the names in ``ns`` still holding memory, with the ``del`` that frees each. ``tracebacks`` are
+    what keeps the last error's frames (beside ``sys.last_*``), to count what each step held before."""
+    holdings = collect(ns, tracebacks)
+    tracebacks = ()  # the caller's list would keep the very frames the first step lets go of
+    held = {}
+    for device in holdings.devices():
+        released = Released(holdings, device)
+        for group in ("traceback", "output"):
+            held.setdefault(group, {})[device] = getattr(released, group)
+    holdings = None
+    host = HostCounters()
+    try:
+        measured = {"cpu": "RSS"}
+        before = measure(host)
+        for device in before:
+            if device != "cpu":
+                nvml = " and NVML" if device.startswith("cuda") else ""
+                measured[device] = f"torch allocated; cache: reserved{nvml}"
+        done = []
+        for source, group, release in steps:
+            released = list(release())
+            gc.collect()
+            after = measure(host)
+            done.append(FreeStep(source, released, _drop(before, after, 0), held.get(group, {})))
+            before = after
+        nvml_before = _nvml_process()
+        calls = empty_caches()
+        if calls:
+            after = measure(host)
+            freed = {d: b for d, b in _drop(before, after, 1).items() if d != "cpu"}
+            nvml_after = _nvml_process()
+            for device, figure in nvml_before.items():
+                if device in nvml_after:
+                    freed[device] = max(freed.get(device, 0), figure - nvml_after[device])
+            done.append(FreeStep("torch's cache", calls, freed))
+    finally:
+        host.close()
+    return FreeReport(done, measured, kept(ns))
+
+
+def kept(ns: Mapping[str, Any]) -> list:
+    """(name, device, bytes, the del that frees it) for each user name still holding memory, largest
+    first: 'del x frees N' when that alone frees it, else the names sharing its storage ('del x, y
+    together'). One pass over the storages per device, whatever the number of names."""
+    holdings = collect(ns, tracebacks=())
+    holders = holdings.holders
+    sharers: dict = {}  # holder index -> the other names holding what it counts
+    for key, (_, _, first, _) in holdings.storages.items():
+        for i in holdings.more.get(key, ()):
+            if holders[i].source == "name" and holders[i].root != holders[first].root:
+                listed = sharers.setdefault(first, [])
+                if holders[i].root not in listed:
+                    listed.append(holders[i].root)
+    found = []
+    for device in holdings.devices():
+        released = Released(holdings, device)
+        for h in holders:
+            size = h.nbytes(device) if h.source == "name" else 0
+            if not size:
+                continue
+            alone = released.alone.get(h.root, 0)
+            if alone:
+                fix = f"del {h.root} frees {fmt_bytes(alone)}"
+            elif h.index in sharers:
+                fix = f"del {', '.join([h.root, *sharers[h.index]])} together"
+            else:
+                fix = f"del {h.root}"
+            found.append((h.root, device, size, fix))
+    found.sort(key=lambda k: -k[2])
+    return found

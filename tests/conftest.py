@@ -94,10 +94,21 @@ def simulated_gpu(request: Any, monkeypatch: Any) -> Any:
 
 @pytest.fixture(scope="session")
 def _shell() -> Any:
+    """The session's one InteractiveShell. The modules every test imports (torch, IPython, this package)
+    are imported first and their objects frozen out of the garbage collector's reach (``gc.freeze``):
+    ``ip``'s teardown resets the shell, and IPython's reset runs a full collection, which would otherwise
+    walk torch's millions of objects after every test (more than half of the suite's time)."""
+    import gc
+
+    import torch  # noqa: F401 - imported here to be frozen
     from IPython.core.interactiveshell import InteractiveShell
+
+    import torchgpu_magic.magics  # noqa: F401
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("colors", "nocolor")  # the magic reaches the traceback printers on IPython 7-9
+    gc.collect()
+    gc.freeze()
     return shell
 
 

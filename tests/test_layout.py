@@ -123,19 +123,19 @@ def test_no_import_circle_between_packages():
 
 # The floors of the house, from the top: a room imports only rooms on lower floors (lazy imports count).
 # magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement
-#        -> {gpus, devices, accelerators, host} -> {render, errors}
+#        -> {gpus, devices, accelerators, host} -> {render, errors, torchapi}
 FLOORS = {
     "__main__": 7, "magics": 6, "cluster": 5,
     "gpumem": 4, "cudamem": 4, "explain": 4, "timing": 4,
     "holders": 3, "placement": 2,
     "gpus": 1, "devices": 1, "accelerators": 1, "host": 1,
-    "render": 0, "errors": 0,
+    "render": 0, "errors": 0, "torchapi": 0,
 }
 
 
 def test_every_arrow_between_rooms_points_down_a_floor():
     """magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement -> {gpus, devices,
-    accelerators, host} -> {render, errors}: a reader follows arrows down from the magics and never
+    accelerators, host} -> {render, errors, torchapi}: a reader follows arrows down from the magics and never
     comes back up, nor sideways (``%gpumem`` loads none of ``%%cudamem``'s code)."""
     rooms = {_package_of(m) for m in GRAPH if m != "torchgpu_magic"}
     assert rooms == set(FLOORS), f"rooms without a floor: {sorted(rooms - set(FLOORS))}"
@@ -158,7 +158,7 @@ def test_each_magic_has_its_core_in_a_package_named_for_it():
     shares."""
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert loose == ["__init__.py", "__main__.py", "accelerators.py", "devices.py", "errors.py", "host.py",
-                     "render.py"], loose
+                     "render.py", "torchapi.py"], loose
     for room in ("gpus", "timing", "placement", "gpumem", "holders", "cudamem", "explain", "cluster",
                  "magics"):
         assert (PACKAGE / room / "__init__.py").exists(), room
@@ -186,3 +186,48 @@ _MODULE_LIKE = {p.name for p in PACKAGE.rglob("*.py")} | {
     "tracebacks.py", "diagnosis.py", "failing.py", "oom.py", "text.py", "holdersreport.py", "tracking.py",
     "cellmem.py", "standin.py", "fakecopy.py", "targets.py", "explain.py",
 }
+
+
+def _private_torch_reads(path: Path) -> list:
+    """Where ``path`` reaches past torch's public names: ``torch._x`` or ``torch.y._x`` attributes, imports
+    from such modules, ``._cdata``, or a module name like ``'torch._x'`` in a string (aten operator names,
+    ``torch.ops.aten._x``, are the op registry's public names, not private API)."""
+    import re
+
+    def chain(node: ast.AST) -> list:
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else []
+
+    def private(segment: str) -> bool:
+        return segment.startswith("_") and not (segment.startswith("__") and segment.endswith("__"))
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        hit = ""
+        if isinstance(node, ast.Attribute):
+            names = chain(node)
+            if node.attr == "_cdata":
+                hit = "._cdata"
+            elif names[:1] == ["torch"] and names[1:3] != ["ops", "aten"] and any(map(private, names[1:])):
+                hit = ".".join(names)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            hit = next((m for m in modules if m.split(".")[0] == "torch" and any(map(private, m.split(".")))),
+                       "")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if re.fullmatch(r"torch(\.\w+)*\._\w+(\.\w+)*", node.value):
+                hit = repr(node.value)
+        if hit:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {hit}")
+    return found
+
+
+def test_only_torchapi_reaches_torchs_private_api():
+    """torch's private names (``torch._C``, ``_cdata``, ``torch.utils._python_dispatch``, MemTracker, fake
+    tensors...) are read in torchapi.py alone, so a torch release that renames one breaks one function
+    there, which tests/test_torchapi.py runs on every torch the legs use."""
+    found = [hit for path in MODULES if path.name != "torchapi.py" for hit in _private_torch_reads(path)]
+    assert not found, "torch's private API outside torchapi.py:\n" + "\n".join(found)

@@ -198,18 +198,19 @@ def test_a_cuda_build_without_triton_gets_no_triton_warning_from_the_counter():
 
 
 def test_the_watch_and_the_counter_share_one_dispatch_base(monkeypatch):
-    """observe's first-run watch and the roofline's counter are one kind of mode (timing/dispatch.py): no
+    """observe's first-run watch and the roofline's counter are one kind of mode (torchapi.py): no
     torch._dynamo import for either; on a torch without the C layer that marks their code as never
     compiled, the watch keeps torch's wrapper (compiled code in the first run must not trace into it) and
     the counter, whose run never compiles, still keeps out of it."""
-    from torchgpu_magic.timing import dispatch, observe
+    from torchgpu_magic import torchapi
+    from torchgpu_magic.timing import observe
 
-    base = dispatch.mode_base()
+    base = torchapi.dispatch_mode_base()
     assert issubclass(counting.OpCounter, base) and issubclass(observe._mode_class(), base)
     assert not counting.OpCounter._should_skip_dynamo() and not observe._mode_class()._should_skip_dynamo()
-    monkeypatch.setattr(dispatch, "_BASE", None)
-    monkeypatch.setattr(dispatch, "dynamo_skip", lambda: None)
-    older = dispatch.mode_base()
+    monkeypatch.setattr(torchapi, "_DISPATCH_BASE", [])
+    monkeypatch.setattr(torchapi, "dynamo_skip", lambda: None)
+    older = torchapi.dispatch_mode_base()
 
     class Watching(older):
         pass

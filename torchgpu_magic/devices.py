@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import MagicInputError
+from .torchapi import cuda_device_counter, function_mode_depth
 
 KINDS = ("cpu", "cuda", "mps", "xpu", "meta")
 """The device types a spec may name (besides ``auto``)."""
@@ -232,7 +233,7 @@ def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:
         torch.set_default_device(target)
     # A `with torch.device(...)` block outside us is a mode on torch's function-mode stack: override it.
     # (Only then is torch.get_default_device() asked: it searches that stack, a cost on every cell.)
-    if target is None and torch._C._len_torch_function_stack() and _default_device() != device:
+    if target is None and function_mode_depth() and _default_device() != device:
         torch.set_default_device(device)
 
 
@@ -298,7 +299,7 @@ def _cuda_count() -> int:
     stand-in for a GPU)."""
     import torch
 
-    key = (torch.cuda.is_available, torch.cuda.device_count, getattr(torch._C, "_cuda_getDeviceCount", None),
+    key = (torch.cuda.is_available, torch.cuda.device_count, cuda_device_counter(),
            os.environ.get("CUDA_VISIBLE_DEVICES"))
     count = _CUDA_COUNT.get(key)
     if count is None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, Optional
 
+from ..torchapi import dispatch_mode_base, torch_function_disabled
+
 
 class StrayDeviceError(RuntimeError):
     """A device fake tensors cannot live on here was named, or a tensor of one appeared; raised before
@@ -114,7 +116,7 @@ def _function_mode(rules: _Devices, emulate: Optional[dict]) -> Any:
             to = func is torch.Tensor.to
             args = tuple(rules.device(a, func, loose=to and i == 1) for i, a in enumerate(args))
             rules.check(args, func)
-            with torch._C.DisableTorchFunctionSubclass():
+            with torch_function_disabled():
                 out = func(*args, **kwargs)
             rules.check(out if isinstance(out, (list, tuple)) else (out,), func)
             return out
@@ -123,9 +125,7 @@ def _function_mode(rules: _Devices, emulate: Optional[dict]) -> Any:
 
 
 def _dispatch_mode(rules: _Devices) -> Any:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class StandInOps(TorchDispatchMode):
+    class StandInOps(dispatch_mode_base()):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = dict(kwargs or {})
             if kwargs.get("device") is not None:

@@ -18,6 +18,7 @@ import types
 from typing import Any, Mapping, Optional
 
 from ..errors import MagicInputError
+from ..torchapi import fake_tensor_class, storage_id, tensor_base_clone, torch_function_disabled
 from .run import find_objects
 
 
@@ -81,9 +82,8 @@ class _Copier:
 
     def fake_of(self, tensor: Any) -> Any:
         import torch
-        from torch._subclasses.fake_tensor import FakeTensor
 
-        if isinstance(tensor, FakeTensor):
+        if isinstance(tensor, fake_tensor_class()):
             return tensor
         hit = self.made.get(id(tensor))
         if hit is not None:
@@ -118,7 +118,7 @@ class _Copier:
             shape = (self.resize[id(tensor)], *tensor.shape[1:])
             return torch.empty(shape, dtype=tensor.dtype, device=self.device)
         storage = tensor.untyped_storage()
-        key = storage._cdata
+        key = storage_id(storage)
         base = self.bases.get(key)
         if base is None:
             base = self.bases[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, device=self.device)
@@ -134,6 +134,8 @@ def _copy_mode(copier: _Copier) -> Any:
     import torch
     from torch.overrides import TorchFunctionMode
 
+    clone = tensor_base_clone()
+
     class CopyToFake(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
@@ -142,9 +144,9 @@ def _copy_mode(copier: _Copier) -> Any:
                 if id(tensor) not in memo:
                     memo[id(tensor)] = copier.fake_of(tensor)
                 return memo[id(tensor)]
-            if func is torch._C.TensorBase.clone:
+            if func is clone:
                 return copier.fake_of(args[0])
-            with torch._C.DisableTorchFunctionSubclass():
+            with torch_function_disabled():
                 return func(*args, **kwargs)
 
     return CopyToFake()

@@ -20,6 +20,7 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ..errors import MagicInputError
+from ..torchapi import FAKE_TENSOR_LOGGER, fake_tensor_class, fake_tensor_mode_class
 from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger
 from .fakenamespace import cell_names, fake_namespace, mark_target
 from .report import CellMemory, FitResult
@@ -68,8 +69,8 @@ def _fake_module_moves() -> Iterator[None]:
     by pointing the parameter at the converted data (``param.data = converted``), which keeps the
     parameter, and every optimizer's reference to it, the same object."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensor
 
+    FakeTensor = fake_tensor_class()
     original = torch.utils.swap_tensors
 
     def swap(t1: Any, t2: Any) -> None:
@@ -124,7 +125,7 @@ def _ledger_for(target: Target) -> Callable[[str], Ledger]:
 def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Target,
                   cc: Optional[tuple], resize: Optional[dict]) -> tuple:
     """One run of ``code`` on fake copies; returns (ledgers, rows, fqns, workspaces, caught warnings)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    FakeTensorMode = fake_tensor_mode_class()
 
     from .cudastandin import StrayDeviceError, guarded
 
@@ -147,7 +148,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
         rules = guarded(target.kind, target.run_on, target.native, cc)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            logger = logging.getLogger("torch._subclasses.fake_tensor")
+            logger = logging.getLogger(FAKE_TENSOR_LOGGER)
             level = logger.level
             logger.setLevel(logging.CRITICAL)  # its log of a failed op would print in the cell's output
             try:

@@ -18,6 +18,7 @@ import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from ..errors import MagicInputError
+from ..torchapi import mem_tracker_class
 from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger, category_of
 from .report import CellMemory, ModuleRow
 
@@ -62,7 +63,7 @@ def tracker_class() -> type:
     import torch
 
     try:
-        from torch.distributed._tools.mem_tracker import MemTracker
+        MemTracker = mem_tracker_class()
     except Exception as exc:  # noqa: BLE001 - any import failure: one line, never a traceback
         tested = ", ".join(f"{a}.{b}" for a, b in TESTED_TORCH)
         raise TrackerUnavailable(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import MagicInputError
+from ..torchapi import cuda_compiled, cuda_device_counter
 from .allocator import GIB, KIB, MIB
 
 TARGET_KINDS = ("cpu", "cuda")
@@ -91,9 +92,9 @@ def _cuda_runtime_devices() -> int:
     """How many GPUs this torch's CUDA runtime sees, read from its C flags: 0 on a build without CUDA."""
     import torch
 
-    if not getattr(torch._C, "_has_cuda", False) or torch.version.cuda is None:
+    if not cuda_compiled() or torch.version.cuda is None:
         return 0
-    count = getattr(torch._C, "_cuda_getDeviceCount", None)
+    count = cuda_device_counter()
     try:
         return int(count()) if count is not None else 0
     except Exception:  # noqa: BLE001 - a broken driver: no device, and the prediction runs on cpu
@@ -114,7 +115,7 @@ def resolve_target(spec: str, option: str = "DEVICE") -> Target:
         return Target(device, kind, index, device, True)
     if count == 0:
         why = (f"this torch {torch.__version__} has no CUDA" if torch.version.cuda is None
-               or not getattr(torch._C, "_has_cuda", False) else "torch's CUDA runtime sees no GPU here")
+               or not cuda_compiled() else "torch's CUDA runtime sees no GPU here")
     else:
         why = f"torch's CUDA runtime sees {count} GPU{'s' * (count != 1)}, not cuda:{index}"
     return Target(device, kind, index, "cpu", False, why)

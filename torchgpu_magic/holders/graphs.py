@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
+from ..torchapi import saved_tensor_names
+
 NODE_LIMIT = 50_000
 _SAVED_NAMES: dict = {}  # node type -> its _raw_saved_* attribute names
 
@@ -23,7 +25,7 @@ _SAVED_NAMES: dict = {}  # node type -> its _raw_saved_* attribute names
 def _saved_names(node_type: type) -> tuple:
     names = _SAVED_NAMES.get(node_type)
     if names is None:
-        names = _SAVED_NAMES[node_type] = tuple(a for a in dir(node_type) if a.startswith("_raw_saved_"))
+        names = _SAVED_NAMES[node_type] = saved_tensor_names(node_type)
     return names
 
 

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional
 from ..placement import account, device_str, dtype_str, kind_of, shape_str, storage_key
 from ..placement.kinds import _DEVICE_STR, device_order, gc_paused
 from ..placement.walk import Walk
+from ..torchapi import STORAGE_ID
 from .graphs import GraphWalk
 
 # Sources in the order they claim storages; the release that frees each.
@@ -285,7 +286,7 @@ def _names(ns: Mapping[str, Any], holdings: Holdings, graph_roots: list) -> set:
             if device is not None and device not in _NO_MEMORY and not obj.requires_grad:
                 try:  # Holdings.claim for a tensor without gradient, inlined: 10,000 of them cost this loop
                     storage = obj.untyped_storage()
-                    key = storage._cdata  # placement.storage_key's key, read inline
+                    key = STORAGE_ID(storage)  # placement.storage_key's key, read inline
                 except (RuntimeError, TypeError, NotImplementedError, AttributeError):
                     key = None
                 if key is not None and key not in storages:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any, Iterator, NamedTuple, Optional
 
+from ..torchapi import STORAGE_ID
 from . import bydesign
 from .kinds import (
     _DEVICE_STR,
@@ -47,7 +48,6 @@ _DEVICE = operator.attrgetter("device")
 _DTYPE = operator.attrgetter("dtype")
 _SHAPE = operator.attrgetter("shape")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
-_CDATA = operator.attrgetter("_cdata")
 
 ROLES = ("tensor", "parameter", "buffer", "gradient", "state", "step")
 """The roles a held tensor can have, in the order reports list them."""
@@ -226,7 +226,7 @@ def tensor_columns(tensors: list, gradients: bool = True) -> TensorColumns:
         devices = list(map(device_str, devs))
     try:
         storages = list(map(torch.Tensor.untyped_storage, tensors))
-        keys = list(map(_CDATA, storages))
+        keys = list(map(STORAGE_ID, storages))
         sizes = list(map(torch.UntypedStorage.nbytes, storages))
         del storages
         views = list(map(operator.mul, map(torch.Tensor.nelement, tensors),

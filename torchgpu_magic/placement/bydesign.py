@@ -26,6 +26,8 @@ import ast
 import sys
 from typing import Any, Mapping, Optional
 
+from ..torchapi import has_primary_context
+
 STEP_KEYS = frozenset({"step", "mu_product"})
 """Optimizer state keys torch keeps on the cpu as 0-dim bookkeeping unless capturable or fused."""
 
@@ -59,7 +61,7 @@ def pinned_possible() -> bool:
     torch = sys.modules.get("torch")
     try:
         return bool(torch is not None and torch.cuda.is_initialized() and any(
-            torch._C._cuda_hasPrimaryContext(i) for i in range(torch.cuda.device_count())))
+            has_primary_context(i) for i in range(torch.cuda.device_count())))
     except (RuntimeError, AttributeError):
         return False
 

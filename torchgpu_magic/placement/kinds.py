@@ -8,6 +8,8 @@ import gc
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
+from ..torchapi import storage_id
+
 _TORCH: Any = None
 _KIND_BY_TYPE: dict = {}
 _DEVICE_STR: dict = {}
@@ -82,7 +84,7 @@ def storage_key(tensor: Any) -> tuple:
     view's size."""
     try:
         storage = tensor.untyped_storage()
-        return storage._cdata, int(storage.nbytes())
+        return storage_id(storage), int(storage.nbytes())
     except (RuntimeError, TypeError, NotImplementedError, AttributeError):
         return ("t", id(tensor)), tensor_nbytes(tensor)
 

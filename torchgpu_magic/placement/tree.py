@@ -18,6 +18,7 @@ import operator
 from itertools import accumulate, compress
 from typing import Any
 
+from ..torchapi import STORAGE_ID
 from .kinds import _DEVICE_STR, _torch, device_str, grad_of, storage_key
 from .offload import execution_device, offload_place
 
@@ -25,7 +26,6 @@ _NOT_NONE = functools.partial(operator.is_not, None)
 _DEVICE = operator.attrgetter("device")
 _DTYPE = operator.attrgetter("dtype")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
-_CDATA = operator.attrgetter("_cdata")
 _EMPTY: frozenset = frozenset()
 
 
@@ -111,7 +111,7 @@ class Walk:
         numels = list(map(torch.Tensor.nelement, tensors))
         try:
             storages = list(map(torch.Tensor.untyped_storage, tensors))
-            keys = list(map(_CDATA, storages))
+            keys = list(map(STORAGE_ID, storages))
             sizes = list(map(torch.UntypedStorage.nbytes, storages))
             del storages
         except (RuntimeError, TypeError, NotImplementedError, AttributeError):  # sparse, some subclasses

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import MagicInputError
+from ..torchapi import gpu_spin
 from .cells import CompiledCell
 
 FLUSH_FACTOR = 2  # --flush-l2 writes at least twice the cache: one cache's worth can leave lines resident
@@ -202,7 +203,7 @@ class CudaClock(Clock):
                 if flush is not None:
                     flush()
                 if cold:
-                    torch.cuda._sleep(spin)
+                    gpu_spin(spin)
                 pair[0].record(stream)
 
             def after() -> None:
@@ -213,7 +214,7 @@ class CudaClock(Clock):
         sync(device)
         hot_spin = not per_loop and self.hot_spin
         if hot_spin:
-            torch.cuda._sleep(spin)
+            gpu_spin(spin)
         t0 = time.perf_counter()
         start.record(stream)
         cell.run(loops, before, after)
@@ -385,17 +386,17 @@ def sleep_cycles_per_ms(warm_s: float = 0.0) -> float:
     ``warm_s`` spins the GPU that long first, so it calibrates at the boost clock the checks then run at."""
     import torch
 
-    torch.cuda._sleep(1_000_000)  # load the kernel
+    gpu_spin(1_000_000)  # load the kernel
     torch.cuda.synchronize()
     start_warm = time.perf_counter()
     while time.perf_counter() - start_warm < warm_s:
-        torch.cuda._sleep(1_000_000)
+        gpu_spin(1_000_000)
         torch.cuda.synchronize()
     spans = []
     for _ in range(10):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        torch.cuda._sleep(1_000_000)
+        gpu_spin(1_000_000)
         end.record()
         end.synchronize()
         spans.append(start.elapsed_time(end))

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 import torch
 
-from .dispatch import mode_base, tensors_in
+from ..torchapi import compiled_graphs, dispatch_mode_base, dynamo_loaded, is_higher_order_op
+from .dispatch import tensors_in
 
 # A CUDA build without triton (Windows, some containers) logs "triton not found; flop counting will not
 # work for triton kernels" when this module is first imported: into the user's first %%cudatime. The
@@ -159,17 +159,18 @@ class _Rule:
         return cls(name, formula, free, allocates, mutable, reads, name in PARTIAL, named)
 
 
-class OpCounter(mode_base()):
+class OpCounter(dispatch_mode_base()):
     """Sees every aten op of the counting run and adds each to ``counts``: its FLOPs by device and
     precision (by ``formulas``: the op packet -> FLOP formula table of torch's ``FlopCounterMode``), its
     bytes read and written, and its name when it does arithmetic no formula counts.
 
     Why not FlopCounterMode's own dispatch mode beside this one: torch wraps a TorchDispatchMode's
     ``__torch_dispatch__`` in ``torch._disable_dynamo``, which imports ``torch._dynamo`` on first use,
-    4 to 7 s on a busy 2-core machine, paid by a notebook's first ``%%cudatime``; this class keeps out of
-    that wrapper (:func:`~.dispatch.mode_base`, shared with the first-run watch), on any torch, because
-    the counting run never compiles (see :func:`count`). The formulas and the rest of FlopCounterMode's
-    dispatch (metadata ops passed on, composite ops decomposed so their parts are counted) are the same."""
+    4 to 7 s on a busy 2-core machine, paid by a notebook's first ``%%cudatime``; this class keeps out of that
+    wrapper (:func:`~torchgpu_magic.torchapi.dispatch_mode_base`, shared with the first-run watch), on any
+    torch, because the counting run never compiles (see :func:`count`). The formulas and the rest of
+    FlopCounterMode's dispatch (metadata ops passed on, composite ops decomposed so their parts are counted)
+    are the same."""
 
     supports_higher_order_operators = True  # torch.cond, flex_attention...: run, and named as unseen
     never_compiles = True  # the counting run runs compiled code eagerly
@@ -183,7 +184,7 @@ class OpCounter(mode_base()):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if isinstance(func, torch._ops.HigherOrderOperator):
+        if is_higher_order_op(func):
             out = func(*args, **kwargs)
             self.add_opaque(str(func.name()))
             return out
@@ -262,15 +263,13 @@ def _cpu_attention_formulas() -> dict:
 
 def compiled_code_exists() -> bool:
     """Whether ``torch.compile`` has compiled a graph in this process (never imports dynamo)."""
-    dynamo_utils = sys.modules.get("torch._dynamo.utils")
-    counters = getattr(dynamo_utils, "counters", None)
-    return bool(counters and counters["stats"]["unique_graphs"])
+    return compiled_graphs() > 0
 
 
 def _eager() -> ContextManager[Any]:
     """``set_stance("force_eager")`` where dynamo is loaded (``torch.compile`` loads it; importing it
     here would cost seconds and compile nothing)."""
-    if "torch._dynamo" not in sys.modules:
+    if not dynamo_loaded():
         return contextlib.nullcontext()
     stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
     return stance("force_eager") if stance is not None else contextlib.nullcontext()

@@ -15,6 +15,7 @@ import gc
 import time
 from typing import Any, Callable, ContextManager, Iterator, Optional
 
+from ..torchapi import has_primary_context
 from .cells import CompiledCell, compile_cell, silenced
 from .clocks import Clock, MemoryProbe, Mode, Sample, check_device, clock_for
 from .observe import Touched, cuda_initialised, names_cuda, timing_device, watch
@@ -318,7 +319,7 @@ def _quiesce() -> None:
     import torch
 
     current = torch.cuda.current_device()
-    if torch._C._cuda_hasPrimaryContext(current):
+    if has_primary_context(current):
         torch.cuda.synchronize(current)
 
 

@@ -57,9 +57,10 @@ _MODE: Any = None  # the TorchDispatchMode subclass, made once on first use
 def _mode_class() -> Any:
     global _MODE
     if _MODE is None:
-        from .dispatch import mode_base, tensors_in
+        from ..torchapi import dispatch_mode_base, fake_tensor_class
+        from .dispatch import tensors_in
 
-        class Watch(mode_base()):
+        class Watch(dispatch_mode_base()):
             """Notes the device and storage of every tensor an op reads or writes (fake tensors, which
             hold no memory and may claim devices this machine lacks, are left out)."""
 
@@ -82,8 +83,8 @@ def _mode_class() -> Any:
             def note(self, tensor: Any) -> None:
                 # torch's fake tensors exist only once their module is imported (importing it here
                 # would cost seconds: it pulls in much of torch._dynamo's machinery)
-                fake = sys.modules.get("torch._subclasses.fake_tensor")
-                if fake is not None and isinstance(tensor, fake.FakeTensor):
+                fake = fake_tensor_class(loaded_only=True)
+                if fake is not None and isinstance(tensor, fake):
                     return
                 device = str(tensor.device)
                 touched = self.touched

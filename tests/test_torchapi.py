@@ -1,0 +1,163 @@
+"""torchapi.py, the one user of torch's private API: every accessor works on the torch these tests run with
+(2.13 on the ordinary legs, 2.14.1 on the CUDA-build leg, 2.11 on the GPU machine), so a release that
+renames one of torch's private names fails here, in one place."""
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torchgpu_magic import torchapi
+
+
+def test_storage_identity_is_shared_by_views_and_differs_between_tensors():
+    a = torch.zeros(8)
+    view, other = a[2:], torch.zeros(8)
+    key = torchapi.storage_id(a.untyped_storage())
+    assert key == torchapi.STORAGE_ID(view.untyped_storage()) != torchapi.storage_id(other.untyped_storage())
+    assert isinstance(key, int)
+
+
+def test_cuda_facts_answer_without_creating_a_context():
+    assert isinstance(torchapi.cuda_compiled(), bool)
+    counter = torchapi.cuda_device_counter()
+    assert counter is None or callable(counter)
+    if torch.cuda.is_available():
+        assert counter() == torch.cuda.device_count()
+        assert isinstance(torchapi.has_primary_context(0), bool)
+
+
+def test_function_mode_depth_counts_a_device_block():
+    depth = torchapi.function_mode_depth()
+    with torch.device("meta"):
+        assert torchapi.function_mode_depth() == depth + 1
+    assert torchapi.function_mode_depth() == depth
+
+
+def test_torch_function_disabled_and_the_base_clone():
+    """A function mode sees ``TensorBase.clone`` when a Parameter is deep-copied (fakenamespace.py turns
+    that clone into a fake), and a tensor subclass's ``__torch_function__`` is not called while disabled."""
+    import copy
+
+    from torch.overrides import TorchFunctionMode
+
+    clone = torchapi.tensor_base_clone()
+    seen = []
+
+    class Seeing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seeing():
+        copy.deepcopy(torch.nn.Parameter(torch.zeros(2)))
+    assert clone in seen
+
+    class Tracing(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append("subclass")
+            with torchapi.torch_function_disabled():
+                return func(*args, **(kwargs or {}))
+
+    t = torch.zeros(2).as_subclass(Tracing)
+    seen.clear()
+    t + 1
+    assert seen == ["subclass"]
+    seen.clear()
+    with torchapi.torch_function_disabled():
+        t + 1
+    assert seen == []
+
+
+def test_higher_order_ops_and_pytree_leaves():
+    assert not torchapi.is_higher_order_op(torch.ops.aten.add.Tensor)
+    cond = getattr(torch.ops.higher_order, "cond", None)
+    if cond is not None:
+        assert torchapi.is_higher_order_op(cond)
+    a, b = torch.zeros(1), torch.ones(1)
+    assert torchapi.tree_leaves({"x": [a, (b, 3)]}) == [a, b, 3]
+
+
+def test_fake_tensors_and_the_mode():
+    fake_mode = torchapi.fake_tensor_mode_class()()
+    with fake_mode:
+        x = torch.empty(2**40, dtype=torch.uint8)
+    assert isinstance(x, torchapi.fake_tensor_class())
+    assert torchapi.fake_tensor_class(loaded_only=True) is torchapi.fake_tensor_class()
+    import logging
+
+    assert logging.getLogger(torchapi.FAKE_TENSOR_LOGGER).name == torchapi.FAKE_TENSOR_LOGGER
+
+
+def test_fake_tensor_class_loaded_only_imports_nothing():
+    code = ("import sys, torch\nfrom torchgpu_magic import torchapi\n"
+            "loaded = 'torch._subclasses.fake_tensor' in sys.modules\n"
+            "assert (torchapi.fake_tensor_class(loaded_only=True) is not None) == loaded\n"
+            "assert ('torch._subclasses.fake_tensor' in sys.modules) == loaded\nprint('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_mem_tracker_has_what_cudamem_uses():
+    try:
+        tracker = torchapi.mem_tracker_class()
+    except ImportError:
+        pytest.skip("this torch has no torch.distributed")
+    from torchgpu_magic.cudamem.run import _NEEDED
+
+    for name in _NEEDED:
+        assert hasattr(tracker(), name), name
+
+
+def test_saved_tensor_names_read_what_backward_keeps_without_unpacking():
+    w = torch.randn(3, 3, requires_grad=True)
+    y = (w * w).sum()
+    node = y.grad_fn.next_functions[0][0]  # MulBackward0: saves both inputs
+    names = torchapi.saved_tensor_names(type(node))
+    assert names and all(n.startswith("_raw_saved_") for n in names)
+    saved = [getattr(node, n).data for n in names]
+    assert any(s is not None and s.data_ptr() == w.data_ptr() for s in saved)
+    del y, node
+    gc.collect()
+
+
+def test_dynamo_state_is_read_without_importing_it():
+    assert isinstance(torchapi.dynamo_loaded(), bool)
+    assert torchapi.compiled_graphs() >= 0
+    code = ("import sys, torch\nfrom torchgpu_magic import torchapi\n"
+            "assert not torchapi.dynamo_loaded() and torchapi.compiled_graphs() == 0\n"
+            "assert 'torch._dynamo' not in sys.modules\nprint('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_dispatch_base_sees_ops_and_skips_dynamo():
+    base = torchapi.dispatch_mode_base()
+    assert base is torchapi.dispatch_mode_base()
+    seen = []
+
+    class Seeing(base):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seeing():
+        torch.ones(2) + 1
+    assert torch.ops.aten.add.Tensor in seen
+    assert torchapi.dynamo_skip() is not None  # the C layer that marks code as never compiled is there
+    assert not Seeing._should_skip_dynamo()
+
+
+@pytest.mark.gpu
+def test_gpu_spin_runs_a_kernel_of_known_length():
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torchapi.gpu_spin(1000)
+    start.record()
+    torchapi.gpu_spin(50_000_000)
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) > 1.0  # 5e7 cycles at under 3 GHz: more than 16 ms

@@ -65,13 +65,25 @@ def test_each_magic_lives_in_the_file_named_after_it(name):
             assert not any(m == other or m.startswith(f"_{other}_") for m in methods), (name, other)
 
 
+# The rooms that may import IPython and the magics: the magics themselves, and the GPU check above them,
+# which drives the extension through a real shell as a user does (nothing in the package imports it).
+TOP_ROOMS = ("torchgpu_magic.magics", "torchgpu_magic.check")
+
+
 def test_nothing_below_the_magics_imports_ipython_or_the_magics():
     for module, imported in GRAPH.items():
-        if module.startswith("torchgpu_magic.magics") or module == "torchgpu_magic":
+        if module.startswith(TOP_ROOMS) or module == "torchgpu_magic":
             continue
         upward = {m for m in imported
                   if m.split(".")[0] == "IPython" or m.startswith("torchgpu_magic.magics")}
         assert not upward, f"{module} imports {sorted(upward)}: core modules never import IPython or magics"
+
+
+def test_nothing_imports_the_gpu_check():
+    """The check is the top room: it imports the magics and the core, and nothing imports it."""
+    for module, imported in GRAPH.items():
+        if not module.startswith("torchgpu_magic.check"):
+            assert not {m for m in imported if m.startswith("torchgpu_magic.check")}, module
 
 
 def test_no_two_modules_of_a_package_import_each_other():

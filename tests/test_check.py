@@ -356,7 +356,17 @@ def test_the_command_line_refuses_unknown_steps_and_lists_the_rest(capsys):
     assert "--deadline takes a positive number of seconds, not 0" in capsys.readouterr().err
     assert cli.main(["--list", "--skip", "pytest-rest"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert listed[2].split()[:3] == ["versions", "60", "s"] and not any("pytest-rest" in x for x in listed)
+    assert listed[2].split()[:3] == ["versions", "45", "s"] and not any("pytest-rest" in x for x in listed)
+
+
+def test_the_validation_page_documents_every_step():
+    page = (ROOT / "docs" / "gpu-validation.md").read_text()
+    for step in plan.steps(ROOT / "out", ROOT):
+        assert f"`{step.name}`" in page, step.name
+    line = ("python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "
+            ".whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 "
+            "&& make gpu-check OUT=$OUT")
+    assert line in page
 
 
 # ---- the command as a user runs it, under the simulated H100 ----------------------------------------------

@@ -17,7 +17,7 @@ from .probe import MiB, Probe, smi_gpus
 
 LIBRARIES = ("ipython", "nvidia-ml-py", "triton", "pytest", "numpy", "ipykernel", "nbclient", "transformers")
 UTILISATION_POINTS = 10  # utilisation is a rate NVML averages over its own period: read twice, it moves
-FRESH_TIMEOUT_S = 120
+FRESH_TIMEOUT_S = 75  # each fresh process; the step's own limit is 90 s
 
 # Each step a user may take without asking for the GPU, as cells of a fresh shell.
 NO_CONTEXT_STEPS = {

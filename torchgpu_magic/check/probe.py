@@ -146,7 +146,7 @@ def smi_gpus() -> dict:
     return out
 
 
-def smi_process_mib(pid: int) -> Optional[dict]:
+def smi_process_mib(pid: int) -> dict:
     """``{gpu uuid: MiB}`` NVML's compute process list gives ``pid`` (through ``nvidia-smi``); empty when it
     lists the pid nowhere (a container with its own PID namespace)."""
     text = nvidia_smi("--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits")

@@ -21,14 +21,14 @@ class Check(NamedTuple):
 
 
 CHECKS = {
-    "versions": Check("torch, CUDA, driver and the GPUs", context_checks.versions, 60),
+    "versions": Check("torch, CUDA, driver and the GPUs", context_checks.versions, 45),
     "gpuinfo-vs-smi": Check("%gpuinfo's memory and utilisation vs nvidia-smi at the same moment",
-                            context_checks.gpuinfo_vs_smi, 60),
+                            context_checks.gpuinfo_vs_smi, 45),
     "no-context": Check("no CUDA context from %gpuinfo, %gpumem, %whereis, %%ontorch cpu, cpu %%cudatime "
                         "(also after %gpuinfo), %%cudamem --predict cuda, each in a fresh process",
-                        context_checks.no_context, 150),
+                        context_checks.no_context, 90),
     "cudatime-vs-profiler": Check("%%cudatime vs torch.profiler on _sleep kernels, 10 us to 100 ms",
-                                  timing_checks.cudatime_vs_profiler, 90),
+                                  timing_checks.cudatime_vs_profiler, 75),
     "cudatime-vs-do_bench": Check("%%cudatime vs triton.testing.do_bench on an 8192x8192 fp16 matmul",
                                   timing_checks.cudatime_vs_do_bench, 60),
     "cold-flush-l2": Check("--cold vs torch.profiler, --cold --flush-l2, the L2 flush on an 8 MiB sum",
@@ -39,9 +39,9 @@ CHECKS = {
     "gpumem-figures": Check("%gpumem vs torch.cuda.memory_allocated/reserved and NVML's process list",
                             memory_checks.gpumem_figures, 45),
     "out-of-memory": Check("a real CUDA out-of-memory explained; %gpumem free gives back what it says",
-                           memory_checks.out_of_memory, 90),
+                           memory_checks.out_of_memory, 75),
     "cudamem-predict": Check("%%cudamem --predict cuda vs the measured peak, GPT-2 124M, fp32 and bf16",
-                             memory_checks.cudamem_prediction, 150),
+                             memory_checks.cudamem_prediction, 120),
     "whereis-adam": Check("%whereis on a cuda model with Adam: no false alarm",
                           placement_checks.whereis_adam, 45),
     "mismatch-diagnosis": Check("the diagnosis of a real cuda/cpu mismatch",

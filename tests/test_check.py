@@ -370,10 +370,10 @@ def test_the_validation_page_documents_every_step():
 
 
 # ---- the command as a user runs it, under the simulated H100 ----------------------------------------------
-FAKE_SMI = '''#!{python}
+FAKE_SMI = '''#!{python} -S
 """nvidia-smi as it prints on one idle H100 80GB HBM3, driver 580.159.04 (tests/fake_pynvml.py's h100
 scenario), except memory.used: FAKE_SMI_USED_MIB. The summary table, --query-gpu in CSV (with or without
-header and units), and an empty --query-compute-apps."""
+header and units), and an empty --query-compute-apps. (-S: no site, so not the simulation either.)"""
 import os
 import sys
 

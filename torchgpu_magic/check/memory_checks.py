@@ -105,7 +105,10 @@ def gpumem_figures(probe: Probe) -> Outcome:
     gpu = next(g for g in snapshots[0].gpus if g.target.torch_index == index)
     probe.say(f"%gpumem: {gpu.to_dict()}; torch allocated {allocated}, reserved {reserved}; "
               f"nvidia-smi {listed}")
-    process_mib = None if not listed else sum(listed.values())
+    uuid = str(torch.cuda.get_device_properties(index).uuid)  # torch prints it without 'GPU-' / 'MIG-'
+    process_mib = next((mib for key, mib in (listed or {}).items() if key.endswith(uuid)), None)
+    if listed and process_mib is None:
+        why = f"NVML's process list names this PID on other GPUs only ({', '.join(listed)})"
     return judge_gpumem(gpu.allocated, gpu.reserved, gpu.process, allocated, reserved, process_mib, why)
 
 

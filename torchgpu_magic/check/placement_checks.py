@@ -25,7 +25,7 @@ def whereis_adam(probe: Probe) -> Outcome:
     report = probe.shell.run_line_magic("whereis", "-o model opt")
     text = PlainTextFormatter()(report)
     probe.say(text)
-    states = [s for s in probe.shell.user_ns["opt"].state.values()]
+    states = probe.shell.user_ns["opt"].state.values()
     moments = sum(v.numel() * v.element_size() for s in states for k, v in s.items() if k != "step")
     return judge_whereis(text, f"cuda:{index}", moments)
 

@@ -92,7 +92,7 @@ def judge_junit(xml: str, returncode: Optional[int]) -> Outcome:
         if not skipped:
             return Outcome(SKIPPED, why="no test collected")
         why = reasons.most_common(1)[0][0] if reasons else "no reason given"
-        return Outcome(SKIPPED, figure, why=f"all {skipped} skipped: {why}")
+        return Outcome(SKIPPED, why=f"all {skipped} skipped: {why}")
     return Outcome(PASS, figure)
 
 
@@ -109,7 +109,7 @@ def judge_benchmark(ended: Ended) -> Outcome:
     figure = ", ".join(f"{marks[m]} {m}" for m in BENCH_MARKS if marks[m]) or "no target reported"
     no_gpu = [line.strip() for line in failed if "sees no CUDA GPU" in line]
     if no_gpu:
-        return Outcome(SKIPPED, figure, why=no_gpu[0])
+        return Outcome(SKIPPED, why=no_gpu[0])
     if ended.returncode != 0 or failed:
         why = f"exit status {ended.returncode}" + (f": {failed[0]}" if failed else "")
         return Outcome(FAIL, figure, why=why, details=failed)

@@ -5,8 +5,8 @@ shell as a user drives it, its figures compared with an independent reference (`
 ``torch.profiler``, ``triton.testing.do_bench``, torch's allocator, NVML's process list, the measured
 peak), each comparison a verdict with its figure; from a checkout of the repository also ``pytest -m
 gpu``, the benchmarks' GPU modes and the tour notebook. Every step runs in a process of its own under a
-time limit, and the whole under a deadline (8 minutes on an H100 by default, 450 s); each writes one log,
-and ``summary.md`` lists every step: pass, fail, timeout, or skipped with why (docs/gpu-validation.md).
+time limit, and the whole under a deadline (450 s by default, under 8 minutes on an H100); each writes one
+log, and ``summary.md`` lists every step: pass, fail, timeout, or skipped with why (docs/gpu-validation.md).
 
 This is the room above :mod:`torchgpu_magic.magics`: nothing in the package imports it. The arrows inside
 point one way: ``__main__`` -> :mod:`.plan` -> :mod:`.registry` -> the ``*_checks`` modules ->

@@ -168,10 +168,11 @@ def repository_steps(out: Path, root: Optional[Path], python: str) -> list:
         plan.append(Step(f"bench-{bench.stem.removeprefix('bench_')}", " ".join(argv[1:]), argv,
                          LIMITS["bench"], judge_benchmark))
     tour = out / "tour-gpu.ipynb"
+    no_tour = "" if (root / "notebooks" / "tour.ipynb").is_file() else "no notebooks/tour.ipynb here"
     plan.append(Step("tour", "notebooks/tour.ipynb executed in a kernel, to tour-gpu.ipynb",
                      [python, "notebooks/run.py", "notebooks/tour.ipynb", "--output", str(tour),
                       "--timeout", "120"],
-                     LIMITS["tour"], notebook_judge(tour)))
+                     LIMITS["tour"], notebook_judge(tour), unavailable=no_tour))
     plan.append(Step("pytest-gpu-files", "the ordinary tests of the files with GPU tests",
                      [python, *PYTEST, "-m", "not gpu", "--junitxml", str(junit["pytest-gpu-files"]),
                       *gpu_files],

@@ -10,7 +10,7 @@ import statistics
 from typing import Any
 
 from ..render import fmt_percent, fmt_seconds
-from .outcome import Outcome, Skip, between, judged, within, worst
+from .outcome import SKIPPED, Outcome, Skip, between, judged, within, worst
 from .probe import Probe
 
 SLEEP_LENGTHS = (10e-6, 100e-6, 1e-3, 10e-3, 100e-3)  # seconds
@@ -147,7 +147,7 @@ def judge_cold(reference: float, cold: float, flushed: float, sums: Any, l2: int
                f"--cold --flush-l2 {fmt_seconds(flushed)} vs --cold {fmt_seconds(cold)}", "+- 2 us"),
     ]
     if sums is None:
-        parts.append(Outcome("skipped", why=f"this GPU's L2 ({l2 // 2**20} MiB) is too small for an 8 MiB "
+        parts.append(Outcome(SKIPPED, why=f"this GPU's L2 ({l2 // 2**20} MiB) is too small for an 8 MiB "
                                             "working set to stay in it"))
     else:
         hot, cleared = sums

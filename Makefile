@@ -154,5 +154,15 @@ dist: $(DIST_VENV)/.installed
 bench: $(VENV)/.test
 	for b in benchmarks/bench_*.py; do $(VPY) $$b || exit 1; done
 
+# `make gpu-check OUT=dir`: the whole GPU validation in one command (docs/gpu-validation.md): the checks'
+# figures against their references, pytest -m gpu, the benchmarks' GPU modes and the tour, each step under
+# a time limit and all under 450 s; a log per step and dir/summary.md. It runs with $(PYTHON) as it is, not
+# in make test's venvs: a GPU machine has torch and the runtime dependencies, and no package index.
+# GPU_CHECK_ARGS: more options (--only, --skip, --deadline; `$(PYTHON) -m torchgpu_magic.check --help`).
+.PHONY: gpu-check
+OUT ?= test-artifacts/gpu-check
+gpu-check:
+	$(PYTHON) -m torchgpu_magic.check --out "$(OUT)" $(GPU_CHECK_ARGS)
+
 clean:
 	rm -rf $(VENV) $(OLD_VENV) $(DIST_VENV) dist build notebooks/tour.html test-artifacts .pytest_cache .ruff_cache

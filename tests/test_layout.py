@@ -65,13 +65,25 @@ def test_each_magic_lives_in_the_file_named_after_it(name):
             assert not any(m == other or m.startswith(f"_{other}_") for m in methods), (name, other)
 
 
+# The rooms that may import IPython and the magics: the magics themselves, and the GPU check above them,
+# which drives the extension through a real shell as a user does (nothing in the package imports it).
+TOP_ROOMS = ("torchgpu_magic.magics", "torchgpu_magic.check")
+
+
 def test_nothing_below_the_magics_imports_ipython_or_the_magics():
     for module, imported in GRAPH.items():
-        if module.startswith("torchgpu_magic.magics") or module == "torchgpu_magic":
+        if module.startswith(TOP_ROOMS) or module == "torchgpu_magic":
             continue
         upward = {m for m in imported
                   if m.split(".")[0] == "IPython" or m.startswith("torchgpu_magic.magics")}
         assert not upward, f"{module} imports {sorted(upward)}: core modules never import IPython or magics"
+
+
+def test_nothing_imports_the_gpu_check():
+    """The check is the top room: it imports the magics and the core, and nothing imports it."""
+    for module, imported in GRAPH.items():
+        if not module.startswith("torchgpu_magic.check"):
+            assert not {m for m in imported if m.startswith("torchgpu_magic.check")}, module
 
 
 def test_no_two_modules_of_a_package_import_each_other():
@@ -122,10 +134,10 @@ def test_no_import_circle_between_packages():
 
 
 # The floors of the house, from the top: a room imports only rooms on lower floors (lazy imports count).
-# magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement
+# check -> magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement
 #        -> {gpus, devices, accelerators, host} -> {render, errors, torchapi}
 FLOORS = {
-    "__main__": 7, "magics": 6, "cluster": 5,
+    "check": 8, "__main__": 7, "magics": 6, "cluster": 5,
     "gpumem": 4, "cudamem": 4, "explain": 4, "timing": 4,
     "holders": 3, "placement": 2,
     "gpus": 1, "devices": 1, "accelerators": 1, "host": 1,

@@ -13,6 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import simulated_legs  # noqa: E402 - found through the path above
+from simulated_legs import simulated_mps, simulated_rocm, simulated_xpu  # noqa: E402, F401 - fixtures
+
 
 def pytest_addoption(parser: Any) -> None:
     parser.addoption(
@@ -20,20 +23,18 @@ def pytest_addoption(parser: Any) -> None:
         help="run as on a machine with one H100 80GB and CUDA 13: torch.cuda answers as it would before any "
              "kernel runs (a real CUDA tensor still fails) and NVML is the scripted h100 scenario; needs a "
              "CPU-only build of torch (tests/simulated_gpu.py)")
+    parser.addoption(
+        "--simulate", choices=sorted(simulated_legs.MACHINES), default=None,
+        help="run as on a simulated machine: h100 (= --simulate-gpu), mps (an M2 Max Mac), xpu (an Intel "
+             "GPU Max 1100), rocm (an AMD MI300X under ROCm); needs a CPU-only build of torch "
+             "(tests/simulated_legs.py)")
 
 
 def pytest_configure(config: Any) -> None:
-    """Under ``--simulate-gpu``, install the simulated H100 before any test (or test module) runs."""
-    config._simulated_gpu = None
-    if not config.getoption("--simulate-gpu"):
-        return
-    import simulated_gpu
-
-    why = simulated_gpu.usable()
-    if why:
-        raise pytest.UsageError(why)
-    config._simulation_patch = pytest.MonkeyPatch()
-    config._simulated_gpu = simulated_gpu.install(config._simulation_patch)
+    """Under ``--simulate-gpu`` / ``--simulate NAME``, install the simulated machine before any test (or
+    test module) runs."""
+    device = simulated_legs.install_for_run(config)
+    config._simulated_gpu = device if config._simulated_machine == "h100" else None
 
 
 def pytest_unconfigure(config: Any) -> None:
@@ -43,9 +44,8 @@ def pytest_unconfigure(config: Any) -> None:
 
 
 def pytest_report_header(config: Any) -> Any:
-    if getattr(config, "_simulated_gpu", None) is not None:
-        return "simulated GPU: one NVIDIA H100 80GB HBM3, CUDA 13.0 (torch.cuda up to the first kernel)"
-    return None
+    machine = getattr(config, "_simulated_machine", None)
+    return f"simulated machine: {simulated_legs.MACHINES[machine]}" if machine else None
 
 
 def _has_cuda() -> bool:
@@ -58,8 +58,8 @@ def _has_cuda() -> bool:
 
 def pytest_collection_modifyitems(config: Any, items: list) -> None:
     """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel)."""
-    if config._simulated_gpu is not None:
-        reason = ("needs a real CUDA GPU: --simulate-gpu simulates torch.cuda only up to the first kernel, "
+    if config._simulated_machine is not None:
+        reason = ("needs a real CUDA GPU: the simulated machines simulate torch only up to the first kernel, "
                   "and these tests run kernels")
     elif _has_cuda():
         return
@@ -81,6 +81,8 @@ def simulated_gpu(request: Any, monkeypatch: Any) -> Any:
     from torchgpu_magic.gpus import nvml
 
     sim = request.config._simulated_gpu
+    if request.config._simulated_machine not in (None, "h100"):
+        pytest.skip(f"needs the simulated H100; this run simulates {request.config._simulated_machine}")
     if sim is None:
         why = simulated_gpu.usable()
         if why:

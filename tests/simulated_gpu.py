@@ -29,6 +29,7 @@ from collections import deque
 from typing import Any, Optional
 
 import fake_pynvml
+import simulated_accelerator
 import torch
 
 SM_CLOCK_HZ = 1980e6  # an H100 SXM5 at its max SM clock (NVML's max_clocks in the h100 scenario)
@@ -386,4 +387,5 @@ def install(patch: Any) -> SimulatedGPU:
     patch.setattr(clocks, "_SPIN_CYCLES", {}, raising=False)
     patch.setitem(sys.modules, "pynvml", sim.nvml_module)
     nvml.reset()
+    simulated_accelerator.wire(patch, simulated_accelerator.CudaBackend())  # torch.accelerator over it
     return sim

@@ -1,6 +1,8 @@
 """``%gpuinfo``'s core: which GPUs there are and whether torch can use them.
 
 - ``nvml``: the only importer of pynvml (lazy init under a lock, NA for what a GPU cannot say);
+- ``amdsmi``: the only importer of AMD SMI's ``amdsmi`` (ROCm's GPUs; lazily imported, never required);
+- ``apple``: the Mac itself from ``sysctl`` (chip, unified memory, macOS, Rosetta) for Apple silicon;
 - ``snapshots``: what NVML says about a GPU, as plain records (``nvml`` fills them);
 - ``processes``: a GPU's per-process memory (this process's share, the others'), and whether NVML's
   process list names this PID namespace's processes at all (a container without ``--pid=host``);

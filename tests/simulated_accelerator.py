@@ -120,6 +120,12 @@ class CudaBackend(Backend):
     """torch.cuda's simulation (the H100's, the MI300X's): its allocator statistics are what the simulation
     put behind ``torch._C._cuda_memoryStats``, the figures a CUDA build's DeviceAllocator returns."""
 
+    def synchronize(self, index: int) -> None:
+        """cudaDeviceSynchronize on the device, as the C layer does it (not torch.cuda.synchronize, the
+        Python function a test or the extension may wrap to count a cell's own calls)."""
+        with torch.cuda.device(index):
+            torch._C._cuda_synchronize()
+
     def device_stats(self, index: int) -> dict:
         return torch._C._cuda_memoryStats(index)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 _CPU_ONLY: Any = None  # a torch seen to be built without CUDA or ROCm: its answer never changes
 
@@ -208,16 +208,21 @@ def synchronize(device: Any) -> None:
     """Wait for the work queued on ``device`` (no-op on cpu and meta): ``torch.accelerator.synchronize``
     for this torch's accelerator, the backend's own ``synchronize`` for another."""
     kind, index = split(device)
-    if kind in ("cpu", "meta"):
-        return
+    if kind not in ("cpu", "meta"):
+        synchronizer(kind)(index)
+
+
+def synchronizer(kind: str) -> Callable[[int], None]:
+    """:func:`synchronize` for ``kind`` as a function of the device index, looked up now: a clock keeps it,
+    so that its own waits stay out of a count of the cell's that wraps torch's public functions later."""
     torch = _torch()
     generic = getattr(getattr(torch, "accelerator", None), "synchronize", None)
     if generic is not None and kind == current_kind():
-        generic(index)
-    elif kind == "mps":
-        torch.mps.synchronize()
-    else:
-        backend_module(kind).synchronize(index)
+        return generic
+    if kind == "mps":
+        wait = torch.mps.synchronize
+        return lambda index: wait()
+    return backend_module(kind).synchronize
 
 
 def event_class(kind: str) -> Any:

@@ -13,8 +13,9 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from .. import accelerators
 from ..render import Table, fmt_bytes, fmt_percent, fmt_seconds, html_lines, is_na
-from .clocks import Clock, CudaClock, Sample
+from .clocks import Clock, Sample
 from .flags import assess, l2_note, other_streams
 from .stats import Options, Stats, median, ratio
 from .throttle import clock_lines
@@ -44,7 +45,6 @@ class KernelRow:
     share: float
 
 
-CUDA_LABEL = CudaClock.label
 _KIND_WORDS = {"device": "device time", "host": "host time", "wall": "synchronized wall time"}
 
 
@@ -170,7 +170,7 @@ class TimingResult:
     def kernel_table(self) -> Table:
         """The ``--kernels`` table of this result (call only when ``kernels`` is set)."""
         busy = self.gpu_busy / self.device_time if self.gpu_busy and self.device_time else None
-        return kernel_table(self.kernels or [], self.clock == CUDA_LABEL, self.kernels_empty,
+        return kernel_table(self.kernels or [], self.device.startswith("cuda"), self.kernels_empty,
                             self.cold or self.flush_l2, busy)
 
     def to_dict(self) -> dict:
@@ -279,10 +279,8 @@ class TimingComparison:
 def device_name(device: Any) -> str:
     """A person's name for ``device``: the GPU model, or the CPU model where Linux says it."""
     kind = getattr(device, "type", str(device))
-    if kind == "cuda":
-        import torch
-
-        return str(torch.cuda.get_device_name(device))
+    if kind not in ("cpu", "meta"):
+        return accelerators.device_name(device)
     if kind == "cpu":
         with contextlib.suppress(OSError):
             with open("/proc/cpuinfo") as handle:
@@ -294,12 +292,11 @@ def device_name(device: Any) -> str:
 
 
 def l2_cache_bytes(device: Any) -> Optional[int]:
-    """The L2 cache of a CUDA ``device`` in bytes (None elsewhere, or where torch does not say)."""
-    if getattr(device, "type", None) != "cuda":
+    """The last-level cache of an accelerator in bytes: CUDA's and ROCm's L2, XPU's last-level cache (None
+    on cpu, or where torch does not say, as on MPS)."""
+    if getattr(device, "type", "cpu") in ("cpu", "meta"):
         return None
-    import torch
-
-    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or None
+    return accelerators.facts(device).cache
 
 
 def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optional[float],

@@ -122,8 +122,12 @@ class TimingResult:
             parts.append(f"synchronized wall {fmt_seconds(self.wall)}")
         parts.append(f"first run {fmt_seconds(self.first_run)} (excluded)")
         lines = ["per loop: " + ", ".join(parts)]
-        if self.memory_peak is None:
+        if self.memory_before is None:
             lines.append("memory: N/A (torch keeps no allocator statistics for this device)")
+        elif self.memory_peak is None:  # MPS on a torch whose accelerator API does not reach it
+            lines.append(f"memory: {fmt_bytes(self.memory_before)} allocated before; reserved "
+                         f"{fmt_bytes(self.memory_reserved_growth, signed=True)}; peak N/A (torch keeps no "
+                         "peak for this device: %gpumem tracks one by sampling)")
         else:
             lines.append(f"memory: peak {fmt_bytes(self.memory_peak, signed=True)} above the "
                          f"{fmt_bytes(self.memory_before)} allocated before; reserved "
@@ -334,6 +338,9 @@ def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optio
                      f"+-{fmt_percent(stats.rel_ci)}")
     if run.kind == "host":
         notes.append("host time (perf_counter): cpu work is finished when the call returns")
+    if run.kind == "wall":
+        notes.append(f"synchronized wall time (perf_counter around a device synchronize): torch's events "
+                     f"cannot time on {device}, so host gaps between launches count too")
     if opts.cold:
         notes.append("--cold: synchronized after every loop" + (
             "; device time from an event pair per loop, each start queued behind a short device-side spin, "

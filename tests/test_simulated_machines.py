@@ -12,6 +12,8 @@ MiB = 2**20
 MACHINES = ("h100", "mps", "xpu", "rocm")
 KIND = {"h100": "cuda", "rocm": "cuda", "mps": "mps", "xpu": "xpu"}
 CLOCK = {"h100": "CUDA events", "rocm": "ROCm events", "mps": "MPS events", "xpu": "XPU events"}
+NAMES = {"h100": "NVIDIA H100 80GB HBM3", "rocm": "AMD Instinct MI300X", "mps": "Apple M2 Max",
+         "xpu": "Intel(R) Data Center GPU Max 1100"}
 
 
 @pytest.fixture(params=MACHINES)
@@ -29,6 +31,11 @@ def machine(request, ip):
         ip.user_ns["work"] = sim.launch
     ip.user_ns["torch"] = torch
     return name, sim
+
+
+def shown(captured):
+    """What a captured cell printed and displayed, as plain text."""
+    return captured.stdout + "".join(o.data.get("text/plain", "") for o in captured.outputs)
 
 
 def standin(name, sim, shape, op_seconds):
@@ -57,8 +64,7 @@ def test_cudatime_gives_device_time_from_the_backends_events(ip, machine):
     assert result.device == f"{kind}:0"
     assert result.median == pytest.approx(seconds, rel=0.01 if name in ("h100", "rocm") else 0.05)
     assert result.min >= seconds * 0.999  # the events never time less than the work
-    assert result.device_name == {"h100": "NVIDIA H100 80GB HBM3", "rocm": "AMD Instinct MI300X",
-                                  "mps": "Apple M2 Max", "xpu": "Intel(R) Data Center GPU Max 1100"}[name]
+    assert result.device_name == NAMES[name]
 
 
 @pytest.mark.parametrize("name", ["mps", "xpu"])
@@ -95,3 +101,65 @@ def test_a_backend_whose_events_cannot_time_falls_back_to_synchronized_wall_time
     assert (result.kind, result.clock) == ("wall", "perf_counter + synchronize")
     assert result.median >= 2e-4  # the wall holds the work
     assert "torch's events cannot time on xpu:0" in result.to_text()
+
+
+# ---- %gpumem ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["mps", "xpu"])
+def test_gpumem_shows_the_device_and_a_line_per_cell_with_its_memory(ip, request, name):
+    from IPython.utils.capture import capture_output
+
+    sim = request.getfixturevalue(f"simulated_{name}")
+    ip.user_ns["sim"] = sim
+    if name == "xpu":
+        run(ip, "import torch\ntorch.xpu.init()")  # as the first xpu tensor would
+    with capture_output() as started:
+        run(ip, "%gpumem --text")
+    try:
+        label = "mps" if name == "mps" else "xpu:0"
+        text = shown(started)
+        assert label in text and NAMES[name] in text
+        if name == "mps":  # current and driver-allocated memory against the working-set limit
+            assert "driver-allocated / working-set limit" in text and "21.3 GiB" in text
+            assert "torch keeps no peak on MPS" in text
+        else:
+            assert "used / total" in text and "48.0 GiB" in text
+        with capture_output() as cell:
+            run(ip, "sim.allocate(256 * 2**20)")
+        assert f"{label} +256 MiB (peak 256 MiB)" in cell.stdout, cell.stdout
+        record = run(ip, "%gpumem --records")[-1]
+        assert [(g.label, g.delta) for g in record.gpus] == [(label, 256 * MiB)]
+    finally:
+        run(ip, "%gpumem stop")
+
+
+def test_on_mps_the_peak_is_tracked_by_sampling_where_torch_keeps_none(simulated_mps):
+    from torchgpu_magic import accelerators, gpumem
+
+    sampler = gpumem.Sampler(gpumem.accelerator_targets(), interval=0.05)
+    simulated_mps.allocate(512 * MiB)
+    sampler.sample_now()
+    simulated_mps.free(384 * MiB)
+    (gpu,) = sampler.sample_now().gpus
+    assert accelerators.peak("mps") is None  # torch has none to give
+    assert (gpu.allocated, gpu.peak, gpu.reserved, gpu.total) == (128 * MiB, 512 * MiB, 512 * MiB,
+                                                                    32 * 2**30 * 2 // 3)
+
+
+def test_gpumem_on_rocm_reads_amd_smi_for_the_gpu_and_this_process(ip, simulated_rocm):
+    import torch
+    from IPython.utils.capture import capture_output
+
+    from torchgpu_magic import gpumem
+
+    torch.cuda.init()
+    torch.cuda.get_device_properties(0)
+    torch.cuda.synchronize()  # HIP's context: the runtime holds its memory on the GPU
+    (target,) = gpumem.accelerator_targets()
+    assert (target.label, target.name, target.amdsmi_index, target.nvml_index) == (
+        "cuda:0", "AMD Instinct MI300X OAM", 0, None)
+    (gpu,) = gpumem.collect([target]).gpus
+    assert (gpu.total, gpu.process, gpu.others) == (196288 * MiB, 512 * MiB, 0)
+    with capture_output() as started:
+        run(ip, "%gpumem --text")
+    run(ip, "%gpumem stop")
+    assert "AMD SMI used / total" in shown(started) and "cuda:0 AMD Instinct MI300X OAM" in shown(started)

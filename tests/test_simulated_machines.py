@@ -163,3 +163,60 @@ def test_gpumem_on_rocm_reads_amd_smi_for_the_gpu_and_this_process(ip, simulated
         run(ip, "%gpumem --text")
     run(ip, "%gpumem stop")
     assert "AMD SMI used / total" in shown(started) and "cuda:0 AMD Instinct MI300X OAM" in shown(started)
+
+
+# ---- the out-of-memory explanation -----------------------------------------------------------------------
+def _explanation(ip, code):
+    """What a failing cell printed above its traceback: the out-of-memory explanation."""
+    import re
+
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as captured:
+        ip.run_cell(code, store_history=True)
+    text = captured.stdout
+    assert text.startswith("gpumem: out of memory on "), text
+    return re.split(r"^-{20,}$", text, maxsplit=1, flags=re.M)[0]
+
+
+def test_mps_out_of_memory_is_explained_with_the_watermark_advice_and_its_risk(ip, simulated_mps):
+    """MPSAllocator's own wording: its limit, 1.7 x the working-set limit (36.3 GiB on a 32 GB M2 Max),
+    counts the other allocations too (26 GiB here), so 8 GiB more fails although the 12 GiB of tensors
+    would fit in the Mac's memory: raising the watermark is offered, only with its risk."""
+    ip.user_ns["sim"] = simulated_mps
+    text = _explanation(ip, "sim.allocate(30 * 2**30)\nsim.free(26 * 2**30)\nsim.allocate(8 * 2**30)")
+    assert text.startswith("gpumem: out of memory on mps: asked 8.00 GiB")
+    assert "more than mps has in all" not in text
+    advice = text.split("What to do")[1]
+    assert "PYTORCH_MPS_HIGH_WATERMARK_RATIO" in advice and "Only with its risk" in advice
+    assert "36.3 GiB" in advice and "21.3 GiB" in advice and "restart the kernel" in advice
+
+
+def test_mps_request_beyond_the_macs_memory_is_not_offered_the_watermark(ip, simulated_mps):
+    ip.user_ns["sim"] = simulated_mps
+    text = _explanation(ip, "sim.allocate(40 * 2**30)")
+    assert "more than mps has in all (36.3 GiB)" in text
+    assert "32.0 GiB of unified memory in all" in text and "Only with its risk" not in text
+
+
+def test_xpu_out_of_memory_is_explained_with_the_devices_figures(ip, simulated_xpu):
+    import torch
+
+    torch.xpu.init()
+    ip.user_ns["sim"] = simulated_xpu
+    text = _explanation(ip, "sim.allocate(30 * 2**30)\nsim.allocate(30 * 2**30)")
+    assert text.startswith("gpumem: out of memory on xpu:0: asked 30.0 GiB; 18.0 GiB free when it failed; "
+                           "18.0 GiB free now, of 48.0 GiB")
+    assert "PYTORCH_MPS" not in text
+
+
+def test_rocm_out_of_memory_in_hips_wording_is_explained_on_the_gpu(ip, simulated_rocm):
+    import torch
+
+    torch.cuda.init()
+    ip.user_ns["torch"] = torch
+    text = _explanation(ip, 'raise torch.OutOfMemoryError("HIP out of memory. Tried to allocate 2.00 GiB. '
+                            'GPU 0 has a total capacity of 191.98 GiB of which 1.20 GiB is free. Of the '
+                            'allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved by '
+                            'PyTorch but unallocated.")')
+    assert text.startswith("gpumem: out of memory on cuda:0: asked 2.00 GiB; 1.20 GiB free when it failed")

@@ -220,3 +220,57 @@ def test_rocm_out_of_memory_in_hips_wording_is_explained_on_the_gpu(ip, simulate
                             'allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved by '
                             'PyTorch but unallocated.")')
     assert text.startswith("gpumem: out of memory on cuda:0: asked 2.00 GiB; 1.20 GiB free when it failed")
+
+
+# ---- %%cudamem -------------------------------------------------------------------------------------------
+MODEL = "import torch\nmodel = torch.nn.Linear(1024, 1024)\nx = torch.randn(64, 1024)"
+STEP = "y = model(x)\ny.sum().backward()"
+
+
+def _text(ip, report):
+    return ip.display_formatter.formatters["text/plain"](report)
+
+
+@pytest.mark.parametrize("name", ["mps", "xpu", "rocm"])
+def test_cudamem_predicts_for_the_machines_gpu_with_its_capacity(ip, request, name):
+    request.getfixturevalue(f"simulated_{name}")
+    run(ip, MODEL)
+    kind = "cuda" if name == "rocm" else name
+    base = run(ip, f"%%cudamem --predict cpu -o -q\n{STEP}").peak  # the cell's tensors alone
+    report = run(ip, f"%%cudamem --predict {kind} -o -q\n{STEP}")
+    text = _text(ip, report)
+    # MPS and XPU: the tensors' bytes; CUDA's model adds the caching allocator's rounding and cuBLAS
+    assert report.mode == "predicted" and (report.peak == base if name != "rocm" else
+                                           report.peak >= base + 33 * MiB)
+    assert f"standing in for {kind}" in text  # a CPU build cannot run fake GPU tensors: cpu stands in
+    capacity = {"mps": 32 * 2**30 * 2 // 3, "xpu": 49136 * MiB, "rocm": 200998912 * 1024}[name]
+    assert report.capacity == capacity
+    if name == "mps":  # unified memory: the capacity is the working-set limit; no CUDA allowances
+        assert "recommendedMaxWorkingSetSize" in text and "CUDA context" not in text
+    if name == "rocm":
+        assert "ROCm: the allowances are CUDA's figures" in text and "GPU generation: unknown" in text
+
+
+def test_cudamem_predicts_for_a_mac_without_one(ip, request):
+    if getattr(request.config, "_simulated_machine", None) == "mps":
+        pytest.skip("this run simulates a Mac")
+    run(ip, MODEL)
+    report = run(ip, f"%%cudamem --predict mps -o -q\n{STEP}")
+    assert report.capacity is None and report.peak == run(ip, f"%%cudamem --predict cpu -o -q\n{STEP}").peak
+    report = run(ip, f"%%cudamem --predict mps --capacity 21GiB -o -q\n{STEP}")
+    assert report.capacity == 21 * 2**30 and "fits in 21.0 GiB" in _text(ip, report)
+
+
+@pytest.mark.parametrize("name", ["mps", "xpu"])
+def test_cudamem_measures_on_the_device_with_torchs_figure_where_torch_keeps_one(ip, request, name):
+    sim = request.getfixturevalue(f"simulated_{name}")
+    ip.user_ns["sim"] = sim
+    run(ip, MODEL + ("\ntorch.xpu.init()" if name == "xpu" else ""))
+    report = run(ip, f"%%cudamem {name} -o -q\nsim.allocate(3 * 2**20)\n{STEP}")
+    text = _text(ip, report)
+    assert report.mode == "measured" and report.device == f"{name}:0"
+    if name == "xpu":
+        assert report.torch_max_allocated == 3 * MiB
+        assert "torch's max_memory_allocated during the cell: 3.00 MiB" in text
+    else:
+        assert report.torch_max_allocated is None and "torch keeps no peak on MPS" in text

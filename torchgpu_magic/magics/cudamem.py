@@ -19,8 +19,9 @@ class CUDAMemMagics(MagicsPart):
 
     @magic_arguments()
     @argument("device", nargs="?", default=None, metavar="DEVICE",
-              help="cpu, cuda or cuda:N. Measured: the device to report (default: the one with the highest "
-                   "peak). --predict / --fit: the device to predict for (default cuda; no GPU needed)")
+              help="cpu, cuda, cuda:N, mps, xpu or xpu:N (any accelerator: the name stays %%cudamem). "
+                   "Measured: the device to report (default: the one with the highest peak). --predict / "
+                   "--fit: the device to predict for (default cuda; no GPU needed)")
     @argument("--predict", action="store_true",
               help="run the cell on fake copies of what it uses (FakeTensorMode): nothing real is "
                    "allocated, moved or changed, and the figures are a prediction for DEVICE")

@@ -135,19 +135,20 @@ def test_no_import_circle_between_packages():
 
 # The floors of the house, from the top: a room imports only rooms on lower floors (lazy imports count).
 # check -> magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement
-#        -> {gpus, devices, accelerators, host} -> {render, errors, torchapi}
+#        -> {gpus, devices, host} -> {accelerators, render, errors, torchapi}
+# (accelerators.py, the one device layer, sits at the bottom: %gpuinfo's gpus/ and devices.py ask it too)
 FLOORS = {
     "check": 8, "__main__": 7, "magics": 6, "cluster": 5,
     "gpumem": 4, "cudamem": 4, "explain": 4, "timing": 4,
     "holders": 3, "placement": 2,
-    "gpus": 1, "devices": 1, "accelerators": 1, "host": 1,
-    "render": 0, "errors": 0, "torchapi": 0,
+    "gpus": 1, "devices": 1, "host": 1,
+    "accelerators": 0, "render": 0, "errors": 0, "torchapi": 0,
 }
 
 
 def test_every_arrow_between_rooms_points_down_a_floor():
     """magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement -> {gpus, devices,
-    accelerators, host} -> {render, errors, torchapi}: a reader follows arrows down from the magics and never
+    host} -> {accelerators, render, errors, torchapi}: a reader follows arrows down from the magics and never
     comes back up, nor sideways (``%gpumem`` loads none of ``%%cudamem``'s code)."""
     rooms = {_package_of(m) for m in GRAPH if m != "torchgpu_magic"}
     assert rooms == set(FLOORS), f"rooms without a floor: {sorted(rooms - set(FLOORS))}"

@@ -274,3 +274,87 @@ def test_cudamem_measures_on_the_device_with_torchs_figure_where_torch_keeps_one
         assert "torch's max_memory_allocated during the cell: 3.00 MiB" in text
     else:
         assert report.torch_max_allocated is None and "torch keeps no peak on MPS" in text
+
+
+# ---- %gpuinfo --------------------------------------------------------------------------------------------
+def test_gpuinfo_on_the_mac_names_the_chip_and_its_unified_memory(ip, simulated_mps):
+    report = run(ip, "%gpuinfo -o")
+    text = _text(ip, report)
+    assert report.torch_can_use_gpu and report.backend == "MPS" and not report.diagnosis
+    (gpu,) = report.devices
+    assert (gpu.label, gpu.name, gpu.units, gpu.capacity) == ("mps", "Apple M2 Max", 38, 32 * 2**30 * 2 // 3)
+    assert text.startswith("torch can use 1 GPU (MPS) | torch ") and "Apple M2 Max" in text
+    assert ("unified memory", "32.0 GiB") in report.machine and ("macOS", "14.5") in report.machine
+    assert "working-set limit (torch.mps.recommended_max_memory(), 21.3 GiB)" in text
+
+
+def test_gpuinfo_on_rocm_reads_amd_smi_without_initialising_hip(ip, simulated_rocm):
+    import torch
+
+    report = run(ip, "%gpuinfo -o")
+    assert not torch.cuda.is_initialized()  # named from AMD SMI, as NVIDIA's GPUs are from NVML
+    (gpu,) = report.devices
+    assert (gpu.label, gpu.name, gpu.arch, gpu.units) == ("cuda:0", "AMD Instinct MI300X OAM", "gfx942", 304)
+    assert (gpu.total, gpu.temperature, gpu.power) == (196288 * MiB, 38, 132)
+    assert report.build == "ROCm, HIP 6.4.43482-0f2d60242" and report.torch_can_use_gpu
+    assert "named from AMD SMI" in _text(ip, report)
+    torch.cuda.init()
+    torch.cuda.synchronize()
+    (gpu,) = run(ip, "%gpuinfo -o").devices  # HIP initialised: torch names it, and this process is listed
+    assert gpu.name == "AMD Instinct MI300X" and [p[3] for p in gpu.processes] == [True]
+
+
+def test_gpuinfo_on_rocm_without_amd_smi_shows_torchs_view_with_a_note(ip, simulated_rocm, monkeypatch):
+    import sys
+
+    from torchgpu_magic.gpus import amdsmi
+
+    monkeypatch.setitem(sys.modules, "amdsmi", None)  # not installed: import amdsmi fails
+    amdsmi.reset()
+    report = run(ip, "%gpuinfo -o")
+    (gpu,) = report.devices
+    assert gpu.name == "AMD Instinct MI300X" and report.torch_can_use_gpu  # torch's own name
+    assert "cannot import amdsmi" in _text(ip, report) and "pip install amdsmi" in _text(ip, report)
+
+
+def test_gpuinfo_on_rocm_says_hip_visible_devices_hides_the_gpu(ip, simulated_rocm, monkeypatch):
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "")
+    report = run(ip, "%gpuinfo -o")
+    assert not report.torch_can_use_gpu
+    (cause,) = report.diagnosis
+    assert cause.cause == "hidden_by_visible_devices" and "HIP_VISIBLE_DEVICES=''" in cause.message
+    assert "restart the kernel" in cause.fix
+    assert [d.label for d in report.devices] == [None]  # the GPU is listed, torch cannot see it
+
+
+def test_gpuinfo_on_rocm_warns_of_a_gfx_target_torch_has_no_kernels_for(ip, simulated_rocm, monkeypatch):
+    from torchgpu_magic.gpus import amdsmi
+
+    gpu = simulated_rocm.amdsmi.machine.gpus[0]
+    gpu.market_name, gpu.gfx = "AMD Radeon RX 6700 XT", "gfx1031"
+    amdsmi.reset()
+    (warning,) = run(ip, "%gpuinfo -o").warnings
+    assert warning.cause == "unsupported_gfx" and "HSA_OVERRIDE_GFX_VERSION" in warning.fix
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "10.3.0")
+    (warning,) = run(ip, "%gpuinfo -o").warnings
+    assert warning.cause == "gfx_override" and "runs it as gfx1030" in warning.message
+
+
+def test_gpuinfo_on_the_intel_gpu_names_it_through_torch(ip, simulated_xpu):
+    report = run(ip, "%gpuinfo -o")
+    (gpu,) = report.devices
+    assert (gpu.label, gpu.name, gpu.capacity) == ("xpu:0", "Intel(R) Data Center GPU Max 1100", 49136 * MiB)
+    assert report.torch_can_use_gpu and report.backend == "XPU"
+    assert run(ip, "%gpuinfo -o -i 0").devices[0].label == "xpu:0"
+    with pytest.raises(Exception, match="no GPU index 3 torch can use; valid: xpu:0"):
+        run(ip, "%gpuinfo -i 3")
+
+
+@pytest.mark.parametrize("name", ["mps", "xpu", "rocm"])
+def test_gpuinfo_reads_as_well_in_plain_text_as_in_html(ip, request, name):
+    request.getfixturevalue(f"simulated_{name}")
+    report = run(ip, "%gpuinfo -o")
+    text, page = _text(ip, report), report._repr_html_()
+    assert text.splitlines()[0] in page.replace("&#x27;", "'")
+    for device in report.devices:
+        assert str(device.name) in text and str(device.name) in page

@@ -22,7 +22,9 @@ a usable MPS counts as initialised). torch is never imported here.
 """
 from __future__ import annotations
 
+import os
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -74,10 +76,8 @@ def backend_module(kind: str) -> Any:
     torch = _torch()
     if torch is None or kind in (None, "cpu", "meta"):
         return None
-    try:
-        return torch.get_device_module(kind)
-    except Exception:  # noqa: BLE001 - an unknown type, or a PrivateUse1 backend not registered
-        return getattr(torch, kind, None)
+    module = getattr(torch, kind, None)  # what torch.get_device_module answers, registered backends too
+    return module if isinstance(module, types.ModuleType) else None
 
 
 # ---- initialised or not ----------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def device_count(kind: Optional[str] = None) -> int:
         if kind == "mps":
             return int(_torch().backends.mps.is_available())
         module = backend_module(kind)
-        return int(module.device_count()) if module is not None and module.is_available() else 0
+        return int(module.device_count()) if module is not None else 0
     except Exception:  # noqa: BLE001 - a backend that cannot count has no device to offer
         return 0
 
@@ -189,6 +189,25 @@ def current_index(kind: Optional[str] = None) -> int:
     if module is None:
         return 0
     return int(module.current_device())
+
+
+def hip_visible(found: int) -> list:
+    """AMD SMI's indices of the GPUs HIP enumerates, in HIP's order: ROCR_VISIBLE_DEVICES, then
+    HIP_VISIBLE_DEVICES (or CUDA_VISIBLE_DEVICES, which HIP also reads) select by index; UUIDs and other
+    forms cannot be matched by position, and give none."""
+    order = list(range(found))
+    hip = os.environ.get("HIP_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    for value in (os.environ.get("ROCR_VISIBLE_DEVICES"), hip):
+        if value is None:
+            continue
+        picked = []
+        for entry in value.split(","):
+            entry = entry.strip()
+            if not entry.isdigit() or int(entry) >= len(order):
+                break
+            picked.append(order[int(entry)])
+        order = picked
+    return order
 
 
 def split(device: Any) -> tuple:

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from . import accelerators
 from .errors import MagicInputError
 from .torchapi import cuda_device_counter, function_mode_depth
 
@@ -149,16 +150,11 @@ def parse_dtype(name: str) -> Any:
 
 
 def synchronize(device: Any) -> None:
-    """Wait for the work queued on ``device`` (no-op on cpu and meta, whose work is already done)."""
+    """Wait for the work queued on ``device`` (no-op on cpu and meta, whose work is already done): the
+    device layer's synchronize (torch.accelerator's where torch has it)."""
     import torch
 
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "xpu":
-        torch.xpu.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+    accelerators.synchronize(torch.device(device))
 
 
 # ---- switching and restoring ---------------------------------------------------------------------
@@ -203,10 +199,9 @@ def current_state() -> DeviceState:
     import torch
 
     current = []
-    if _cuda_count() and torch.cuda.is_initialized():
-        current.append(("cuda", torch.cuda.current_device()))
-    if _xpu_count() and torch.xpu.is_initialized():
-        current.append(("xpu", torch.xpu.current_device()))
+    for kind in ("cuda", "xpu"):
+        if (_cuda_count() if kind == "cuda" else _xpu_count()) and accelerators.initialised(kind) is not None:
+            current.append((kind, accelerators.current_index(kind)))
     return DeviceState(_raw_default_device(), torch.get_default_dtype(), tuple(current))
 
 
@@ -309,10 +304,7 @@ def _cuda_count() -> int:
 
 
 def _xpu_count() -> int:
-    import torch
-
-    xpu = getattr(torch, "xpu", None)
-    return xpu.device_count() if xpu is not None and xpu.is_available() else 0
+    return accelerators.device_count("xpu")
 
 
 def _mps_built() -> bool:
@@ -322,14 +314,11 @@ def _mps_built() -> bool:
 
 
 def _mps_available() -> bool:
-    import torch
-
-    return bool(torch.backends.mps.is_available())
+    return accelerators.device_count("mps") > 0
 
 
 def _current_index(kind: str) -> int:
-    module = _module(kind)
-    return module.current_device() if module.is_initialized() else 0
+    return accelerators.current_index(kind)
 
 
 def _auto() -> Any:

@@ -93,30 +93,11 @@ def accelerator_targets() -> list[GPUTarget]:
         from ..gpus import amdsmi
 
         gpus = amdsmi.gpus()
-        visible = _hip_visible(len(gpus))
+        visible = accelerators.hip_visible(len(gpus))
         return [GPUTarget(i, None, str(gpus[visible[i]].name) if i < len(visible) else "", kind="cuda",
                           amdsmi_index=visible[i] if i < len(visible) else None) for i in range(count)]
     return [GPUTarget(i, None, accelerators.device_name((kind, i)) if named else "", kind=kind)
             for i in range(count)]
-
-
-def _hip_visible(found: int) -> list:
-    """AMD SMI's indices of the GPUs HIP enumerates, in HIP's order: ROCR_VISIBLE_DEVICES, then
-    HIP_VISIBLE_DEVICES (or CUDA_VISIBLE_DEVICES, which HIP also reads) select by index; UUIDs and other
-    forms cannot be matched by position, and give none."""
-    order = list(range(found))
-    hip = os.environ.get("HIP_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    for value in (os.environ.get("ROCR_VISIBLE_DEVICES"), hip):
-        if value is None:
-            continue
-        picked = []
-        for entry in value.split(","):
-            entry = entry.strip()
-            if not entry.isdigit() or int(entry) >= len(order):
-                break
-            picked.append(order[int(entry)])
-        order = picked
-    return order
 
 
 @dataclass(frozen=True)

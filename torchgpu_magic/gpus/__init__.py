@@ -8,7 +8,11 @@
   process list names this PID namespace's processes at all (a container without ``--pid=host``);
 - ``problems``: NVML's errors as short codes with a hint a person can act on;
 - ``gpumap``: torch's view of its GPUs, matched to NVML's by UUID under ``CUDA_VISIBLE_DEVICES``;
-- ``inventory``: the report, and the diagnosis of why torch cannot use a GPU.
+- ``inventory``: the report, and the diagnosis of why torch cannot use a GPU;
+- ``accelerated``: the report where NVML does not see the GPU (MPS, ROCm with AMD SMI, XPU, PrivateUse1),
+  and the choice between the two reports;
+- ``backendcauses``: why torch cannot use a Mac's, an AMD or an Intel GPU (Rosetta, a build without the
+  backend, HIP's visibility variables, an unsupported gfx target and HSA_OVERRIDE_GFX_VERSION...).
 
 Importing this package imports none of them: callers name the module they need
 (``from torchgpu_magic.gpus import nvml``), so that ``%gpumem`` does not pay for the report's code.

@@ -247,6 +247,10 @@ def stream_class(sim: SimulatedGPU) -> type:
         def synchronize(self) -> None:
             sim.host_sync()
 
+        def is_capturing(self) -> bool:
+            """No CUDA graph is being captured (what optimizers ask torch.accelerator's stream)."""
+            return False
+
         def wait_event(self, event: Any) -> None:
             """One timeline: already in order."""
 

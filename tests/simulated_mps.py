@@ -69,6 +69,7 @@ class SimulatedMPS(Backend):
         self.next_event = 1
         self.sysctl_dir = tempfile.mkdtemp(prefix="simulated-mps-")
         self.watermark = HIGH_WATERMARK
+        self.generator = torch.Generator()
 
     def reset(self) -> None:
         self.timeline = Timeline()
@@ -205,10 +206,12 @@ def install(patch: Any) -> SimulatedMPS:
         "_mps_queryEvent": sim.query_event,
         "_mps_synchronizeEvent": sim.synchronize_event,
         "_mps_elapsedTimeOfEvents": sim.elapsed,
+        "_mps_get_default_generator": lambda: sim.generator,  # what torch.manual_seed seeds
     }
     for name, function in functions.items():
         patch.setattr(torch._C, name, function, raising=False)
     patch.setattr(torch._C, "_has_mps", True)
+    patch.setattr(torch.mps, "_default_mps_generator", None)
     simulated_accelerator.fresh_caches(patch, torch.backends.mps, (
         "is_available", "is_macos_or_newer", "is_macos13_or_newer", "get_name", "get_core_count"))
     simulated_accelerator.wire(patch, sim)

@@ -191,6 +191,10 @@ def stream_class(sim: SimulatedXPU) -> type:
         def query(self) -> bool:
             return time.perf_counter() >= sim.timeline.busy_until
 
+        def is_capturing(self) -> bool:
+            """No XPU graph is being captured (what optimizers ask before a step)."""
+            return False
+
         def synchronize(self) -> None:
             sim.synchronize(self.device_index)
 
@@ -248,6 +252,7 @@ def install(patch: Any) -> SimulatedXPU:
         "_xpu_maybeExchangeDevice": sim.exchange,
         "_xpu_synchronize": sim.synchronize,
         "_xpu_getCurrentStream": lambda index: (0, sim._index(index), XPU_TYPE),
+        "_xpu_getCurrentRawStream": lambda index: 0,  # torch._dynamo imports it from an XPU build
         "_xpu_memoryStats": sim.memory_stats,
         "_xpu_resetPeakMemoryStats": sim.reset_peak,
         "_xpu_resetAccumulatedMemoryStats": lambda index: None,

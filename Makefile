@@ -16,7 +16,8 @@ OLD_IPYTHON := ipython==7.34.0
 # build and twine, in a venv of their own: building the package needs neither torch nor Jupyter
 DIST_VENV := .venv-dist
 
-.PHONY: venv demo lab test test-ipython7 test-simulated lint browser-deps dist bench clean
+.PHONY: venv demo lab test test-ipython7 test-simulated test-simulated-mps test-simulated-xpu test-simulated-rocm \
+  lint browser-deps dist bench clean
 
 # .venv and torch: the torch of $(PYTHON) when it has one (a CUDA build you installed keeps working).
 # Installs for the demo use pip's --no-compile: bytecode is then written on first import for the modules
@@ -100,6 +101,9 @@ test: $(VENV)/.test browser-deps lint
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-ipython7
 	$(MAKE) --no-print-directory test-simulated
+	$(MAKE) --no-print-directory test-simulated-mps
+	$(MAKE) --no-print-directory test-simulated-xpu
+	$(MAKE) --no-print-directory test-simulated-rocm
 
 # The shell-level suite again under IPython 7.34 (Colab); notebooks and the browser need a newer Jupyter.
 test-ipython7: $(OLD_VENV)/.installed
@@ -117,6 +121,21 @@ test-simulated: $(VENV)/.test
 	  $(VPY) -m pytest -q --simulate-gpu --ignore=tests/test_browser.py --ignore=tests/test_notebooks.py \
 	    $(PYTEST_ARGS); \
 	else echo "test-simulated: skipped, this torch is a CUDA build: run the gpu-marked tests on its GPU"; fi
+
+# The files where the device matters, again as on an Apple M2 Max Mac (mps), an Intel GPU Max 1100 (xpu)
+# and an AMD MI300X under ROCm with AMD SMI and no NVML (rocm): tests/simulated_mps.py, simulated_xpu.py,
+# simulated_rocm.py put each machine where a GPU build's C extension sits, and every magic is checked on it
+# (tests/test_simulated_machines.py). The real-kernel test of test_oom.py runs in a kernel of its own,
+# which the simulation does not reach. Skipped, with one line, where torch is a build for a GPU.
+SIMULATED_TESTS := tests/test_accelerators.py tests/test_simulated_machines.py tests/test_gpus_backendcauses.py \
+  tests/test_cudatime.py tests/test_gpumem_figures.py tests/test_sampler.py tests/test_holders.py \
+  tests/test_oom.py tests/test_cudamem.py
+test-simulated-mps test-simulated-xpu test-simulated-rocm: test-simulated-%: $(VENV)/.test
+	@if $(VPY) -c 'import sys, torch; sys.exit(torch.accelerator.current_accelerator() is not None)'; then \
+	  echo "$(VPY) -m pytest -q --simulate $* (the files where the device matters)"; \
+	  $(VPY) -m pytest -q -p no:cacheprovider --simulate $* $(SIMULATED_TESTS) \
+	    --deselect tests/test_oom.py::test_in_a_real_kernel $(PYTEST_ARGS); \
+	else echo "test-simulated-$*: skipped, this torch is a build for a GPU: it has its own backend"; fi
 
 # Rebuilt from scratch whenever .venv changes (it is small): the layer, then IPython 7.34 and the package.
 # Jupyter looks for data files (nbconvert's templates, kernelspecs) under sys.prefix/share/jupyter: the

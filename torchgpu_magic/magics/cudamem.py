@@ -13,7 +13,8 @@ from .shell import register_cell, show
 
 @magics_class
 class CUDAMemMagics(MagicsPart):
-    """``%%cudamem``: the tracking, prediction and reports are :mod:`torchgpu_magic.memory`'s
+    """``%%cudamem`` (any accelerator: CUDA, ROCm, MPS, XPU; the name stays): the tracking, prediction and
+    reports are :mod:`torchgpu_magic.memory`'s
     (``tracking``, ``prediction``, ``cellmem``); this class reads the options, compiles the cell as IPython
     would, finds the names it uses, and shows or returns the report."""
 

@@ -62,8 +62,11 @@ def test_cudatime_gives_device_time_from_the_backends_events(ip, machine):
     result = run(ip, f"%%cudatime -o -q -n 1 -r 5 --devices {kind}:0\nwork({seconds})").rows[0][1]
     assert (result.kind, result.clock) == ("device", CLOCK[name]), result.to_text()
     assert result.device == f"{kind}:0"
-    assert result.median == pytest.approx(seconds, rel=0.01 if name in ("h100", "rocm") else 0.05)
     assert result.min >= seconds * 0.999  # the events never time less than the work
+    # ... nor more than the work plus the host's own time queueing it, whatever the machine's load
+    assert result.median <= seconds + result.host + 1e-5
+    if name in ("h100", "rocm"):  # the spin hides the launch: a sample the host kept up with is exact
+        assert result.min == pytest.approx(seconds, rel=0.01)
     assert result.device_name == NAMES[name]
 
 
@@ -73,9 +76,9 @@ def test_a_cell_of_tensors_on_the_device_is_timed_there_without_devices(ip, requ
     ip.user_ns["x"] = standin(name, sim, (256, 256), 3e-3)  # far above the stand-in's own host cost
     result = run(ip, "%%cudatime -o -q -n 10 -r 5 --no-roofline\ny = x + x")
     assert result.device == ("mps:0" if name == "mps" else "xpu:0") and result.kind == "device"
-    # without a spin to wait behind, a sample's device time holds the host's first dispatch: over ten
-    # loops of 3 ms queued back to back that is a few percent
-    assert result.median == pytest.approx(3e-3, rel=0.05)
+    # without a spin to wait behind, a sample's device time also holds the host's dispatch before the
+    # work: never less than the work, never more than the work plus the host's own time
+    assert 3e-3 * 0.999 <= result.median <= 3e-3 + result.host + 1e-5
 
 
 def test_mps_says_torch_keeps_no_peak_rather_than_a_false_zero(ip, simulated_mps):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 _CPU_ONLY: Any = None  # a torch seen to be built without CUDA or ROCm: its answer never changes
+_NO_OTHER: Any = None  # a torch seen to have no accelerator besides CUDA / ROCm: nor will it have one
 
 NAMES = {"cuda": "CUDA", "rocm": "ROCm", "mps": "MPS", "xpu": "XPU"}
 """How a person names each backend (:func:`backend_label`)."""
@@ -149,8 +150,21 @@ def initialised_cuda() -> Any:
 
 
 def initialised_kinds() -> list:
-    """The accelerators initialised in this process: this torch's, and mps / xpu where usable besides."""
-    return [kind for kind in _known_kinds() if state(kind) == "initialised"]
+    """The accelerators initialised in this process: this torch's, and mps / xpu where usable besides.
+    Asked around every cell, so a torch seen to have no accelerator but CUDA (none of MPS, XPU or a
+    PrivateUse1 backend, which a process never gains) is remembered and asked about CUDA alone."""
+    global _NO_OTHER
+    torch = _torch()
+    if torch is None:
+        return []
+    kinds = ["cuda"] if cuda_state() == "initialised" else []
+    if torch is _NO_OTHER:
+        return kinds
+    others = [kind for kind in _known_kinds() if kind != "cuda"]
+    found = [kind for kind in others if state(kind) == "initialised"]
+    if not found and current_kind() in (None, "cuda") and not any(device_count(k) for k in others):
+        _NO_OTHER = torch
+    return kinds + found
 
 
 def _known_kinds() -> list:

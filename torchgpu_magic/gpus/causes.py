@@ -254,9 +254,11 @@ def diagnose(view: Any, problem: Any, gpus: list, env: dict, machine: Machine, p
     if not view.cuda and not view.hip:
         what = seen or machine.gpu_names() or "an NVIDIA GPU"
         driver_ok = problem is None and bool(gpus)
-        fix = cuda_build_install(env["driver_version"], env["cuda_driver_version"]) if driver_ok else (
-            "once the driver works, install a CUDA build of torch that it supports "
-            "(https://pytorch.org/get-started/locally/)")
+        if driver_ok:
+            fix = cuda_build_install(env["driver_version"], env["cuda_driver_version"])
+        else:
+            fix = ("once the driver works, " if code in _NO_DRIVER else "") + (
+                "install a CUDA build of torch that the driver supports (https://pytorch.org/get-started/locally/)")
         message = f"torch {view.version} is a CPU-only build: {what} here needs a CUDA build of torch"
         causes.insert(0 if driver_ok else len(causes), Diagnosis("cpu_only_build", message, fix))
     visible = env["CUDA_VISIBLE_DEVICES"]

@@ -23,8 +23,8 @@ overlay root and the runtime's bind mounts of /etc/hostname, also under cgroup v
 Virtual machines: DMI's ``sys_vendor`` / ``product_name`` (``/sys/class/dmi/id``), Xen's
 ``/sys/hypervisor/type``, and the CPU's ``hypervisor`` flag (``/proc/cpuinfo``) where neither names one.
 
-Every reader takes ``root``, ``environ`` and ``modules`` (``sys.modules``) so that tests script them.
-Standard library only.
+Every reader takes ``root``, ``environ`` and ``modules`` (``sys.modules``) so that tests script them;
+:func:`where` reads :data:`ROOT`, ``os.environ`` and ``sys.modules`` when given none. Standard library only.
 """
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
 
-__all__ = ["Service", "SERVICES", "Place", "hosted_service", "container", "virtual_machine", "where"]
+ROOT = "/"
+
+__all__ = ["ROOT", "Service", "SERVICES", "Place", "hosted_service", "container", "virtual_machine", "where"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ SERVICES = {
         "stop this notebook, choose a GPU machine type for it, and start it again",
         "the notebook's machine restarts: files under /notebooks and /storage are kept, variables are lost"),
     "lightning": Service(
-        "lightning", "a Lightning AI Studio",
+        "lightning", "Lightning AI Studio",
         "switch the Studio to a GPU machine (the machine selector of the Studio)",
         "the Studio's files carry over, its running kernels restart: variables are lost"),
     "databricks": Service(
@@ -200,9 +202,10 @@ def virtual_machine(root: str = "/") -> Optional[str]:
     return None
 
 
-def where(root: str = "/", environ: Optional[Mapping[str, str]] = None,
+def where(root: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
           modules: Optional[Mapping[str, object]] = None) -> Place:
     """Where this kernel runs (or the scripted ``root`` / ``environ`` / ``modules``)."""
+    root = ROOT if root is None else root
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
     return Place(hosted_service(environ, modules), container(root, environ), virtual_machine(root))

@@ -17,9 +17,10 @@ So this module reads what the operating system itself knows:
 - macOS: no NVIDIA driver for any current macOS, so never an NVIDIA GPU torch can use.
 - The distribution (``/etc/os-release``), to name its own driver package.
 
-Every reader takes ``root`` (the file system to read, "/" by default), so tests script a sysfs tree in a
-temporary folder; :func:`survey` also takes ``system`` and ``release`` (``platform.system()`` and
-``platform.release()``). Standard library only; nothing here raises for a file it cannot read.
+Every reader takes ``root`` (the file system to read), so tests script a sysfs tree in a temporary folder;
+:func:`survey` reads :data:`ROOT` when given none (a test of the whole report points it at such a tree)
+and also takes ``system`` and ``release`` (``platform.system()`` and ``platform.release()``). Standard
+library only; nothing here raises for a file it cannot read.
 """
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-__all__ = ["NVIDIA_VENDOR", "PCIGPU", "Distribution", "Machine", "nvidia_pci_gpus", "kernel_driver",
+__all__ = ["ROOT", "NVIDIA_VENDOR", "PCIGPU", "Distribution", "Machine", "nvidia_pci_gpus", "kernel_driver",
            "distribution", "is_wsl", "wsl_gpu", "survey"]
 
+ROOT = "/"
 NVIDIA_VENDOR = "0x10de"
 _DISPLAY_CLASS = "0x03"  # PCI base class 03h: display controller (VGA 0300, XGA 0301, 3D 0302, other 0380)
 _PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
@@ -211,8 +213,10 @@ def wsl_gpu(root: str = "/") -> tuple:
     return shared, nvidia
 
 
-def survey(root: str = "/", system: Optional[str] = None, release: Optional[str] = None) -> Machine:
-    """Everything this module reads, for this machine (or the tree at ``root``)."""
+def survey(root: Optional[str] = None, system: Optional[str] = None,
+           release: Optional[str] = None) -> Machine:
+    """Everything this module reads, for this machine (or the tree at ``root``, :data:`ROOT` by default)."""
+    root = ROOT if root is None else root
     system = platform.system() if system is None else system
     if system != "Linux":
         return Machine(system)

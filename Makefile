@@ -158,18 +158,18 @@ $(CUDA_VENV)/.installed: $(VENV)/.test
 	@touch $@
 
 # On a machine with an NVIDIA driver there is nothing to check here (no GPU is what this leg is about): one
-# line says so, as test-simulated does on a CUDA build. Otherwise the layer is checked to hold what the leg
-# is for before its tests run, so that it cannot pass on the wrong torch.
+# line says so, as test-simulated does on a CUDA build, and the layer is not built. Otherwise the layer is
+# checked to hold what the leg is for before its tests run, so that it cannot pass on the wrong torch.
+ifeq ($(wildcard /proc/driver/nvidia/version),)
+test-cudabuild: $(CUDA_VENV)/.installed
+	@$(CUDA_VENV)/bin/python -c 'import sys, torch; sys.exit(None if torch.version.cuda and not \
+	  torch.cuda.is_available() else f"test-cudabuild: needs a CUDA build that finds no GPU, not {torch.__version__}")'
+	@echo "$(CUDA_VENV)/bin/python -m pytest -q -m cudabuild ($(CUDA_TORCH), a CUDA build, no GPU)"
+	@$(CUDA_VENV)/bin/python -m pytest -q -p no:cacheprovider -m cudabuild $(PYTEST_ARGS)
+else
 test-cudabuild:
-	@if [ -e /proc/driver/nvidia/version ]; then \
-	  echo "test-cudabuild: skipped, this machine has an NVIDIA driver: run the gpu-marked tests on its GPU"; \
-	else \
-	  $(MAKE) --no-print-directory $(CUDA_VENV)/.installed && \
-	  $(CUDA_VENV)/bin/python -c 'import sys, torch; sys.exit(None if torch.version.cuda and not torch.cuda.is_available() \
-	    else f"test-cudabuild: needs a CUDA build of torch that finds no GPU, not torch {torch.__version__}")' && \
-	  echo "$(CUDA_VENV)/bin/python -m pytest -q -m cudabuild (torch $(CUDA_TORCH), a CUDA build, no GPU)" && \
-	  $(CUDA_VENV)/bin/python -m pytest -q -p no:cacheprovider -m cudabuild $(PYTEST_ARGS); \
-	fi
+	@echo "test-cudabuild: skipped, this machine has an NVIDIA driver: run the gpu-marked tests on its GPU"
+endif
 
 # The sdist and wheel as they would be published (isolated build), failing on any warning the build
 # prints; then twine's metadata and README checks, and a wheel that holds the package and nothing else.

@@ -136,6 +136,16 @@ def test_no_permission_process_note(fake_nvml, fresh_env):
     assert "process list incomplete" in report.to_text()
 
 
+@pytest.mark.parametrize("place, says, never", [
+    (inv.Place(), "run as root", "container"),
+    (inv.Place(container="docker"), "--pid=host", "other users"),
+])
+def test_no_permission_hint_names_a_container_only_in_one(fake_nvml, fresh_env, place, says, never):
+    fake_nvml("no_permission")
+    notes = " ".join(inv.build_report(view_fn=lambda: cuda_view([]), here=GPU_MACHINE, place=place)._notes())
+    assert "process list incomplete" in notes and says in notes and never not in notes
+
+
 def test_no_processes_option(fake_nvml, fresh_env):
     module = fake_nvml("h100_busy")
     report = inv.build_report(show_processes=False, view_fn=lambda: cuda_view([]))

@@ -30,8 +30,6 @@ from torchgpu_magic.gpus.causes import cuda_build_install, driver_install
 from torchgpu_magic.gpus.gpumap import TorchView
 from torchgpu_magic.gpus.machine import Distribution
 
-pytestmark = pytest.mark.cudabuild
-
 CUDA_BUILD = TorchView(version="2.14.1+cu130", cuda="13.0", cudnn=92400)  # what pip gives on Linux
 CPU_BUILD = TorchView(version="2.13.0+cpu")
 MAC_BUILD = TorchView(version="2.13.0", other_accelerators=["mps"])
@@ -750,3 +748,27 @@ def test_this_machine_unscripted(ip):
         advice_part = said.split("\nEnvironment\n")[0] + said.split("\nNotes:")[-1] * ("\nNotes:" in said)
         for words in ("--gpus", "docker run", "install the NVIDIA driver", "nvidia-smi", "ubuntu-drivers"):
             assert words not in advice_part, said
+
+
+@pytest.mark.notebook
+@pytest.mark.skipif(bool(_on_this_machine()), reason=_on_this_machine() or "runs")
+def test_this_machine_in_a_jupyter_kernel(tmp_path):
+    """The same in a real Jupyter kernel (nbclient) on this interpreter: the cause and its fix, in the HTML
+    a notebook shows and in the plain text a terminal or an export shows."""
+    import importlib.util
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("notebook_runner", ROOT / "notebooks" / "run.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    path = tmp_path / "gpuinfo.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%load_ext torchgpu_magic"),
+                                         nbformat.v4.new_code_cell("%gpuinfo")])
+    nbformat.write(nb, str(path))
+    (out,) = runner.execute(path, timeout=120).cells[1].outputs
+    text, page = out["data"]["text/plain"], out["data"]["text/html"]
+    cause, fix = text.splitlines()[3:5]
+    assert "no NVIDIA GPU" in cause and fix.strip().startswith("fix: nothing to install")
+    assert html.escape(cause.strip()[2:]) in page and html.escape(fix.strip()[5:]) in page
+    assert "--gpus" not in text and "install the NVIDIA driver" not in text

@@ -23,6 +23,7 @@ from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, parse_cuda_visi
 from .hosting import Place
 from .machine import Machine
 from .nvml import NA
+from .problems import HINTS
 
 __all__ = [
     "TorchDevice",
@@ -199,20 +200,20 @@ class GPUReport:
         notes = []
         problem = self.nvml_problem
         if problem is not None and not any(d.explains_nvml or d.fix == problem.hint for d in self.diagnosis):
-            notes.append(f"NVML: {problem.message}. {problem.hint}")
+            notes.append(f"NVML: {problem.message}. {self._hint(problem)}")
         for g in self.gpus:
             where = f"GPU {g.nvml_index}" if g.nvml_index is not None else f"cuda:{g.torch_index}"
             s = g.snapshot
             if s is not None:
                 for problem in s.problems:
-                    notes.append(f"{where}: {problem.message}. {problem.hint}")
+                    notes.append(f"{where}: {problem.message}. {self._hint(problem)}")
                 if s.not_supported:
                     notes.append(f"{where}: N/A where this GPU or driver does not report it "
                                  f"({', '.join(s.not_supported)}).")
             if self.show_processes:
                 if g.process_problem is not None:
                     notes.append(f"{where}: process list incomplete ({g.process_problem.message}). "
-                                 f"{g.process_problem.hint}")
+                                 f"{self._hint(g.process_problem)}")
                 if g.host_pids:
                     notes.append(f"{where}: the list shows host PIDs (this process runs in a container, "
                                  f"PID {self.pid} here), so its own process cannot be marked by PID.")
@@ -227,6 +228,12 @@ class GPUReport:
         for text in self.torch.warnings:
             notes.append(f"torch warned: {text}")
         return notes
+
+    def _hint(self, problem: Any) -> str:
+        """NVML's hint, in the words for where this runs: the permission hint names containers only in one."""
+        if problem.hint == HINTS["no_permission"] and self.place is not None and self.place.container is None:
+            return HINTS["no_permission_host"]
+        return problem.hint
 
     def to_text(self) -> str:
         parts = [self._headline()]

@@ -45,6 +45,10 @@ HINTS = {
         "NVML refused for lack of permission: inside a container other processes (and their GPU "
         "memory) are hidden; run on the host or in a container started with `--pid=host`, or as root."
     ),
+    "no_permission_host": (
+        "NVML refused for lack of permission: other users' processes (and their GPU memory) are hidden "
+        "from this user; run as root to see them."
+    ),
     "no_permission_mig": (
         "This GPU is in MIG mode: NVML lists processes per MIG instance, and only root may ask about the "
         "whole GPU. The MIG instance torch uses is asked instead where it could be matched."

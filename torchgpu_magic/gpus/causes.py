@@ -21,7 +21,8 @@ from .gpumap import parse_cuda_visible_devices
 from .hosting import Place
 from .machine import Distribution, Machine
 
-__all__ = ["Diagnosis", "diagnose", "driver_install", "cuda_build_install", "container_gpu_flag"]
+__all__ = ["Diagnosis", "diagnose", "driver_package", "driver_install", "cuda_build_install",
+           "container_gpu_fix"]
 
 
 @dataclass
@@ -47,38 +48,42 @@ def _version_tuple(text: Any) -> Optional[tuple]:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def driver_install(dist: Optional[Distribution]) -> str:
-    """How to install NVIDIA's driver on this Linux distribution, in its own package manager's words."""
+def driver_package(dist: Optional[Distribution]) -> str:
+    """NVIDIA's driver for this Linux distribution, in its own package manager's words."""
     if dist is not None and dist.is_a("ubuntu"):
-        how = "`sudo ubuntu-drivers install` (Ubuntu's recommended NVIDIA driver)"
-    elif dist is not None and dist.is_a("debian"):
-        how = ("`sudo apt install nvidia-driver`, with contrib and non-free in APT's sources (Debian's wiki: "
-               "NvidiaGraphicsDrivers)")
-    elif dist is not None and dist.is_a("rhel", "centos"):
-        how = ("`sudo dnf install cuda-drivers` from NVIDIA's CUDA repository (NVIDIA's driver installation "
-               "guide)")
-    elif dist is not None and dist.is_a("fedora"):
-        how = "`sudo dnf install akmod-nvidia xorg-x11-drv-nvidia-cuda` from RPM Fusion's nonfree repository"
-    elif dist is not None and dist.is_a("arch"):
-        how = "`sudo pacman -S nvidia-open` (the Arch wiki's NVIDIA page names the package for older GPUs)"
-    else:
-        name = dist.name if dist is not None and dist.name else "this Linux"
-        how = f"{name}'s NVIDIA driver package, or NVIDIA's installer ({_DRIVER_DOWNLOAD})"
-    return f"install the NVIDIA driver: {how}; reboot, and `nvidia-smi` then lists the GPU"
+        return "`sudo ubuntu-drivers install` (Ubuntu's recommended NVIDIA driver)"
+    if dist is not None and dist.is_a("debian"):
+        return ("`sudo apt install nvidia-driver`, with contrib and non-free in APT's sources (Debian's "
+                "wiki: NvidiaGraphicsDrivers)")
+    if dist is not None and dist.is_a("rhel", "centos"):
+        return ("`sudo dnf install cuda-drivers` from NVIDIA's CUDA repository (NVIDIA's driver installation "
+                "guide)")
+    if dist is not None and dist.is_a("fedora"):
+        return "`sudo dnf install akmod-nvidia xorg-x11-drv-nvidia-cuda` from RPM Fusion's nonfree repository"
+    if dist is not None and dist.is_a("arch"):
+        return "`sudo pacman -S nvidia-open` (the Arch wiki's NVIDIA page names the package for older GPUs)"
+    name = dist.name if dist is not None and dist.name else "this Linux"
+    return f"{name}'s NVIDIA driver package, or NVIDIA's installer ({_DRIVER_DOWNLOAD})"
 
 
-def container_gpu_flag(runtime: Optional[str]) -> str:
+def driver_install(dist: Optional[Distribution]) -> str:
+    """How to install NVIDIA's driver on this Linux distribution, and how to see that it works."""
+    return f"install the NVIDIA driver: {driver_package(dist)}; reboot, and `nvidia-smi` then lists the GPU"
+
+
+def container_gpu_fix(runtime: Optional[str]) -> str:
     """How the container runtime that started this one hands it the host's GPUs and driver."""
     return {
-        "docker": "`docker run --gpus all` (the NVIDIA Container Toolkit on the host)",
-        "podman": "`podman run --device nvidia.com/gpu=all` (CDI, from the NVIDIA Container Toolkit on the "
+        "docker": "start the container with `docker run --gpus all` (the NVIDIA Container Toolkit on the "
                   "host)",
-        "kubernetes": "a `nvidia.com/gpu` resource limit in the pod spec (NVIDIA's device plugin or GPU "
-                      "Operator on the node)",
-        "apptainer": "`apptainer run --nv` (or `singularity run --nv`)",
-    }.get(runtime or "", "the GPU handed to it: `docker run --gpus all`, `podman run --device "
-                         "nvidia.com/gpu=all`, `apptainer run --nv`, or a `nvidia.com/gpu` limit on "
-                         "Kubernetes")
+        "podman": "start the container with `podman run --device nvidia.com/gpu=all` (CDI, from the NVIDIA "
+                  "Container Toolkit on the host)",
+        "kubernetes": "give the pod a `nvidia.com/gpu` resource limit in its pod spec (NVIDIA's device "
+                      "plugin or GPU Operator on the node) and start it again",
+        "apptainer": "start the container with `apptainer run --nv` (or `singularity run --nv`)",
+    }.get(runtime or "", "start the container with the GPU handed to it: `docker run --gpus all`, "
+                         "`podman run --device nvidia.com/gpu=all`, `apptainer run --nv`, or a "
+                         "`nvidia.com/gpu` limit on Kubernetes")
 
 
 def cuda_build_install(driver: Any, driver_cuda: Any) -> str:
@@ -172,24 +177,24 @@ def _driver_cause(problem: Any, gpus: list, machine: Machine, place: Place) -> O
                 f"`wsl --shutdown` and start WSL again{unsure}", True)
         return None
     if place.container is not None:
-        flag = container_gpu_flag(place.container)
+        fix = container_gpu_fix(place.container)
+        box = "pod" if place.container == "kubernetes" else "container"
         if machine.has_nvidia_gpu is None and not gpus:
             return Diagnosis(
-                "no_driver", "no NVIDIA driver in this container (no libnvidia-ml.so.1), and no PCI bus to "
-                "tell whether its host has an NVIDIA GPU",
-                f"if the host has an NVIDIA GPU and driver, start the container with {flag}{unsure}", True)
+                "no_driver", f"no NVIDIA driver in this {box} (no libnvidia-ml.so.1), and no PCI bus to tell "
+                "whether its host has an NVIDIA GPU",
+                f"if the host has an NVIDIA GPU and driver, {fix}{unsure}", True)
         loaded = machine.kernel_driver is not None or \
             any(g.driver == "nvidia" for g in machine.nvidia_gpus or ())
         if loaded:
             version = f" {machine.kernel_driver}" if machine.kernel_driver else ""
             return Diagnosis(
                 "driver_not_in_container", f"the host has {the_gpu} and its NVIDIA driver{version} loaded, "
-                "but this container was started without them (no libnvidia-ml.so.1 here)",
-                f"start the container with {flag}", True)
+                f"but this {box} was started without them (no libnvidia-ml.so.1 here)", fix, True)
         return Diagnosis(
-            "no_driver", f"this container's host has {the_gpu} but no NVIDIA driver loaded",
-            f"on the host, not in this container, {driver_install(None)}; then start the container with "
-            f"{flag}", True)
+            "no_driver", f"this {box}'s host has {the_gpu} but no NVIDIA driver loaded",
+            f"on the host, not in this {box}, install the NVIDIA driver ({_DRIVER_DOWNLOAD}, or the host's "
+            f"package); then {fix}", True)
     if code == "driver_mismatch":
         return Diagnosis("driver_mismatch", "the NVIDIA driver is half-upgraded: its library and kernel "
                          "module differ", problem.hint, True)
@@ -214,7 +219,8 @@ def _driver_cause(problem: Any, gpus: list, machine: Machine, place: Place) -> O
         return Diagnosis(
             "driver_libraries_missing", f"the NVIDIA kernel driver{version} is loaded, but its libraries "
             "(libnvidia-ml.so.1, libcuda.so.1) are missing or not on the loader's path",
-            f"reinstall the driver{version} with its libraries: {install}", True)
+            f"reinstall the driver with its libraries, matching the loaded{version}: "
+            f"{driver_package(machine.distribution)}; then `nvidia-smi` lists the GPU", True)
     return Diagnosis("no_driver", f"this machine has {the_gpu} but no NVIDIA driver", install, True)
 
 
@@ -242,7 +248,7 @@ def diagnose(view: Any, problem: Any, gpus: list, env: dict, machine: Machine, p
     elif problem is None and not gpus:
         if place.container is not None:
             causes.append(Diagnosis("no_gpu", "the NVIDIA driver is here, but no GPU was given to this "
-                                    "container", f"start it with {container_gpu_flag(place.container)}"))
+                                    "container", container_gpu_fix(place.container)))
         else:
             names = machine.gpu_names()
             seen = f" ({names} on the PCI bus)" if names else ""
@@ -252,14 +258,17 @@ def diagnose(view: Any, problem: Any, gpus: list, env: dict, machine: Machine, p
     names = sorted({str(g.name) for g in gpus})
     seen = f"{len(gpus)} NVIDIA GPU{'s' if len(gpus) != 1 else ''} ({', '.join(names)})" if gpus else ""
     if not view.cuda and not view.hip:
-        what = seen or machine.gpu_names() or "an NVIDIA GPU"
+        gpu_names = ", ".join(names) or machine.gpu_names()
+        count = len(gpus) or len(machine.nvidia_gpus or ())
+        what = (f"this machine's {count} NVIDIA GPUs" if count > 1 else "this machine's NVIDIA GPU") + (
+            f" ({gpu_names})" if gpu_names else "")
         driver_ok = problem is None and bool(gpus)
         if driver_ok:
             fix = cuda_build_install(env["driver_version"], env["cuda_driver_version"])
         else:
             fix = ("once the driver works, " if code in _NO_DRIVER else "") + (
                 "install a CUDA build of torch that the driver supports (https://pytorch.org/get-started/locally/)")
-        message = f"torch {view.version} is a CPU-only build: {what} here needs a CUDA build of torch"
+        message = f"torch {view.version} is a CPU-only build: {what} needs a CUDA build of torch"
         causes.insert(0 if driver_ok else len(causes), Diagnosis("cpu_only_build", message, fix))
     visible = env["CUDA_VISIBLE_DEVICES"]
     if _hides_all(visible, gpus):

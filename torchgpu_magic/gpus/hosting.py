@@ -52,9 +52,9 @@ class Service:
 SERVICES = {
     "colab": Service(
         "colab", "Google Colab",
-        "Runtime > Change runtime type > Hardware accelerator: a GPU (T4 on the free tier)",
-        "Colab then gives you a new runtime: variables, installed packages and files under /content are "
-        "lost; run the notebook again from the top"),
+        "Runtime > Change runtime type > a GPU (T4 on the free tier)",
+        "the new runtime starts empty: variables, pip installs and files under /content are lost, so run the "
+        "notebook again"),
     "kaggle": Service(
         "kaggle", "Kaggle",
         "the notebook's Settings > Accelerator: a GPU (needs a phone-verified account)",

@@ -104,6 +104,11 @@ def _why(exc: BaseException, kind: str) -> str:
                 "outside this notebook, or a class's method, reads from its globals; pass it in by name)")
     if "not compiled with CUDA" in text or "Torch not compiled" in text:
         return "it calls a torch.cuda function, which needs CUDA, and this torch has none"
+    if "Found no NVIDIA driver" in text or "No CUDA GPUs are available" in text:
+        # a CUDA build of torch where CUDA finds no driver, or no GPU: its own words send a person to
+        # install a driver, right only where there is a GPU; %gpuinfo says which it is here
+        return ("it calls a torch.cuda function, which needs a GPU, and torch's CUDA finds none here "
+                "(%gpuinfo says why)")
     if isinstance(exc, (AssertionError, RuntimeError)) and kind == "cuda" and "CUDA" in text:
         return f"it needs CUDA itself ({name}: {text})"
     return f"{name}: {text}"

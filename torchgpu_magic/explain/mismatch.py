@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 
 from ..placement import device_str, devices_of, dtype_str, kind_of, shape_str
 from ..placement.walk import static_attr
-from ..render import LinesReport, html_pre
+from ..render import Lines, Report, Reportable
 from .failing import cell_frames, source_line
 
 _D = r"([a-z]+(?::\d+)?)"  # a device as torch prints it: cpu, cuda:0, mps:0, meta, xla:0
@@ -178,7 +178,7 @@ class Culprit:
 
 
 @dataclass(repr=False)
-class Diagnosis(LinesReport):
+class Diagnosis(Reportable):
     """What a device-mismatch error involved: the names on the user's failing line (and, when it
     raised inside a function or ``forward`` defined in a cell, on the line that raised there) and in
     the cell, their devices, and the lines that fix it on the user's line. Strings only."""
@@ -216,9 +216,9 @@ class Diagnosis(LinesReport):
             out.append("Fix: " + fix)
         return out
 
-    def _repr_html_(self) -> str:
-        """The lines in one preformatted block: the culprits' columns keep their alignment."""
-        return html_pre(self.lines())
+    def report(self) -> Report:
+        """The lines, preformatted in HTML: the culprits' columns keep their alignment."""
+        return Report([Lines(self.lines(), pre=True)])
 
     def to_dict(self) -> dict:
         return {"devices": list(self.devices), "line": self.line, "lineno": self.lineno,

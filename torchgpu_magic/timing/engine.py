@@ -300,7 +300,7 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
         kernels = profile_kernels(cell, device, run.loops, silence) if opts.kernels else None
         result = result_from(run, clock, device, memory, floor, opts, torch.get_num_threads(),
                              torch.__version__, device_name(device), kernels,
-                             touched.working_set(device) if touched else None)
+                             touched.working_set(device) if touched else None, (cell.stmt, cell.setup))
         if opts.roofline:  # FLOPs and bytes, counted in one more run (untimed, after the samples)
             from . import roofline
 

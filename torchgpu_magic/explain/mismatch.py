@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from ..caches import cache
 from ..placement import device_str, devices_of, dtype_str, kind_of, shape_str
 from ..placement.walk import static_attr
 from ..render import Lines, Report, Reportable
@@ -103,7 +104,6 @@ _MISMATCH = [
     (r"must have the same device\b|expects all tensors to have the same device|must be on the same device "
      r"as the input tensor|Tensors of the same index must be on the same device", False),
 ]
-_COMPILED: list = []
 _KNOWN = {"cpu", "cuda", "mps", "meta", "xpu", "xla", "hip", "hpu", "mtia", "ipu", "lazy", "privateuseone"}
 _WORDS = {"CPU": "cpu", "GPU": "cuda", "CUDA": "cuda", "MPS": "mps", "XPU": "xpu", "Meta": "meta"}
 
@@ -129,6 +129,14 @@ def _device_of_token(token: str) -> Optional[str]:
     return None
 
 
+@cache
+def _patterns() -> list:
+    """:data:`_MISMATCH` compiled (on the first error, not at import)."""
+    import re
+
+    return [(re.compile(p), pair) for p, pair in _MISMATCH]
+
+
 def mismatch_devices(exc: BaseException) -> Optional[tuple]:
     """The devices a device-mismatch error names, each once in the order named (``()`` when it names
     none), or None when ``exc`` is not one. Recognises torch's wordings from v0.3 to today (a
@@ -139,10 +147,8 @@ def mismatch_devices(exc: BaseException) -> Optional[tuple]:
 
     if not isinstance(exc, (RuntimeError, ValueError)):
         return None
-    if not _COMPILED:
-        _COMPILED.extend((re.compile(p), pair) for p, pair in _MISMATCH)
     text = str(exc)
-    for pattern, pair in _COMPILED:
+    for pattern, pair in _patterns():
         found = pattern.search(text)
         if found is None:
             continue

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from ..host import gc_paused
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_count, join_cells, separator
-from .accounting import _torch, account, dtype_str, grad_state, kind_of, storage_key
+from .accounting import account, dtype_str, grad_state, kind_of, storage_key
 from .bydesign import pinned
-from .kinds import device_order, gc_paused, shape_str
-from .walk import _placeables
+from .kinds import device_order, shape_str, torch_module
+from .walk import Walk
 
 
 @dataclass(repr=False)
@@ -46,7 +47,7 @@ def tensor_line(name: str, tensor: Any, ns: Optional[Mapping[str, Any]] = None) 
     if isinstance(key, int) and size != nbytes:
         parts.append(f"a view of a {fmt_bytes(size)} storage")
     if ns is not None and isinstance(key, int):
-        others = [n for n, obj, kind in _placeables(ns) if kind == "tensor" and obj is not tensor
+        others = [n for n, obj, kind in Walk(ns) if kind == "tensor" and obj is not tensor
                   and storage_key(obj)[0] == key]
         if others:
             parts.append("shares storage with " + ", ".join(others[:5]) + (" ..." if len(others) > 5 else ""))
@@ -174,13 +175,14 @@ def _emit(node: Any, rows: list, expand: bool) -> None:
 
 def module_report(name: str, module: Any) -> ModuleReport:
     """Where ``module``'s parameters and buffers are, module by module. Never runs forward and never
-    moves anything; the garbage collector is paused during the walk (:func:`.kinds.gc_paused`)."""
+    moves anything; the garbage collector is paused during the walk
+    (:func:`~torchgpu_magic.host.gc_paused`)."""
     with gc_paused():
         return _module_report(name, module)
 
 
 def _module_report(name: str, module: Any) -> ModuleReport:
-    torch = _torch()
+    torch = torch_module()
     header = []
     if isinstance(module, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
         raw_ids = getattr(module, "device_ids", None) or []

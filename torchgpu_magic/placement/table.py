@@ -9,15 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
+from ..caches import table
+from ..host import gc_paused
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_count, join_cells
 from .accounting import account, dtype_str, grad_state, kind_of, optimizer_tensors, tensor_columns
-from .kinds import device_order, gc_paused, shape_str
-from .walk import Walk, _container_items
+from .kinds import device_order, shape_str
+from .walk import Walk, container_items
 
 # Rows shown per device when no --top is given: a namespace of a few hundred objects shows whole, one
 # of 10,000 tensors shows its first rows and one line for the rest.
 DEFAULT_TOP = 100
-_SHAPES: dict = {}  # torch.Size: its text, '(4, 8)' (a notebook has few distinct shapes)
+_SHAPES = table()  # torch.Size: its text, '(4, 8)' (a notebook has few distinct shapes)
 
 
 class Row(NamedTuple):
@@ -157,7 +159,7 @@ def _out_cache_items(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
         if kind is not None:
             yield name, obj, kind
         elif type(obj) in (list, tuple, dict):
-            for sub, item in _container_items(name, obj):
+            for sub, item in container_items(name, obj):
                 item_kind = kind_of(item)
                 if item_kind is not None:
                     yield sub, item, item_kind
@@ -279,7 +281,8 @@ def namespace_report(
     """Everything placeable in ``ns`` (a shell's user namespace, with its ``Out`` cache), grouped by
     device; only ``device``'s table when given; rows by size (data + gradients) with ``sort='bytes'``,
     by name with ``sort='name'``, else in namespace order; ``top`` rows per device (None: all). Reads
-    only; keeps no reference. The garbage collector is paused during the walk (:func:`.kinds.gc_paused`)."""
+    only; keeps no reference. The garbage collector is paused during the walk
+    (:func:`~torchgpu_magic.host.gc_paused`)."""
     with gc_paused():
         return _namespace_report(ns, device, sort, top)
 

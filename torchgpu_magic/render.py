@@ -265,7 +265,7 @@ class Report:
     Empty parts show nothing, and None stands for a part a report leaves out. A report is itself a part:
     a titled section inside another."""
 
-    parts: Sequence[Any]
+    parts: Sequence[Optional[Part]]
     title: str = ""
     indent: str = ""
     gap: bool = False

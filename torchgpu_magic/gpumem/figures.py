@@ -200,16 +200,13 @@ def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySn
     status = []
     nvml_ok = False
     if any(t.nvml_index is not None for t in targets):
-        try:
-            from ..gpus import nvml, processes
+        from ..gpus import nvml, processes
 
-            problem = nvml.status()
-        except Exception as exc:  # noqa: BLE001
-            problem = f"NVML unavailable: {exc}"
+        problem = nvml.status()  # never raises: a missing or broken NVML is a problem it returns
         if problem is None:
             nvml_ok = True
         else:
-            status.append(problem if isinstance(problem, str) else processes.problem_text(problem))
+            status.append(processes.problem_text(problem))
     state = cuda_state()
     gpus = []
     for target in targets:

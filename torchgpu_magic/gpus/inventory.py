@@ -37,8 +37,6 @@ __all__ = [
     "build_report",
 ]
 
-HIDING_VALUES_EXAMPLE = "'' or '-1' or 'NoDevFiles'"
-
 
 # ---- the report ---------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
 from .shell import ends_with_semicolon, register_cell, show
 
 # type -> whether the footer watches its instances for in-place changes (modules, optimizers, containers)
-_HELD_TYPE = table()  # type: whether its instances are a module, optimizer or container
+_HELD_TYPE = table()  # per type: whether its instances are a module, optimizer or container
 _IPYTHON = frozenset({"In", "Out", "exit", "quit", "get_ipython"})  # IPython's own names: never the user's
 
 

@@ -112,10 +112,6 @@ class Account:
             [] if device is not None else self.shares.values())
         return sum(s.grad_bytes if gradients else s.nbytes for s in shares)
 
-    def kept_off_bytes(self) -> int:
-        """Bytes of the parts kept off its devices on purpose (Adam's ``step`` on cpu beside GPU state)."""
-        return sum(size for _, _, size, _ in self.kept_off)
-
     def to_dict(self) -> dict:
         """Plain data: kind, class, devices, bytes per device and role, and what is kept off or misplaced."""
         return {"kind": self.kind, "what": self.what, "devices": list(self.devices),
@@ -165,16 +161,6 @@ def _shares(storages: dict, devices: Any) -> dict:
         elif device in devices:
             _share(shares, device).nbytes += size
     return shares
-
-
-def _add_grad(tensor: Any, storages: dict) -> None:
-    """Put ``tensor.grad``'s storage into ``storages`` (role gradient), unless it is there already."""
-    grad = grad_of(tensor)
-    if grad is None:
-        return
-    key, size = storage_key(grad)
-    if key not in storages:
-        storages[key] = (device_str(grad.device), "gradient", size)
 
 
 class TensorFacts(NamedTuple):

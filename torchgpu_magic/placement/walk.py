@@ -35,8 +35,8 @@ WALK_LIMIT = 100_000
 _CONTAINERS = (list, tuple, dict)
 # Types whose instances the walk never looks into: code, classes, modules, IPython's own machinery.
 _OPAQUE_MODULES = ("builtins", "IPython", "ipykernel", "ipywidgets", "traitlets", "types", "typing")
-_WALK_TYPE = table()  # type: whether the walk looks into its instances
-_HOLDER_WHY = table()  # type: bydesign.holder_why of its instances (None for most)
+_WALK_TYPE = table()  # per type: whether the walk looks into its instances
+_HOLDER_WHY = table()  # per type: bydesign.holder_why of its instances (None for most)
 
 
 def _walkable(obj: Any) -> bool:

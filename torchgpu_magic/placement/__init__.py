@@ -59,10 +59,10 @@ from .scan import (
     SNAPSHOT_CONTAINER_LIMIT,
     Placed,
     SnapshotCache,
-    cell_names,
     changed,
     changed_elsewhere,
     footer_line,
+    names_bound,
     namespace_snapshot,
     watch_line,
 )
@@ -72,7 +72,7 @@ from .walk import IPYTHON_NAMES
 __all__ = [
     "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "ROLES", "SNAPSHOT_CONTAINER_LIMIT", "Account",
     "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport", "Placed", "Row", "SnapshotCache",
-    "TensorLine", "account", "cell_names", "changed", "changed_elsewhere", "footer_line", "describe",
+    "TensorLine", "account", "names_bound", "changed", "changed_elsewhere", "footer_line", "describe",
     "device_str", "devices_of", "dtype_str", "is_floating", "kind_of", "module_report", "namespace_report",
     "namespace_snapshot", "optimizer_report", "placement_line", "resolve", "shape_str", "storage_key",
     "tensor_line", "tensor_nbytes", "watch_line",

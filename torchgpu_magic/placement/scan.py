@@ -322,7 +322,7 @@ _DYNAMIC = frozenset({"globals", "vars", "locals", "exec", "eval", "execfile", "
                       "sys", "builtins", "user_ns"})
 
 
-def cell_names(codes: list, source: str, ns: Mapping[str, Any], depth: int = 2) -> Optional[set]:
+def names_bound(codes: list, source: str, ns: Mapping[str, Any], depth: int = 2) -> Optional[set]:
     """The names a cell compiled to ``codes`` can bind or change: those its code mentions (every global
     it loads, stores or deletes, and attribute names), with the functions and classes it defines, and
     the code of the notebook's own functions, classes and objects it calls (``__main__``'s, ``depth``

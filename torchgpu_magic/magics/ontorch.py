@@ -10,13 +10,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic import line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..caches import table
 from ..errors import MagicInputError
 from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
 from .shell import ends_with_semicolon, register_cell, show
 
 # type -> whether the footer watches its instances for in-place changes (modules, optimizers, containers)
-_HELD_TYPE = table()  # per type: whether its instances are a module, optimizer or container
+_HELD_TYPE: dict = {}
 _IPYTHON = frozenset({"In", "Out", "exit", "quit", "get_ipython"})  # IPython's own names: never the user's
 
 

@@ -106,6 +106,7 @@ def simulated_gpu(request: Any, monkeypatch: Any) -> Any:
     taken out afterwards. Skips on a CUDA build of torch, which has its own CUDA layer."""
     import simulated_gpu
 
+    from torchgpu_magic import caches
     from torchgpu_magic.gpus import nvml
 
     sim = request.config._simulated_gpu
@@ -118,6 +119,8 @@ def simulated_gpu(request: Any, monkeypatch: Any) -> Any:
     nvml.reset()
     yield sim
     nvml.reset()
+    if request.config._simulated_gpu is None:  # what the package remembered of the simulated GPU goes too
+        caches.reset_caches()
 
 
 @pytest.fixture(scope="session")

@@ -340,9 +340,8 @@ def usable() -> Optional[str]:
 def install(patch: Any) -> SimulatedGPU:
     """Wire a fresh :class:`SimulatedGPU` into torch and NVML with ``patch`` (a ``pytest.MonkeyPatch``,
     whose ``undo()`` takes it all out again). Call only where :func:`usable` says None."""
-    from torchgpu_magic import accelerators
+    from torchgpu_magic import caches
     from torchgpu_magic.gpus import nvml
-    from torchgpu_magic.timing import clocks, engine
 
     sim = SimulatedGPU()
     C, cuda = torch._C, torch.cuda
@@ -380,10 +379,7 @@ def install(patch: Any) -> SimulatedGPU:
     for module in (cuda, cuda.streams):
         patch.setattr(module, "Event", event_class(sim))
         patch.setattr(module, "Stream", stream_class(sim))
-    # what this package remembered about the torch it saw before
-    patch.setattr(accelerators, "_CPU_ONLY", None)
-    patch.setattr(engine, "_FLOORS", {})
-    patch.setattr(clocks, "_SPIN_CYCLES", {}, raising=False)
+    caches.reset_caches()  # what this package remembered about the torch it saw before
     patch.setitem(sys.modules, "pynvml", sim.nvml_module)
     nvml.reset()
     return sim

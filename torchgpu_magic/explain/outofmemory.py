@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from ..holders import devicestate
 from ..holders.holdings import Holdings, Released, collect
 from ..holders.report import DeviceHolders, device_holders, fragmented
-from ..placement.kinds import gc_paused
+from ..host import gc_paused
 from ..render import LinesReport, fmt_bytes, html_lines
 from .failing import FailingLine, failing_line
 

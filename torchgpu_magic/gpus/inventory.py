@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import MagicInputError
-from ..render import Table, fmt_bytes, fmt_value, html_lines, is_na
+from ..render import Lines, Report, Reportable, Table, can_print, fmt_bytes, fmt_value, is_na
 from . import hosting, machine, nvml
 from .causes import Diagnosis, diagnose
 from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, parse_cuda_visible_devices, torch_view
@@ -41,8 +41,6 @@ __all__ = [
     "parse_cuda_visible_devices",
     "build_report",
 ]
-
-HIDING_VALUES_EXAMPLE = "'' or '-1' or 'NoDevFiles'"
 
 
 # ---- the report ---------------------------------------------------------------------------------
@@ -72,8 +70,8 @@ class GPUEntry:
     host_pids: bool = False
 
 
-@dataclass
-class GPUReport:
+@dataclass(repr=False)
+class GPUReport(Reportable):
     """What ``%gpuinfo`` shows: environment, GPUs, processes, and a diagnosis when torch has no GPU."""
 
     environment: dict
@@ -130,7 +128,7 @@ class GPUReport:
     def _diagnosis_lines(self) -> list:
         lines = []
         for d in self.diagnosis:
-            lines.append(f"✗ {d.message}" if _can_encode("✗") else f"x {d.message}")
+            lines.append(f"✗ {d.message}" if can_print("✗") else f"x {d.message}")
             lines.append(f"  fix: {d.fix}")
         return lines
 
@@ -161,7 +159,7 @@ class GPUReport:
                        "torch alloc / reserved / peak"], align="rrlllrr", title="GPUs")
         state = Table(["cuda", "nvml", "util", "temp", "power / limit", "SM / mem clock", "PCIe", "persist",
                        "MIG"], align="rrrrrrlll", title="GPU state")
-        degrees = "°C" if _can_encode("°") else "C"
+        degrees = "°C" if can_print("°") else "C"
         for g in self.gpus:
             s = g.snapshot
             cuda = "-" if g.torch_index is None else f"cuda:{g.torch_index}"
@@ -235,55 +233,24 @@ class GPUReport:
             return HINTS["no_permission_host"]
         return problem.hint
 
-    def to_text(self) -> str:
-        parts = [self._headline()]
+    def report(self) -> Report:
+        """The headline; why torch cannot use a GPU; the GPUs, their state and processes; the
+        environment; the notes."""
+        parts: list = []
         if self.diagnosis:
-            lines = ["  " + line for line in self._diagnosis_lines()]
-            parts.append("\n".join(["Why torch cannot use a GPU:"] + lines))
+            parts.append(Report([Lines(self._diagnosis_lines())], title="Why torch cannot use a GPU:",
+                                indent="  "))
         if self.gpus:
             ident, state = self._gpu_tables()
-            parts.append(ident.to_text())
-            if state.rows:
-                parts.append(state.to_text())
+            parts += [ident, state] if state.rows else [ident]
             if self.show_processes:
                 procs = self._process_table()
-                if procs.rows:
-                    parts.append(procs.to_text())
-                else:
-                    parts.append("Processes: none listed")
-        parts.append(self._environment_table().to_text())
+                parts.append(procs if procs.rows else Lines(["Processes: none listed"]))
+        parts.append(self._environment_table())
         notes = self._notes()
         if notes:
-            parts.append("\n".join(["Notes:"] + ["  " + n for n in notes]))
-        return "\n\n".join(parts)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text("GPUReport(...)" if cycle else self.to_text())
-
-    def _repr_html_(self) -> str:
-        import html
-
-        out = [f'<div class="torchgpu-magic"><p><b>{html.escape(self._headline())}</b></p>']
-        if self.diagnosis:
-            out.append("<p><b>Why torch cannot use a GPU:</b></p>")
-            out.append(html_lines(self._diagnosis_lines()))
-        if self.gpus:
-            ident, state = self._gpu_tables()
-            out.append(ident.to_html())
-            if state.rows:
-                out.append(state.to_html())
-            if self.show_processes:
-                procs = self._process_table()
-                out.append(procs.to_html() if procs.rows else html_lines(["Processes: none listed"]))
-        out.append(self._environment_table().to_html())
-        notes = self._notes()
-        if notes:
-            out.append("<p><b>Notes:</b></p>" + html_lines(notes))
-        out.append("</div>")
-        return "".join(out)
-
-    def __repr__(self) -> str:
-        return self.to_text()
+            parts.append(Report([Lines(notes)], title="Notes:", indent="  "))
+        return Report(parts, title=self._headline(), gap=True)
 
 
 def _machine_rows(here: Machine) -> list:
@@ -308,16 +275,6 @@ def _machine_rows(here: Machine) -> list:
 
 def _env_text(value: Optional[str]) -> str:
     return "(unset)" if value is None else repr(value)
-
-
-def _can_encode(text: str) -> bool:
-    import sys
-
-    try:
-        text.encode(getattr(sys.stdout, "encoding", None) or "ascii")
-    except (UnicodeEncodeError, LookupError):
-        return False
-    return True
 
 
 def _get(obj: Any, name: str) -> Any:

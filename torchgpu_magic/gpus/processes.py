@@ -19,17 +19,8 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
     not exist here (a container: NVML gives the host's PIDs), this process's share and the others' are
     unknown (None), not 0 and everything."""
     problems = []
-    try:
-        figures = nvml.memory(nvml_index, mig_uuid)
-        used, total = figures if isinstance(figures, tuple) else (figures, figures)
-    except Exception as exc:  # noqa: BLE001 - nvml.py should not raise; if it does, show it
-        used = total = None
-        problems.append(f"NVML memory query failed: {exc}")
-    try:
-        procs, problem = nvml.processes(nvml_index, mig_uuid)
-    except Exception as exc:  # noqa: BLE001
-        procs, problem = [], None
-        problems.append(f"NVML process query failed: {exc}")
+    used, total = nvml.memory(nvml_index, mig_uuid)  # neither raises: NA figures, a problem returned
+    procs, problem = nvml.processes(nvml_index, mig_uuid)
     if problem is not None:
         if not procs:  # no list at all: this process's share and the others' are unknown
             problems.append(problem_text(problem))

@@ -19,8 +19,9 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
+from ..host import gc_paused
 from ..placement import account, device_str, dtype_str, kind_of, shape_str, storage_key
-from ..placement.kinds import _DEVICE_STR, device_order, gc_paused
+from ..placement.kinds import DEVICE_TEXT, device_order
 from ..placement.walk import Walk
 from ..torchapi import STORAGE_ID
 from .graphs import GraphWalk
@@ -199,7 +200,7 @@ def _tensor(holdings: Holdings, holder: Holder, tensor: Any, role: str = "tensor
     model and through a frame or a graph is one storage); ``dtypes``: note the bytes by dtype
     (activations, for the mixed-precision advice)."""
     try:
-        device = _DEVICE_STR.get(tensor.device) or device_str(tensor.device)
+        device = DEVICE_TEXT.get(tensor.device) or device_str(tensor.device)
     except (RuntimeError, TypeError, AttributeError):
         return
     key, size = storage_key(tensor)
@@ -271,7 +272,7 @@ def _names(ns: Mapping[str, Any], holdings: Holdings, graph_roots: list) -> set:
     held: set = set()
     holders = holdings.holders
     storages = holdings.storages
-    devices = _DEVICE_STR
+    devices = DEVICE_TEXT
     root, found = None, []
     for name, obj, kind in walk:  # the walk yields everything under one top-level name together
         plain = "[" not in name and "." not in name

@@ -12,7 +12,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
-from ..placement.kinds import gc_paused
+from ..host import gc_paused
 from ..render import LinesReport, Table, fmt_bytes, html_lines
 from . import devicestate
 from .holdings import collect

@@ -87,7 +87,7 @@ def test_a_real_cpu_out_of_memory_names_each_holder_with_its_bytes(ip):
     assert "_call_impl" not in text  # torch's own frames hold the same input: not worth naming
     assert re.search(rf"^\s+Out\[{shown}\]( \(also _\))?\s+512 KiB", text, re.M), text  # output history
     assert _row(text, "graph of total_loss", "768 KiB")  # the accumulated loss's graphs
-    assert re.search(r"^\s+model( \(also [^)]*\))?\s+1\.00 MiB\s+Linear: parameters", text, re.M)
+    assert re.search(r"^\s+model( \(also [^)]*\))?\s+1\.00 MiB\s+your name\s+Linear: parameters", text, re.M)
     assert "the request alone (1.00 PiB) is more than cpu has in all" in text
     assert "del keep" not in text  # nothing advised that would not make room
 
@@ -323,6 +323,105 @@ def test_every_report_reads_in_the_plain_text_formatter(ip):
     assert "<table" in report._repr_html_() and report.to_dict()["facts"]["asked"] == 2 ** 50
     freed = ip.run_line_magic("gpumem", "free -o")
     assert plain(freed) == freed.to_text() and "%gpumem free" in plain(freed)
+
+
+def test_an_earlier_failed_cells_frames_are_found_and_given_back(ip):
+    """Issue 29 item 5: a failed cell's frames outlive it in a reference cycle through IPython's
+    ExecutionResult (run_code's frame holds the result, the result the error, the error's traceback the
+    frame) until the garbage collector runs; the next error's explanation counts them and offers
+    %gpumem free, which gives them back. (The collector is held off, as between two cells of a session
+    it may well not run.)"""
+    gc.collect()
+    gc.disable()
+    try:
+        run(ip, "import torch")
+        _cell(ip, "def first():\n    acts = torch.ones(64, 1024, 1024)\n    raise ValueError('bug')\n"
+                  "first()")
+        run(ip, "y = 1")
+        text = _explanation(_cell(ip, SMALL)[0])
+        assert _row(text, "first: acts", "256 MiB"), text
+        advice = text.split("What to do, largest first:\n")[1]
+        assert advice.splitlines()[0].startswith("  1. %gpumem free gives back 256 MiB without touching your "
+                                                 "names: the failed cell's traceback 256 MiB")
+        report = ip.run_line_magic("gpumem", "free -o")
+        step = next(s for s in report.steps if s.source == "the last error's traceback")
+        assert any(name.endswith("'s error") and name.startswith("In[") for name in step.released)
+        assert step.held["cpu"] == 256 * 1024 * 1024 and step.freed["cpu"] >= 200 * 1024 * 1024
+    finally:
+        gc.enable()
+
+
+def test_no_smaller_batch_where_there_is_no_batch(ip):
+    """Issue 29 item 7: `torch.empty(2**50)` in a cell has no batch to halve; a model's forward has."""
+    run(ip, "import torch")
+    text = _explanation(_cell(ip, "x = torch.empty(2**50)")[0])
+    assert "smaller batch" not in text and "the request alone (4.00 PiB)" in text
+    big = ("(_ for _ in ()).throw(RuntimeError(\"DefaultCPUAllocator: can't allocate memory: you tried to "
+           "allocate 1048576 bytes. Error code 12 (Cannot allocate memory)\"))")
+    text = _explanation(_cell(ip, NET.format(fail=big))[0])  # raised inside a module's forward
+    assert "a smaller batch: the failing allocation asked 1.00 MiB" in text
+
+
+def test_the_extensions_own_results_are_not_the_users_memory(ip):
+    """Issue 29 item 9: after `r = %gpumem free -o`, the explanation, the holders and %whereis all ended
+    with "Not looked into: r.steps[0].released (deeper than 3 levels)"."""
+    run(ip, "import torch\nkeep = torch.ones(256, 1024)\nr = %gpumem free -o\nh = %gpumem holders -o\n"
+            "t = %cudatime -o -q -n 1 -r 2 keep + 1")
+    text = _explanation(_cell(ip, SMALL)[0])
+    assert "Not looked into" not in text and _row(text, "keep", "1.00 MiB")
+    holders = ip.run_line_magic("gpumem", "holders -o")
+    assert not holders.section("cpu").cut and "Not looked into" not in holders.to_text()
+    with capture_output() as shown:
+        ip.run_line_magic("whereis", "")
+    assert "Not looked into" not in shown.stdout + "".join(o.data["text/plain"] for o in shown.outputs)
+
+
+def test_available_is_what_the_cgroup_leaves(ip, tmp_path, monkeypatch):
+    """Issue 29 item 4: "available" was the system's, whatever the container's memory limit left."""
+    import resource
+
+    from torchgpu_magic import host
+
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text("0::/kubepods/pod1\n")
+    pod = tmp_path / "sys" / "fs" / "cgroup" / "kubepods" / "pod1"
+    pod.mkdir(parents=True)
+    (pod / "memory.max").write_text(f"{2 * 1024 ** 3}\n")
+    (pod / "memory.current").write_text(f"{1536 * 1024 ** 2}\n")
+    monkeypatch.setattr(host, "ROOT", str(tmp_path))
+    monkeypatch.setattr(host, "GETRLIMIT", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    run(ip, "import torch")
+    four = ("(_ for _ in ()).throw(RuntimeError(\"DefaultCPUAllocator: can't allocate memory: you tried to "
+            "allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)\"))")
+    head = _explanation(_cell(ip, four)[0]).splitlines()[0]
+    assert head == ("gpumem: out of memory on cpu: asked 4.00 GiB; 512 MiB available now, of 2.00 GiB; "
+                    "under the cgroup's memory.max (2.00 GiB, 1.50 GiB used; "
+                    "/sys/fs/cgroup/kubepods/pod1/memory.max)")
+    text = _explanation(_cell(ip, four)[0])
+    assert "more than this process may use on cpu (2.00 GiB, the cgroup's memory.max" in text
+
+
+def test_available_is_what_ulimit_v_leaves(ip, monkeypatch):
+    """The issue's case: under `ulimit -v 6000000` a 4 GiB request failed while the system had 19 GiB
+    available. RLIMIT_AS counts the address space (VmSize), scripted here 1 GiB above what is in use."""
+    import resource
+
+    from torchgpu_magic import host
+
+    status = open("/proc/self/status").read()
+    in_use = int(next(line for line in status.splitlines() if line.startswith("VmSize:")).split()[1]) * 1024
+    caps = {resource.RLIMIT_AS: in_use + 1024 ** 3}
+    monkeypatch.setattr(host, "GETRLIMIT", lambda which: (caps.get(which, resource.RLIM_INFINITY),
+                                                          resource.RLIM_INFINITY))
+    run(ip, "import torch")
+    four = ("(_ for _ in ()).throw(RuntimeError(\"DefaultCPUAllocator: can't allocate memory: you tried to "
+            "allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)\"))")
+    head = _explanation(_cell(ip, four)[0]).splitlines()[0]
+    found = re.search(r"asked 4\.00 GiB; ([\d.]+) (MiB|GiB) available now, of ([\d.]+) GiB; under ulimit -v "
+                      r"\(RLIMIT_AS\)", head)
+    assert found, head
+    available = float(found.group(1)) * (1 if found.group(2) == "GiB" else 1 / 1024)
+    assert 0.5 < available <= 1.0  # what the limit leaves, not the system's
 
 
 @pytest.mark.notebook

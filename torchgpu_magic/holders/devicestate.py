@@ -23,6 +23,7 @@ from typing import Any, Optional
 from ..accelerators import initialised_cuda
 from ..gpus import processes
 from ..render import is_na
+from ..torchapi import has_primary_context
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,13 @@ def _cuda(device: str, index: Optional[int]) -> DeviceState:
     allocated = int(stats.get("allocated_bytes.all.current", 0))
     reserved = int(stats.get("reserved_bytes.all.current", 0))
     requested = stats.get("requested_bytes.all.current")
-    free, total = (int(v) for v in cuda.mem_get_info(index))
     notes: list = []
+    if has_primary_context(index):
+        free, total = (int(v) for v in cuda.mem_get_info(index))
+    else:  # cudaMemGetInfo would create the context (hundreds of MiB) just to answer
+        free, total = None, int(cuda.get_device_properties(index).total_memory)
+        notes.append(f"no CUDA context on {device} yet: what is free there is not asked (asking would create "
+                     "one)")
     process = None
     others: tuple = ()
     foreign: tuple = ()

@@ -363,7 +363,8 @@ def holds_tensors(value: Any) -> bool:
 
 def _frames(tracebacks: Iterable[Any]) -> Iterator[tuple]:
     """(frame, whether it is torch's) for the frames of each traceback (or exception: its own, and those
-    of its ``__cause__`` and ``__context__`` chain), each once, skipping IPython's and this package's."""
+    of its ``__cause__`` and ``__context__`` chain), each once, skipping IPython's and this package's, and
+    any that hides itself from tracebacks (a ``__tracebackhide__`` local)."""
     seen: set = set()
     exceptions: list = []
     tbs: list = []
@@ -389,7 +390,10 @@ def _frames(tracebacks: Iterable[Any]) -> Iterator[tuple]:
             if id(frame) in seen:
                 continue
             seen.add(id(frame))
-            if frame.f_locals is frame.f_globals:  # a cell's (module) frame: its names are the user's
+            local_vars = frame.f_locals
+            if local_vars is frame.f_globals:  # a cell's (module) frame: its names are the user's
+                continue
+            if local_vars.get("__tracebackhide__"):  # machinery by IPython's (and pytest's) own rule
                 continue
             package = (frame.f_globals.get("__name__", "") or "").split(".")[0]
             if package not in _MACHINERY:

@@ -238,3 +238,20 @@ def test_a_measured_cudamem_on_the_gpu_agrees_with_torchs_own_peak(ip, gpu):
     assert measured.peak - measured.before == grew  # MemTracker's ledger over the cell's own tensors
     assert measured.categories["activations"] == grew
     assert measured.capacity == TOTAL
+
+
+# ---- the `gpu` tests' own checks can fail (issue 28 item 12) ----------------------------------------
+@pytest.mark.parametrize("scenario", ["alone", "container", "container_shared"])
+def test_the_no_context_check_sees_a_context_also_where_nvml_lists_host_pids(simulated_gpu, scenario):
+    """tests/test_no_context.py asks NVML whether a step put this process on a GPU. It compared NVML's
+    PIDs with this one's, which in a container without --pid=host never match: the check passed whatever
+    the step did. fresh_process.listed_here takes a process NVML did not list before the step as this one
+    there."""
+    from fresh_process import listed_here, nvml_entries
+
+    simulated_gpu.use_scenario(scenario)
+    baseline = nvml_entries()
+    assert listed_here(baseline, nvml_entries()) == []  # no context yet: nothing to find
+    kept = standin(simulated_gpu, MiB)  # cudaMalloc creates the context: NVML lists the process
+    assert listed_here(baseline, nvml_entries()) == [0]
+    del kept

@@ -15,6 +15,7 @@ wraps. Reports hold names, strings and numbers.
 from __future__ import annotations
 
 import html
+import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
@@ -50,12 +51,12 @@ class Row(NamedTuple):
     also: tuple = ()
 
     def label(self, short: bool = False) -> str:
-        """'x (also y, Out[3])'; ``short``: each name of the brackets cut to 16 characters."""
+        """'x (also y, Out[3])'; ``short``: the first other holder and how many more, 'x (also y, 2 more)'."""
         if not self.also:
             return self.name
-        shown = list(self.also[:ALSO]) + ([f"{len(self.also) - ALSO} more"] if len(self.also) > ALSO else [])
-        if short:
-            shown = [name if len(name) <= 16 else name[:13] + "..." for name in shown]
+        named = 1 if short else ALSO
+        more = len(self.also) - named
+        shown = list(self.also[:named]) + ([f"{more} more"] if more > 0 else [])
         return f"{self.name} (also {', '.join(shown)})"
 
     def description(self) -> str:
@@ -98,7 +99,9 @@ def fitted(table: Table, indent: str = "  ", width: int = WIDTH) -> list:
     widths.append(min(last, max(len(r[-1]) for r in rows)))
     out = []
     for number, row in enumerate(rows):
-        wrapped = textwrap.wrap(row[-1], last, break_on_hyphens=False) or [""]
+        glued = re.sub(r"(\d) (?=(?:[KMGTP]i)?B\b|bytes\b)", "\\1\x00", row[-1])  # '32.0 MiB' stays whole
+        wrapped = [line.replace("\x00", " ")
+                   for line in textwrap.wrap(glued, last, break_on_hyphens=False)] or [""]
         cells = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row[:-1], widths, aligns)]
         out.append((indent + "  ".join(cells + [wrapped[0]])).rstrip())
         out.extend(" " * lead + more for more in wrapped[1:])

@@ -237,14 +237,18 @@ class MemoryScenario:
     """What is on the GPU beside this process, and how NVML lists this process: ``listing`` 'own' (its
     PID: on the host, or a container started with --pid=host), 'host' (under ``host_pid``: a container
     without --pid=host) or 'hidden' (not listed). ``others``: (host PID, bytes) of other processes.
-    ``context``: the CUDA context's size once this process has one. ``source``: where the figures come
-    from."""
+    ``context``: the CUDA context's size once this process has one. ``mig``: the MIG profile this
+    process's CUDA device is a slice of (then ``total`` is what torch reports for it, and NVML lists the
+    slice's processes without their memory, as it does for a user without privileges). ``source``: where
+    the figures come from."""
 
     name: str
     listing: str = "own"
     host_pid: Optional[int] = None
     others: tuple = ()
     context: int = 522 * MiB
+    mig: Optional[str] = None
+    total: Optional[int] = None
     source: str = ""
 
 
@@ -269,6 +273,11 @@ SCENARIOS = {
     "hidden": MemoryScenario(
         "hidden", listing="hidden", others=((4190002, 8192 * MiB),),
         source="NVML lists only another process's host PID: this one is not in the list at all"),
+    "mig": MemoryScenario(
+        "mig", mig="3g.40gb", total=40192 * MiB, others=((4190003, 8 * GiB),),
+        source="an H100 80GB's MIG 3g.40gb slice shared with another job: torch reports its total_memory "
+               "as 39.25 GiB (a GPU table of a test suite recording it), and NVML in MIG mode gives a user "
+               "without privileges no per-process memory (fake_pynvml's mig_user, after nvidia-smi)"),
 }
 
 
@@ -321,21 +330,29 @@ class DeviceMemory:
         return listed
 
     def changed(self) -> None:
-        """Keep NVML's figures in step with the device."""
+        """Keep NVML's figures in step with the device (on a MIG slice: the slice's, and the process
+        list without memory figures)."""
         gpu = self.nvml_gpu
         if gpu is None:
             return
         import fake_pynvml
 
-        gpu.memory_used = NVML_IDLE_USED + self.process_figure() + self.others()
-        gpu.compute = [fake_pynvml.FakeProcess(pid, size) for pid, size in self.processes()]
+        used = NVML_IDLE_USED + self.process_figure() + self.others()
+        if self.scenario.mig and gpu.migs:
+            gpu.migs[0].memory_used = used
+            gpu.compute = [fake_pynvml.FakeProcess(pid, None, gpuInstanceId=gpu.migs[0].gpu_instance_id,
+                                                   computeInstanceId=gpu.migs[0].compute_instance_id)
+                           for pid, _ in self.processes()]
+        else:
+            gpu.compute = [fake_pynvml.FakeProcess(pid, size) for pid, size in self.processes()]
+        gpu.memory_used = used
 
     def oom_message(self, ask: int) -> str:
         """torch's message for a segment of ``ask`` bytes the device could not give (``malloc``)."""
         stats = self.allocator
         allocated, reserved = stats.current("allocated_bytes"), stats.current("reserved_bytes")
-        procs = ""
-        for pid, size in self.processes():
+        procs = ""  # on a MIG slice torch asks the whole GPU's list, refused to a user: not modelled
+        for pid, size in ([] if self.scenario.mig else self.processes()):
             who = ("Including non-PyTorch memory, this process" if pid == os.getpid() else f"Process {pid}")
             procs += f"{who} has {format_size(size)} memory in use. "
         return (f"CUDA out of memory. Tried to allocate {format_size(ask)}. GPU 0 has a total capacity of "

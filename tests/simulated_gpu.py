@@ -107,8 +107,9 @@ class Properties:
         self.memory_clock_rate, self.memory_bus_width, self.clock_rate = 2619000, 5120, 1980000
 
     def __repr__(self) -> str:
-        return (f"_CudaDeviceProperties(name='{self.name}', major=9, minor=0, total_memory=81008MB, "
-                f"multi_processor_count=132, uuid={self.uuid}, L2_cache_size=50MB)")
+        return (f"_CudaDeviceProperties(name='{self.name}', major=9, minor=0, "
+                f"total_memory={self.total_memory // MiB}MB, multi_processor_count=132, uuid={self.uuid}, "
+                "L2_cache_size=50MB)")
 
 
 class SimulatedGPU:
@@ -127,16 +128,39 @@ class SimulatedGPU:
         self.memory = self._new_memory()
 
     def _new_memory(self, scenario: Optional[str] = None) -> simulated_allocator.DeviceMemory:
+        chosen = simulated_allocator.SCENARIOS[scenario] if scenario else None
+        self._slice(chosen.mig if chosen else None, chosen.total if chosen else None)
         return simulated_allocator.DeviceMemory(
             self.properties.total_memory, lambda: self.current in self.contexts,
-            self.nvml_module.machine.gpus[0],
-            simulated_allocator.SCENARIOS[scenario] if scenario else None)
+            self.nvml_module.machine.gpus[0], chosen)
+
+    def _slice(self, profile: Optional[str], total: Optional[int]) -> None:
+        """The H100 whole, or in MIG mode with this process's CUDA device one slice of it: torch names it
+        by the slice's profile and UUID and reports the slice's memory; NVML answers for the slice, and
+        refuses the whole GPU's process lists (a user without privileges)."""
+        gpu = self.nvml_module.machine.gpus[0]
+        if profile is None:
+            self.properties = Properties(self.uuid.split("-", 1)[1])
+            gpu.mig_mode, gpu.migs, gpu.parent_errors = (0, 0), [], {}
+            return
+        uuid = fake_pynvml.fake_uuid(f"h100-0-{profile}", "MIG-")
+        name = f"NVIDIA H100 80GB HBM3 MIG {profile}"
+        gpu.mig_mode = (1, 1)
+        gpu.migs = [fake_pynvml.FakeMig(uuid, name, total, 0, gpu_instance_id=1, compute_instance_id=0)]
+        refused = fake_pynvml._real.NVML_ERROR_NO_PERMISSION
+        gpu.parent_errors = {n: refused for n in ("nvmlDeviceGetComputeRunningProcesses",
+                                                  "nvmlDeviceGetGraphicsRunningProcesses")}
+        self.properties = Properties(uuid.split("-", 1)[1])
+        self.properties.name, self.properties.total_memory = name, total
 
     def use_scenario(self, name: str) -> simulated_allocator.DeviceMemory:
         """What else is on the GPU and how NVML lists this process (simulated_allocator.SCENARIOS); the
         memory starts empty."""
+        from torchgpu_magic.gpus import nvml
+
         self.workspaces.clear()
         self.memory = self._new_memory(name)
+        nvml.reset()
         return self.memory
 
     def cublas_workspace(self) -> None:

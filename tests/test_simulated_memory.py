@@ -169,6 +169,28 @@ def test_on_the_host_another_process_is_named_and_the_kernel_alone_in_a_containe
     assert "NVML lists one process, under the host's PID 21422: this one" in " ".join(text.split())
 
 
+def test_on_a_mig_slice_the_slices_figures_and_nvml_without_per_process_memory(ip, gpu):
+    """A MIG 3g.40gb slice of the H100, shared with another job: torch sees the slice (39.25 GiB), NVML
+    lists the slice's processes without their memory (a user without privileges), so what others hold
+    is bounded, never "0 B" and never "stop them"."""
+    import torch
+
+    gpu.use_scenario("mig")
+    run(ip, "import torch")
+    ip.user_ns["x"] = standin(gpu, 30 * GiB)
+    error, text = explanation(ip, "y = x.repeat(2)")  # 60 GiB: more than the slice has
+    assert torch.cuda.get_device_properties(0).name == "NVIDIA H100 80GB HBM3 MIG 3g.40gb"
+    assert text.startswith("gpumem: out of memory on cuda:0: asked 60.0 GiB; ")
+    assert "of 39.2 GiB" in text.splitlines()[0]
+    assert "the request alone (60.0 GiB) is more than cuda:0" in text
+    _, text = explanation(ip, "y = x.narrow(0, 0, 2 ** 28).clone()")  # 1 GiB: the other job's 8 GiB there
+    flat = " ".join(text.split())
+    assert "stop them" not in text and "another process" not in text
+    assert "1 other process (4190003) NVML lists here without their memory (MIG mode" in flat
+    assert "up to 8.51 GiB of cuda:0 is held outside torch here" in flat
+    assert "NVML lists 2 processes here without their memory" in flat  # the note: what NVML cannot say
+
+
 # ---- %gpumem holders: torch's own memory is not "no name reaches" (issue 28 item 11) ----------------
 def test_rounding_and_cublas_workspaces_are_torchs_and_the_rest_is_unreached(ip, gpu):
     import simulated_allocator

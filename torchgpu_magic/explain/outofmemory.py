@@ -160,16 +160,24 @@ def _unknown_processes(state: Any) -> Optional[tuple]:
     number it cannot recognise: where it lists more than one, what other processes hold is at most the
     device's memory in use beyond torch's reserved memory here (that also holds this process's CUDA
     context). Said with that bound and how to learn more; never "stop them", which may be this kernel."""
-    if len(state.foreign) < 2 or state.free is None or state.total is None or state.reserved is None:
+    unmeasured = [pid for pid, _ in state.unmeasured]
+    if (len(state.foreign) < 2 and not unmeasured) or state.free is None or state.total is None \
+            or state.reserved is None:
         return None
-    beyond = state.total - state.free - state.reserved
+    beyond = state.total - state.free - state.reserved - sum(size for _, _, size in state.others)
     if beyond <= 0:
         return None
-    pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])
+    if len(state.foreign) >= 2:
+        pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])
+        why = (f"NVML lists {len(state.foreign)} under the host's PIDs ({pids}) and cannot tell which is "
+               "this kernel (a container without --pid=host); nvidia-smi on the host names them")
+    else:
+        pids = ", ".join(str(pid) for pid in unmeasured[:4])
+        plural = "es" if len(unmeasured) != 1 else ""
+        why = (f"NVML lists {len(unmeasured)} other process{plural} here ({pids}) without their memory (MIG "
+               "mode gives none to a user without privileges)")
     return (beyond, f"up to {fmt_bytes(beyond)} of {state.device} is held outside torch here, by this "
-                    f"process's CUDA context and other processes: NVML lists {len(state.foreign)} under the "
-                    f"host's PIDs ({pids}) and cannot tell which is this kernel (a container without "
-                    "--pid=host); nvidia-smi on the host names them. If another job holds the GPU, use "
+                    f"process's CUDA context and other processes: {why}. If another job holds the GPU, use "
                     "another GPU or wait for it")
 
 

@@ -17,7 +17,7 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
     """(used, total, this process, other processes, problems) from NVML, for the GPU or the MIG instance
     ``mig_uuid``; NA/None where it cannot say. When NVML lists processes, not this one, and PIDs that do
     not exist here (a container: NVML gives the host's PIDs), this process's share and the others' are
-    unknown (None), not 0 and everything."""
+    unknown (None), not 0 and everything; so is a figure NVML lists a process without (MIG mode)."""
     problems = []
     try:
         figures = nvml.memory(nvml_index, mig_uuid)
@@ -37,16 +37,28 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
         if getattr(problem, "code", "") != "not_supported":  # one of two lists failed
             problems.append(problem_text(problem))
     by_pid: dict = {}
+    unmeasured = set()  # listed without a figure: MIG mode gives none to a user without privileges
     for proc in procs:  # one process may appear as compute and graphics: count it once
         amount = getattr(proc, "used_memory", None)
         if is_na(amount):
+            unmeasured.add(proc.pid)
             continue
         by_pid[proc.pid] = max(by_pid.get(proc.pid, 0), int(amount))
     if foreign_pids(procs, pid):
         problems.append(foreign_note(procs))
         return used, total, None, None, tuple(problems)
     mine = by_pid.pop(pid, None)
-    return used, total, mine if mine is not None else 0, sum(by_pid.values()), tuple(problems)
+    if unmeasured:
+        problems.append(f"NVML lists {len(unmeasured)} process{'es' if len(unmeasured) != 1 else ''} here "
+                        "without their memory (MIG mode gives none to a user without privileges): "
+                        + ("this process's share and " if pid in unmeasured else "")
+                        + "what other processes hold are N/A")
+    if pid in unmeasured:
+        mine = None
+    elif mine is None:
+        mine = 0
+    others = None if unmeasured - {pid} else sum(by_pid.values())
+    return used, total, mine, others, tuple(problems)
 
 
 def foreign_pids(procs: Sequence[Any], pid: Optional[int] = None) -> bool:

@@ -33,6 +33,7 @@ class DeviceState:
     inside torch's cache, which says whether the cache is fragmented; ``others`` the (pid, name, bytes) of
     other processes on the device; ``foreign`` the (pid, name, bytes) NVML lists under another PID
     namespace's numbers (this process among them, unrecognisable), in which case ``others`` is empty;
+    ``unmeasured`` the (pid, name) of other processes NVML lists without their memory (a MIG slice);
     ``requested`` what torch's tensors asked for (``allocated`` less the allocator's rounding to 512-byte
     blocks); ``limit`` the limit that bounds ``free`` on the cpu (empty: the system's own figures)."""
 
@@ -46,6 +47,7 @@ class DeviceState:
     others: tuple = ()
     notes: tuple = ()
     foreign: tuple = ()
+    unmeasured: tuple = ()
     requested: Optional[int] = None
     limit: str = ""
 
@@ -65,6 +67,7 @@ class DeviceState:
         out = asdict(self)
         out["others"] = [list(o) for o in self.others]
         out["foreign"] = [list(o) for o in self.foreign]
+        out["unmeasured"] = [list(o) for o in self.unmeasured]
         out["notes"] = list(self.notes)
         out["cache"] = self.cache
         return out
@@ -123,15 +126,17 @@ def _cuda(device: str, index: Optional[int]) -> DeviceState:
     process = None
     others: tuple = ()
     foreign: tuple = ()
+    unmeasured: tuple = ()
     target = _nvml_target(index)
     if target is not None:
         nvml_index, mig = target
         _, _, process, _, problems = processes.process_figures(nvml_index, os.getpid(), mig)
         notes.extend(problems)
-        others, foreign = _other_processes(nvml_index, mig)
+        others, foreign, unmeasured = _other_processes(nvml_index, mig)
         process = None if is_na(process) else process
     return DeviceState(device, total, free, process, allocated, reserved, _largest_free_block(cuda, index),
-                       others, tuple(notes), foreign, None if requested is None else int(requested))
+                       others, tuple(notes), foreign, unmeasured,
+                       None if requested is None else int(requested))
 
 
 def _nvml_target(index: int) -> Optional[tuple]:
@@ -149,7 +154,8 @@ def _nvml_target(index: int) -> Optional[tuple]:
 
 def _other_processes(nvml_index: int, mig: Any) -> tuple:
     """((pid, name, bytes) of every other process NVML lists on the GPU, largest first; the same of every
-    process it lists under another PID namespace's numbers, where none can be called another)."""
+    process it lists under another PID namespace's numbers, where none can be called another; (pid, name)
+    of the other processes it lists without their memory, as on a MIG slice)."""
     from ..gpus import nvml
 
     procs, _ = nvml.processes(nvml_index, mig)
@@ -157,9 +163,11 @@ def _other_processes(nvml_index: int, mig: Any) -> tuple:
     listed = [(p.pid, "" if is_na(p.name) else str(p.name), int(p.used_memory)) for p in procs
               if not is_na(p.used_memory)]
     listed.sort(key=lambda p: -p[2])
+    unmeasured = tuple(dict.fromkeys((p.pid, "" if is_na(p.name) else str(p.name)) for p in procs
+                                     if is_na(p.used_memory) and p.pid != mine))
     if processes.foreign_pids(procs, mine):
-        return (), tuple(listed)
-    return tuple(p for p in listed if p[0] != mine), ()
+        return (), tuple(listed), unmeasured
+    return tuple(p for p in listed if p[0] != mine), (), unmeasured
 
 
 def _largest_free_block(cuda: Any, index: int) -> Optional[int]:

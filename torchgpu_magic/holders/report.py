@@ -312,6 +312,13 @@ def _outside(state: devicestate.DeviceState) -> Optional[Row]:
     beyond = state.total - state.free - state.reserved - sum(size for _, _, size in state.others)
     if beyond <= 0:
         return None
+    if state.unmeasured and len(state.foreign) != 1:
+        pids = ", ".join(str(pid) for pid, _ in state.unmeasured[:4])
+        many = len(state.unmeasured)
+        return Row("outside torch's allocator", "unknown", beyond,
+                   f"this process's CUDA context, and {many} other process{'es' if many != 1 else ''} "
+                   f"({pids}) NVML lists here without their memory (MIG mode gives none to a user without "
+                   "privileges)", {})
     if not state.foreign:
         return Row("outside torch's allocator", "outside", beyond,
                    "this process's CUDA context and libraries' own allocations (NCCL, cuDNN, ...)", {})

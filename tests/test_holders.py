@@ -227,7 +227,7 @@ def test_gpu_rows_leave_the_allocators_rounding_out_of_no_name_reaches():
     requested what tensors asked): the rounding is torch's, not tensors no name reaches."""
     state = devicestate.DeviceState("cuda:0", total=80 * 1024 * MiB, free=70 * 1024 * MiB, allocated=4 * MiB,
                                     reserved=20 * MiB, requested=4 * MiB - 300 * 512)
-    section = holdersreport.device_holders(holders.collect({}), "cuda:0", state)
+    section = holdersreport.device_holders(holders.Holdings(), "cuda:0", state)
     rows = {r.name: r for r in section.rows}
     assert rows["torch's rounding"].nbytes == 300 * 512 and rows["torch's rounding"].source == "torch"
     assert rows["no name reaches"].nbytes == 4 * MiB - 300 * 512
@@ -240,14 +240,14 @@ def test_in_a_container_no_process_nvml_lists_is_called_another():
     state = devicestate.DeviceState("cuda:0", total=80 * gib, free=2 * gib, allocated=40 * gib,
                                     reserved=48 * gib, requested=40 * gib,
                                     foreign=((4190001, "", int(48.5 * gib)), (4190002, "", 29 * gib)))
-    section = holdersreport.device_holders(holders.collect({}), "cuda:0", state)
+    section = holdersreport.device_holders(holders.Holdings(), "cuda:0", state)
     assert not [r for r in section.rows if r.source == "process"]
     outside = next(r for r in section.rows if r.name == "outside torch's allocator")
     assert outside.nbytes == 30 * gib and outside.source == "unknown"
     assert "cannot tell which is this one" in outside.what and "4190001, 4190002" in outside.what
     alone = devicestate.DeviceState("cuda:0", total=80 * gib, free=31 * gib, allocated=40 * gib,
                                     reserved=48 * gib, foreign=((4190001, "", int(48.5 * gib)),))
-    row = next(r for r in holdersreport.device_holders(holders.collect({}), "cuda:0", alone).rows
+    row = next(r for r in holdersreport.device_holders(holders.Holdings(), "cuda:0", alone).rows
                if r.name == "outside torch's allocator")
     assert row.source == "outside" and "this one" in row.what
 

@@ -277,3 +277,15 @@ def test_the_no_context_check_sees_a_context_also_where_nvml_lists_host_pids(sim
     kept = standin(simulated_gpu, MiB)  # cudaMalloc creates the context: NVML lists the process
     assert listed_here(baseline, nvml_entries()) == [0]
     del kept
+
+
+def test_where_nvml_lists_only_others_under_host_pids_they_are_others(ip, gpu):
+    """This process not in NVML's list at all, another job's under its host PID: what NVML lists holds
+    less than torch reserves here, so it is not this process; it is named as another."""
+    gpu.use_scenario("hidden")
+    _model(ip, gpu)
+    _, text = explanation(ip, STEP.replace("1024, 1", "4096, 1"))  # 64 GiB of the 50.5 GiB left
+    flat = " ".join(text.split())
+    assert re.search(r"^\s+pid 4190002\s+8\.00 GiB\s+another process", text, re.M), text
+    assert "this process is not in NVML's list and the process it lists (4190002) are others" in flat
+    assert "outside torch's allocator" in text and "this process's CUDA context and libraries'" in flat

@@ -132,7 +132,9 @@ def _cuda(device: str, index: Optional[int]) -> DeviceState:
         nvml_index, mig = target
         _, _, process, _, problems = processes.process_figures(nvml_index, os.getpid(), mig)
         notes.extend(problems)
-        others, foreign, unmeasured = _other_processes(nvml_index, mig)
+        others, foreign, unmeasured, told = _other_processes(nvml_index, mig, reserved)
+        if told:
+            notes.append(told)
         process = None if is_na(process) else process
     return DeviceState(device, total, free, process, allocated, reserved, _largest_free_block(cuda, index),
                        others, tuple(notes), foreign, unmeasured,
@@ -152,10 +154,16 @@ def _nvml_target(index: int) -> Optional[tuple]:
     return None
 
 
-def _other_processes(nvml_index: int, mig: Any) -> tuple:
-    """((pid, name, bytes) of every other process NVML lists on the GPU, largest first; the same of every
-    process it lists under another PID namespace's numbers, where none can be called another; (pid, name)
-    of the other processes it lists without their memory, as on a MIG slice)."""
+def _other_processes(nvml_index: int, mig: Any, reserved: int = 0) -> tuple:
+    """((pid, name, bytes) of every other process NVML lists on the GPU, largest first; the same of the
+    processes it lists under another PID namespace's numbers that may be this one; (pid, name) of the
+    other processes it lists without their memory, as on a MIG slice; under another namespace's numbers,
+    what could be told of this process, else '').
+
+    Under the host's PIDs this process cannot be found by its PID, but by what it holds: at least torch's
+    ``reserved`` memory. A listed process holding less is another; if exactly one holds as much, it is
+    this one; if several do, NVML cannot tell which (``foreign`` keeps them all, ``others`` none of
+    them)."""
     from ..gpus import nvml
 
     procs, _ = nvml.processes(nvml_index, mig)
@@ -166,8 +174,24 @@ def _other_processes(nvml_index: int, mig: Any) -> tuple:
     unmeasured = tuple(dict.fromkeys((p.pid, "" if is_na(p.name) else str(p.name)) for p in procs
                                      if is_na(p.used_memory) and p.pid != mine))
     if processes.foreign_pids(procs, mine):
-        return (), tuple(listed), unmeasured
-    return tuple(p for p in listed if p[0] != mine), (), unmeasured
+        maybe_me = [p for p in listed if p[2] >= reserved]
+        if len(maybe_me) > 1:
+            return (), tuple(listed), unmeasured, _told_apart((), tuple(maybe_me))
+        others = tuple(p for p in listed if p not in maybe_me)
+        return others, tuple(maybe_me), unmeasured, _told_apart(others, tuple(maybe_me))
+    return tuple(p for p in listed if p[0] != mine), (), unmeasured, ""
+
+
+def _told_apart(others: tuple, foreign: tuple) -> str:
+    """What NVML's list under the host's PIDs says of this process, told apart by what it holds."""
+    if len(foreign) > 1:
+        return f"{len(foreign)} of them hold at least what torch reserves here: any could be this process"
+    named = ", ".join(str(pid) for pid, _, _ in others[:4])
+    if not foreign:
+        return (f"none of them holds what torch reserves here, so this process is not in NVML's list and the "
+                f"process{'es' if len(others) != 1 else ''} it lists ({named}) are others")
+    return (f"only PID {foreign[0][0]} holds at least what torch reserves here: that is this process"
+            + (f", and {named} {'are' if len(others) != 1 else 'is'} another" if others else ""))
 
 
 def _largest_free_block(cuda: Any, index: int) -> Optional[int]:

@@ -37,6 +37,25 @@ def has_primary_context(index: int) -> bool:
     return bool(torch._C._cuda_hasPrimaryContext(index))
 
 
+def cublas_workspace_sizes() -> frozenset:
+    """The sizes torch gives the cuBLAS and cuBLASLt workspaces it allocates through its caching
+    allocator (``CUBLAS_WORKSPACE_CONFIG``'s, else the GPU generation's default), read from torch itself;
+    empty where this torch cannot say (a CPU build, a torch without the getters). Call only once CUDA is
+    initialised: torch reads the current GPU's properties."""
+    import torch
+
+    sizes = set()
+    for name in ("_cuda_getCublasWorkspaceSize", "_cuda_getCublasLtWorkspaceSize"):
+        getter = getattr(torch._C, name, None)
+        if getter is None:
+            continue
+        try:
+            sizes.add(int(getter()))
+        except (RuntimeError, TypeError, ValueError):
+            continue
+    return frozenset(size for size in sizes if size > 0)
+
+
 def gpu_spin(cycles: int) -> None:
     """Queue a kernel on the current CUDA stream that spins ``cycles`` GPU clock cycles
     (``torch.cuda._sleep``): a kernel of known length, as PyTorch's own tests use it."""

@@ -391,14 +391,12 @@ def _slice_memory(snap: Any, mig_uuid: str) -> None:
 
 
 def _mark_host_pids(entries: list, pid: int) -> None:
-    """Say 'host PIDs' where NVML lists processes, none is ours, and their PIDs do not exist here."""
-    try:
-        import psutil
-    except ImportError:
-        return
-    listed = [p for e in entries for p in e.processes]
-    if not listed or any(p.is_self for p in listed):
+    """Say 'host PIDs' where NVML's process lists name another PID namespace's processes (the one check,
+    :func:`~.processes.foreign_pids`, over every GPU's list: this process on any GPU settles it)."""
+    from .processes import foreign_pids
+
+    if not foreign_pids([p for e in entries for p in e.processes], pid):
         return
     for entry in entries:
-        if entry.processes and not all(psutil.pid_exists(p.pid) for p in entry.processes):
+        if foreign_pids(entry.processes, pid):
             entry.host_pids = True

@@ -33,8 +33,11 @@ WALK_DEPTH = 3
 WALK_WIDTH = 1_000
 WALK_LIMIT = 100_000
 _CONTAINERS = (list, tuple, dict)
-# Types whose instances the walk never looks into: code, classes, modules, IPython's own machinery.
-_OPAQUE_MODULES = ("builtins", "IPython", "ipykernel", "ipywidgets", "traitlets", "types", "typing")
+# Types whose instances the walk never looks into: code, classes, modules, IPython's own machinery, and
+# this package's own result objects (``r = %gpumem free -o``), which hold names, strings and numbers and
+# are not the user's memory.
+_OPAQUE_MODULES = ("builtins", "IPython", "ipykernel", "ipywidgets", "traitlets", "types", "typing",
+                   "torchgpu_magic")
 _WALK_TYPE = table()  # per type: whether the walk looks into its instances
 _HOLDER_WHY = table()  # per type: bydesign.holder_why of its instances (None for most)
 

@@ -101,6 +101,7 @@ test: $(VENV)/.test browser-deps lint
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-ipython7
 	$(MAKE) --no-print-directory test-simulated
+	$(MAKE) --no-print-directory test-cudabuild
 	$(MAKE) --no-print-directory test-simulated-mps
 	$(MAKE) --no-print-directory test-simulated-xpu
 	$(MAKE) --no-print-directory test-simulated-rocm
@@ -149,6 +150,45 @@ $(OLD_VENV)/.installed: $(VENV)/.test
 	mkdir -p $(OLD_VENV)/share && ln -s ../../$(VENV)/share/jupyter $(OLD_VENV)/share/jupyter
 	$(OLD_VENV)/bin/python -m pip install -q "$(OLD_IPYTHON)" -e .
 	@touch $@
+
+# ---- the CUDA-build leg -------------------------------------------------------------------------
+# What a bare `pip install torch` gives a Linux machine without an NVIDIA GPU (or without its driver): a
+# CUDA build of torch, whose torch.cuda.is_available() is False. Every other leg runs on a CPU build (or
+# simulates a GPU over one), so this one runs, on the real CUDA build, the tests marked `cudabuild`: those
+# where the build matters (%gpuinfo's causes, device choice, --predict cuda without the CPU stand-in,
+# load/unload, the tour notebook). Its venv is a layer over .venv as .venv-ipython7 is (a .pth puts .venv's
+# site-packages after its own), holding CUDA_TORCH and the nvidia-* libraries it pulls in, and the package
+# itself again (an editable install's .pth in .venv is not read through the layer). 2.14.1 lies on the CI
+# machines' local disk; pip compiles its bytecode at install, since every test starts interpreters.
+CUDA_VENV := .venv-cudabuild
+CUDA_TORCH := torch==2.14.1
+
+.PHONY: test-cudabuild
+
+$(CUDA_VENV)/.installed: $(VENV)/.test
+	rm -rf $(CUDA_VENV)
+	$(VPY) -m venv --without-pip \
+	  $$(grep -q '^include-system-site-packages = true' $(VENV)/pyvenv.cfg && echo --system-site-packages) $(CUDA_VENV)
+	$(VPY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > \
+	  "$$($(CUDA_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/over-venv.pth"
+	mkdir -p $(CUDA_VENV)/share && ln -s "$(abspath $(VENV))/share/jupyter" $(CUDA_VENV)/share/jupyter
+	$(CUDA_VENV)/bin/python -m pip install -q "$(CUDA_TORCH)"
+	$(CUDA_VENV)/bin/python -m pip install -q --no-deps -e .
+	@touch $@
+
+# On a machine with an NVIDIA driver there is nothing to check here (no GPU is what this leg is about): one
+# line says so, as test-simulated does on a CUDA build, and the layer is not built. Otherwise the layer is
+# checked to hold what the leg is for before its tests run, so that it cannot pass on the wrong torch.
+ifeq ($(wildcard /proc/driver/nvidia/version),)
+test-cudabuild: $(CUDA_VENV)/.installed
+	@$(CUDA_VENV)/bin/python -c 'import sys, torch; sys.exit(None if torch.version.cuda and not \
+	  torch.cuda.is_available() else f"test-cudabuild: needs a CUDA build that finds no GPU, not {torch.__version__}")'
+	@echo "$(CUDA_VENV)/bin/python -m pytest -q -m cudabuild ($(CUDA_TORCH), a CUDA build, no GPU)"
+	@$(CUDA_VENV)/bin/python -m pytest -q -p no:cacheprovider -m cudabuild $(PYTEST_ARGS)
+else
+test-cudabuild:
+	@echo "test-cudabuild: skipped, this machine has an NVIDIA driver: run the gpu-marked tests on its GPU"
+endif
 
 # The sdist and wheel as they would be published (isolated build), failing on any warning the build
 # prints; then twine's metadata and README checks, and a wheel that holds the package and nothing else.

@@ -56,6 +56,34 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+# The tests where the build of torch matters, run again by `make test-cudabuild` (`pytest -m cudabuild`) on a
+# CUDA build of torch where CUDA finds no GPU, as `pip install torch` gives a Linux machine without one:
+# %gpuinfo's causes, device choice (auto, --fallback, validation), load/unload, --predict cuda's choice of a
+# stand-in and the reasons it gives, the tour notebook in a kernel on that build.
+CUDABUILD = ("test_gpus_problems.py", "test_gpuinfo.py", "test_gpus_inventory.py", "test_devices.py",
+             "test_ontorch.py", "test_extension.py", "test_cudamem.py", "test_cudamem_targetdevice.py",
+             "test_notebooks.py::test_notebook_runs_without_errors[tour.ipynb]")
+
+
+def _cudabuild_only(config: Any) -> bool:
+    return (config.getoption("markexpr", "") or "").strip() == "cudabuild"
+
+
+def pytest_ignore_collect(collection_path: Any, config: Any) -> Any:
+    """Under `-m cudabuild` alone, leave the other test files unimported: their imports cost the leg time."""
+    name = collection_path.name
+    if _cudabuild_only(config) and name.startswith("test_") and name.endswith(".py"):
+        return True if name not in {entry.split("::")[0] for entry in CUDABUILD} else None
+    return None
+
+
+def pytest_itemcollected(item: Any) -> None:
+    """Mark the tests of :data:`CUDABUILD` `cudabuild` (before `-m` selects)."""
+    name = item.nodeid.split("/")[-1]
+    if name.split("::")[0] in CUDABUILD or name in CUDABUILD:
+        item.add_marker(pytest.mark.cudabuild)
+
+
 def pytest_collection_modifyitems(config: Any, items: list) -> None:
     """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel)."""
     if config._simulated_machine is not None:
@@ -78,6 +106,7 @@ def simulated_gpu(request: Any, monkeypatch: Any) -> Any:
     taken out afterwards. Skips on a CUDA build of torch, which has its own CUDA layer."""
     import simulated_gpu
 
+    from torchgpu_magic import caches
     from torchgpu_magic.gpus import nvml
 
     sim = request.config._simulated_gpu
@@ -92,6 +121,8 @@ def simulated_gpu(request: Any, monkeypatch: Any) -> Any:
     nvml.reset()
     yield sim
     nvml.reset()
+    if request.config._simulated_gpu is None:  # what the package remembered of the simulated GPU goes too
+        caches.reset_caches()
 
 
 @pytest.fixture(scope="session")

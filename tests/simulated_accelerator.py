@@ -205,9 +205,9 @@ def wire(patch: Any, backend: Backend) -> None:
     for name, function in functions.items():
         patch.setattr(C, name, function, raising=False)
     fresh_caches(patch, torch.accelerator, ("get_device_capability",))
-    from torchgpu_magic import accelerators
+    from torchgpu_magic import caches
 
-    patch.setattr(accelerators, "_NO_OTHER", None)  # what the layer remembered of the torch before
+    caches.reset_caches()  # what the package remembered of the torch before
 
 
 def fresh_caches(patch: Any, module: Any, names: tuple) -> None:

@@ -54,32 +54,38 @@ def install_for_run(config: Any) -> Any:
 
 
 def for_test(request: Any, monkeypatch: Any, name: str) -> Any:
-    """Machine ``name`` for one test: the run's (reset), else installed for this test alone; skips in a run
-    simulating another machine, or on a torch with a GPU backend of its own."""
+    """Machine ``name`` for one test (a generator: yields it, then tidies up): the run's (reset), else
+    installed for this test alone and what the package remembered of it forgotten afterwards; skips in a
+    run simulating another machine, or on a torch with a GPU backend of its own."""
+    from torchgpu_magic import caches
+
     running = getattr(request.config, "_simulated_machine", None)
     if running not in (None, name):
         pytest.skip(f"needs the simulated {name}; this run simulates {running}")
     if running == name:
         sim = request.config._simulated_device
         sim.reset()
-        return sim
+        yield sim
+        return
     module = module_of(name)
     why = module.usable()
     if why:
         pytest.skip(why)
-    return module.install(monkeypatch)
+    yield module.install(monkeypatch)
+    monkeypatch.undo()
+    caches.reset_caches()
 
 
 @pytest.fixture
 def simulated_mps(request: Any, monkeypatch: Any) -> Any:
     """The simulated M2 Max (tests/simulated_mps.py) for this test, in a fresh process's state."""
-    return for_test(request, monkeypatch, "mps")
+    yield from for_test(request, monkeypatch, "mps")
 
 
 @pytest.fixture
 def simulated_xpu(request: Any, monkeypatch: Any) -> Any:
     """The simulated Intel Max 1100 (tests/simulated_xpu.py) for this test, in a fresh process's state."""
-    return for_test(request, monkeypatch, "xpu")
+    yield from for_test(request, monkeypatch, "xpu")
 
 
 @pytest.fixture
@@ -88,9 +94,9 @@ def simulated_rocm(request: Any, monkeypatch: Any) -> Any:
     state; NVML and AMD SMI are reset around it."""
     from torchgpu_magic.gpus import amdsmi, nvml
 
-    sim = for_test(request, monkeypatch, "rocm")
-    nvml.reset()
-    amdsmi.reset()
-    yield sim
-    nvml.reset()
-    amdsmi.reset()
+    for sim in for_test(request, monkeypatch, "rocm"):
+        nvml.reset()
+        amdsmi.reset()
+        yield sim
+        nvml.reset()
+        amdsmi.reset()

@@ -184,9 +184,6 @@ def usable() -> Optional[str]:
 def install(patch: Any) -> SimulatedMPS:
     """Wire a fresh :class:`SimulatedMPS` into torch and ``PATH`` with ``patch`` (a ``pytest.MonkeyPatch``,
     whose ``undo()`` takes it all out again). Call only where :func:`usable` says None."""
-    from torchgpu_magic import accelerators
-    from torchgpu_magic.timing import engine
-
     sim = SimulatedMPS()
     functions = {
         "_mps_is_available": lambda: True,
@@ -216,8 +213,6 @@ def install(patch: Any) -> SimulatedMPS:
         "is_available", "is_macos_or_newer", "is_macos13_or_newer", "get_name", "get_core_count"))
     simulated_accelerator.wire(patch, sim)
     patch.setenv("PATH", sim.write_sysctl() + os.pathsep + os.environ.get("PATH", ""))
-    patch.setattr(accelerators, "_CPU_ONLY", None)
-    patch.setattr(engine, "_FLOORS", {})
     _forget_apple_facts(patch)
     return sim
 

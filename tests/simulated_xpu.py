@@ -238,9 +238,6 @@ def usable() -> Optional[str]:
 def install(patch: Any) -> SimulatedXPU:
     """Wire a fresh :class:`SimulatedXPU` into torch with ``patch`` (a ``pytest.MonkeyPatch``, whose
     ``undo()`` takes it all out again). Call only where :func:`usable` says None."""
-    from torchgpu_magic import accelerators
-    from torchgpu_magic.timing import engine
-
     sim = SimulatedXPU()
     xpu = torch.xpu
     functions = {
@@ -274,6 +271,4 @@ def install(patch: Any) -> SimulatedXPU:
         patch.setattr(module, "Stream", stream_class(sim))
     simulated_accelerator.fresh_caches(patch, xpu, ("get_device_capability",))
     simulated_accelerator.wire(patch, sim)
-    patch.setattr(accelerators, "_CPU_ONLY", None)
-    patch.setattr(engine, "_FLOORS", {})
     return sim

@@ -73,6 +73,24 @@ def test_without_cuda_in_the_build_cuda_is_predicted_on_cpu_whatever_torch_cuda_
         assert "has no CUDA" in target.why and "standing in for" in target.how()
 
 
+def _cuda_build_without_a_gpu() -> bool:
+    import torch
+
+    return _has_cuda_build() and not torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda_build_without_a_gpu(),
+                    reason="needs a CUDA build of torch whose CUDA finds no GPU (make test-cudabuild)")
+def test_on_a_cuda_build_without_a_gpu_cuda_is_predicted_on_cpu_and_says_why():
+    """What `pip install torch` gives a Linux machine without a GPU: the build has CUDA, its runtime sees no
+    device, and fake cuda tensors would need one (torch makes a real one per fake device), so the stand-in
+    runs, for the reason that holds on this build (not 'this torch has no CUDA')."""
+    for spec in ("cuda", "cuda:0", "cuda:3"):
+        target = targets.resolve_target(spec)
+        assert (target.native, target.run_on, target.kind) == (False, "cpu", "cuda")
+        assert target.why == "torch's CUDA runtime sees no GPU here" and "standing in for" in target.how()
+
+
 def test_capacity_comes_from_the_device_torch_describes_and_is_unknown_for_one_it_does_not(monkeypatch):
     import torch
 

@@ -135,21 +135,21 @@ def test_no_import_circle_between_packages():
 
 # The floors of the house, from the top: a room imports only rooms on lower floors (lazy imports count).
 # check -> magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement
-#        -> {gpus, devices, host} -> {accelerators, render, errors, torchapi}
-# (accelerators.py, the one device layer, sits at the bottom: %gpuinfo's gpus/ and devices.py ask it too)
+#        -> {gpus, devices, host} -> {accelerators, render, errors, torchapi} -> caches
+# (accelerators.py, the one device layer, sits below gpus/ and devices.py, which ask it too)
 FLOORS = {
     "check": 8, "__main__": 7, "magics": 6, "cluster": 5,
     "gpumem": 4, "cudamem": 4, "explain": 4, "timing": 4,
     "holders": 3, "placement": 2,
     "gpus": 1, "devices": 1, "host": 1,
-    "accelerators": 0, "render": 0, "errors": 0, "torchapi": 0,
+    "accelerators": 0, "render": 0, "errors": 0, "torchapi": 0, "caches": -1,
 }
 
 
 def test_every_arrow_between_rooms_points_down_a_floor():
     """magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement -> {gpus, devices,
-    host} -> {accelerators, render, errors, torchapi}: a reader follows arrows down from the magics and never
-    comes back up, nor sideways (``%gpumem`` loads none of ``%%cudamem``'s code)."""
+    host} -> {accelerators, render, errors, torchapi} -> caches: a reader follows arrows down from the
+    magics and never comes back up, nor sideways (``%gpumem`` loads none of ``%%cudamem``'s code)."""
     rooms = {_package_of(m) for m in GRAPH if m != "torchgpu_magic"}
     assert rooms == set(FLOORS), f"rooms without a floor: {sorted(rooms - set(FLOORS))}"
     wrong = []
@@ -170,8 +170,8 @@ def test_each_magic_has_its_core_in_a_package_named_for_it():
     explained errors in ``explain/``; no core module stands loose at the top but the few every room
     shares."""
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "accelerators.py", "devices.py", "errors.py", "host.py",
-                     "render.py", "torchapi.py"], loose
+    assert loose == ["__init__.py", "__main__.py", "accelerators.py", "caches.py", "devices.py", "errors.py",
+                     "host.py", "render.py", "torchapi.py"], loose
     for room in ("gpus", "timing", "placement", "gpumem", "holders", "cudamem", "explain", "cluster",
                  "magics"):
         assert (PACKAGE / room / "__init__.py").exists(), room

@@ -561,13 +561,13 @@ def test_footer_watches_what_the_cells_code_and_the_notebooks_helpers_can_bind(t
     assert "hidden (cpu, float32 (3,))" in out  # bound by a way the code does not name: all watched
 
 
-def test_cell_names_are_read_from_code_only():
+def test_the_names_a_cell_binds_are_read_from_code_only():
     import types
 
     from torchgpu_magic import placement
 
     def names(source, ns=None):
-        return placement.cell_names([compile(source, "<cell>", "exec")], source, ns or {})
+        return placement.names_bound([compile(source, "<cell>", "exec")], source, ns or {})
 
     assert {"x", "y", "np"} <= names("import numpy as np\nx = 1\nfor y in range(2): pass")
     assert names("exec('z = 1')") is None and names("get_ipython().run_line_magic('time', '')") is None

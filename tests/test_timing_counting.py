@@ -6,6 +6,7 @@ FlopCounterMode cannot count named; precision per op; torch.compile'd code count
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import pytest
 import torch
@@ -208,7 +209,8 @@ def test_the_watch_and_the_counter_share_one_dispatch_base(monkeypatch):
     base = torchapi.dispatch_mode_base()
     assert issubclass(counting.OpCounter, base) and issubclass(observe._mode_class(), base)
     assert not counting.OpCounter._should_skip_dynamo() and not observe._mode_class()._should_skip_dynamo()
-    monkeypatch.setattr(torchapi, "_DISPATCH_BASE", [])
+    fresh = functools.cache(torchapi.dispatch_mode_base.__wrapped__)  # made anew, the session's kept
+    monkeypatch.setattr(torchapi, "dispatch_mode_base", fresh)
     monkeypatch.setattr(torchapi, "dynamo_skip", lambda: None)
     older = torchapi.dispatch_mode_base()
 

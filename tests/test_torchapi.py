@@ -42,6 +42,16 @@ def test_cuda_facts_answer_without_creating_a_context():
         assert isinstance(torchapi.has_primary_context(0), bool)
 
 
+def test_cublas_workspace_sizes_come_from_torch_or_nothing():
+    sizes = torchapi.cublas_workspace_sizes()
+    assert isinstance(sizes, frozenset) and all(isinstance(s, int) and s > 0 for s in sizes)
+    if not hasattr(torch._C, "_cuda_getCublasWorkspaceSize"):  # a CPU build has no getter
+        assert sizes == frozenset()
+    elif torch.cuda.is_available():
+        torch.cuda.init()
+        assert torch._C._cuda_getCublasWorkspaceSize() in torchapi.cublas_workspace_sizes()
+
+
 def test_function_mode_depth_counts_a_device_block():
     depth = torchapi.function_mode_depth()
     with torch.device("meta"):

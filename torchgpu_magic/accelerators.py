@@ -28,8 +28,10 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-_CPU_ONLY: Any = None  # a torch seen to be built without CUDA or ROCm: its answer never changes
-_NO_OTHER: Any = None  # a torch seen to have no accelerator besides CUDA / ROCm: nor will it have one
+from .caches import table
+
+_CPU_ONLY = table()  # {torch module: True} for a torch seen to be built without CUDA or ROCm
+_NO_OTHER = table()  # {torch module: True} for one seen to have no accelerator besides CUDA / ROCm
 
 NAMES = {"cuda": "CUDA", "rocm": "ROCm", "mps": "MPS", "xpu": "XPU"}
 """How a person names each backend (:func:`backend_label`)."""
@@ -86,11 +88,10 @@ def cuda_state() -> str:
     """How much torch can tell about CUDA (or ROCm) without side effects: "not imported", "no CUDA", "not
     initialised" or "initialised". Asked around every cell, so cheap: ``is_initialized`` first, and a
     CPU-only build's answer remembered (``is_available`` there costs tens of microseconds)."""
-    global _CPU_ONLY
     torch = _torch()
     if torch is None:
         return "not imported"
-    if torch is _CPU_ONLY:
+    if torch in _CPU_ONLY:
         return "no CUDA"
     try:
         if torch.cuda.is_initialized():
@@ -99,7 +100,7 @@ def cuda_state() -> str:
             return "not initialised"
         version = torch.version
         if getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None:
-            _CPU_ONLY = torch
+            _CPU_ONLY[torch] = True
         return "no CUDA"
     except Exception:  # noqa: BLE001 - a half-imported or broken torch: say so, never raise
         return "no CUDA"
@@ -153,17 +154,16 @@ def initialised_kinds() -> list:
     """The accelerators initialised in this process: this torch's, and mps / xpu where usable besides.
     Asked around every cell, so a torch seen to have no accelerator but CUDA (none of MPS, XPU or a
     PrivateUse1 backend, which a process never gains) is remembered and asked about CUDA alone."""
-    global _NO_OTHER
     torch = _torch()
     if torch is None:
         return []
     kinds = ["cuda"] if cuda_state() == "initialised" else []
-    if torch is _NO_OTHER:
+    if torch in _NO_OTHER:
         return kinds
     others = [kind for kind in _known_kinds() if kind != "cuda"]
     found = [kind for kind in others if state(kind) == "initialised"]
     if not found and current_kind() in (None, "cuda") and not any(device_count(k) for k in others):
-        _NO_OTHER = torch
+        _NO_OTHER[torch] = True
     return kinds + found
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import accelerators
+from .caches import cache
 from .errors import MagicInputError
 from .torchapi import cuda_device_counter, function_mode_depth
 
@@ -283,9 +284,6 @@ def _module(kind: str) -> Any:
     return getattr(torch, kind)
 
 
-_CUDA_COUNT: dict = {}  # (is_available, device_count, CUDA_VISIBLE_DEVICES): the count they gave
-
-
 def _cuda_count() -> int:
     """How many CUDA devices torch sees, remembered: ``%%ontorch`` and ``%%cudatime`` ask before every
     cell, and before CUDA is initialised ``torch.cuda.is_available()`` asks NVML each time. Asked again
@@ -294,13 +292,14 @@ def _cuda_count() -> int:
     stand-in for a GPU)."""
     import torch
 
-    key = (torch.cuda.is_available, torch.cuda.device_count, cuda_device_counter(),
-           os.environ.get("CUDA_VISIBLE_DEVICES"))
-    count = _CUDA_COUNT.get(key)
-    if count is None:
-        _CUDA_COUNT.clear()
-        count = _CUDA_COUNT[key] = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return count
+    return _count_of(torch.cuda.is_available, torch.cuda.device_count, cuda_device_counter(),
+                     os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@cache(maxsize=1)
+def _count_of(is_available: Any, device_count: Any, counter: Any, visible: Optional[str]) -> int:
+    """The count those functions give under that ``CUDA_VISIBLE_DEVICES`` (the latest one kept)."""
+    return device_count() if is_available() else 0
 
 
 def _xpu_count() -> int:

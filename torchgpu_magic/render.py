@@ -1,4 +1,9 @@
-"""Formatting helpers shared by every report: bytes, durations, and tables as text and HTML.
+"""One report model, and the formatting every report shares: bytes, durations, counts.
+
+A report is data plus one :class:`Report` built from it: a title, then parts (:class:`Lines`,
+:class:`Fields`, :class:`Table`, a picture: anything with ``to_text()`` and ``to_html()``, or a nested
+:class:`Report` as a section). The terminal text, IPython's ``_repr_pretty_`` and the notebook's HTML are
+all rendered from that one model (:class:`Reportable`), so they carry the same lines and cannot drift.
 
 Standard library only, so every module (and the terminal entry point) can use it without importing
 torch or IPython.
@@ -9,7 +14,7 @@ import html
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -141,17 +146,6 @@ def fmt_value(value: Any, unit: str = "") -> str:
     return f"{value} {unit}".rstrip() if unit else str(value)
 
 
-class LinesReport:
-    """A report whose text is its ``lines()``, one per line: terminal IPython (``_repr_pretty_``) and
-    ``to_text()`` print exactly those, so every such report reads the same in a terminal."""
-
-    def to_text(self) -> str:
-        return "\n".join(self.lines())  # type: ignore[attr-defined]  # each report defines its lines
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
-
 @dataclass
 class Table:
     """A plain table rendered as aligned text (terminals) or an HTML table (notebooks).
@@ -219,3 +213,108 @@ def html_pre(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> st
 def html_lines(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> str:
     """Escape each line and join them as a block of HTML paragraphs."""
     return "".join(f'<div class="{css_class}">{html.escape(line)}</div>' for line in lines)
+
+
+class Part(Protocol):
+    """What a :class:`Report` is made of: its text (lines, no indentation of its own) and its HTML.
+    :class:`Lines`, :class:`Fields`, :class:`Table` and :class:`Report` are parts; so is a picture (a
+    chart drawn as text for terminals and as markup for notebooks)."""
+
+    def to_text(self) -> str: ...
+
+    def to_html(self) -> str: ...
+
+
+@dataclass
+class Lines:
+    """Lines of text: one HTML block each, or, with ``pre``, one preformatted block (for lines whose
+    columns are aligned with spaces)."""
+
+    lines: Sequence[str]
+    pre: bool = False
+
+    def to_text(self) -> str:
+        return "\n".join(self.lines)
+
+    def to_html(self) -> str:
+        if not self.lines:
+            return ""
+        return html_pre(self.lines) if self.pre else html_lines(self.lines)
+
+
+@dataclass
+class Fields:
+    """Labelled figures: ``label: value`` lines in text, a two-column table in HTML."""
+
+    pairs: Sequence[tuple]
+
+    def to_text(self) -> str:
+        return "\n".join(f"{label}: {value}" for label, value in self.pairs)
+
+    def to_html(self) -> str:
+        rows = "".join(f'<tr><th style="text-align:left">{html.escape(label)}:</th>'
+                       f'<td style="text-align:left">{html.escape(str(value))}</td></tr>'
+                       for label, value in self.pairs)
+        return f'<table class="torchgpu-magic"><tbody>{rows}</tbody></table>' if rows else ""
+
+
+@dataclass
+class Report:
+    """A title and its parts. In text the parts follow the title indented by ``indent``, separated by a
+    blank line when ``gap`` (the title too); in HTML the title is bold and the parts follow in order.
+    Empty parts show nothing, and None stands for a part a report leaves out. A report is itself a part:
+    a titled section inside another."""
+
+    parts: Sequence[Optional[Part]]
+    title: str = ""
+    indent: str = ""
+    gap: bool = False
+
+    def to_text(self) -> str:
+        texts = [text for text in (part.to_text() for part in self.parts if part is not None) if text]
+        body = ("\n\n" if self.gap else "\n").join(texts)
+        lines = [self.indent + line if line else "" for line in body.split("\n")] if texts else []
+        if self.title:
+            lines = [self.title] + ([""] if self.gap and lines else []) + lines
+        return "\n".join(lines)
+
+    def to_html(self) -> str:
+        body = "".join(part.to_html() for part in self.parts if part is not None)
+        if not self.title:
+            return body
+        return f'<div class="torchgpu-magic"><div><b>{html.escape(self.title)}</b></div>{body}</div>'
+
+
+class Reportable:
+    """Data that shows itself through its one :meth:`report`: ``to_text()`` (and ``str()``) for code and
+    terminals, ``_repr_pretty_`` for IPython, ``_repr_html_`` for notebooks. A dataclass subclass needs
+    ``repr=False`` (IPython prefers a generated ``__repr__`` to an inherited ``_repr_pretty_``); a class
+    with a ``__repr__`` of its own gets ``_repr_pretty_`` beside it, for the same reason."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__repr__" in cls.__dict__ and "_repr_pretty_" not in cls.__dict__:
+            cls._repr_pretty_ = Reportable._repr_pretty_  # type: ignore[method-assign]
+
+    def report(self) -> Report:
+        """The report model of this object (each report class builds its own)."""
+        raise NotImplementedError(f"{type(self).__name__} builds no report")
+
+    def to_text(self) -> str:
+        return self.report().to_text()
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(f"{type(self).__name__}(...)" if cycle else self.to_text())
+
+    def _repr_html_(self) -> str:
+        return self.report().to_html()
+
+
+class LinesReport(Reportable):
+    """A report that is its ``lines()``, one per line."""
+
+    def report(self) -> Report:
+        return Report([Lines(self.lines())])  # type: ignore[attr-defined]  # each report defines its lines

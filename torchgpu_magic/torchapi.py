@@ -12,6 +12,7 @@ torch is imported lazily, inside each function: importing this module costs noth
 """
 from __future__ import annotations
 
+import functools
 import operator
 import sys
 import types
@@ -22,8 +23,6 @@ from typing import Any, Callable, Optional
 STORAGE_ID: Callable[[Any], int] = operator.attrgetter("_cdata")
 
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"  # the logger torch's fake tensors warn through
-
-_DISPATCH_BASE: list = []  # the dispatch-mode base class, made once on first use
 
 
 def storage_id(storage: Any) -> int:
@@ -36,6 +35,25 @@ def has_primary_context(index: int) -> bool:
     import torch
 
     return bool(torch._C._cuda_hasPrimaryContext(index))
+
+
+def cublas_workspace_sizes() -> frozenset:
+    """The sizes torch gives the cuBLAS and cuBLASLt workspaces it allocates through its caching
+    allocator (``CUBLAS_WORKSPACE_CONFIG``'s, else the GPU generation's default), read from torch itself;
+    empty where this torch cannot say (a CPU build, a torch without the getters). Call only once CUDA is
+    initialised: torch reads the current GPU's properties."""
+    import torch
+
+    sizes = set()
+    for name in ("_cuda_getCublasWorkspaceSize", "_cuda_getCublasLtWorkspaceSize"):
+        getter = getattr(torch._C, name, None)
+        if getter is None:
+            continue
+        try:
+            sizes.add(int(getter()))
+        except (RuntimeError, TypeError, ValueError):
+            continue
+    return frozenset(size for size in sizes if size > 0)
 
 
 def gpu_spin(cycles: int) -> None:
@@ -175,6 +193,7 @@ def dynamo_skip() -> Optional[Callable[[types.CodeType], Any]]:
     return lambda code: set_code_exec_strategy(code, strategy)
 
 
+@functools.cache
 def dispatch_mode_base() -> type:
     """The ``TorchDispatchMode`` base class of every dispatch mode in this package (made once).
 
@@ -183,31 +202,29 @@ def dispatch_mode_base() -> type:
     ``%%cudatime`` would pay. This base marks its subclasses' own code as never compiled through torch's
     C layer instead (:func:`dynamo_skip`); on a torch without that layer torch's wrapper is kept, unless
     the subclass says its runs never compile (``never_compiles``)."""
-    if not _DISPATCH_BASE:
-        from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-        skip = dynamo_skip()
+    skip = dynamo_skip()
 
-        class QuietMode(TorchDispatchMode):
-            """A dispatch mode whose own code ``torch.compile`` never traces, without importing
-            ``torch._dynamo`` to say so."""
+    class QuietMode(TorchDispatchMode):
+        """A dispatch mode whose own code ``torch.compile`` never traces, without importing
+        ``torch._dynamo`` to say so."""
 
-            never_compiles = False
+        never_compiles = False
 
-            @classmethod
-            def _should_skip_dynamo(cls) -> bool:
-                # asked by TorchDispatchMode.__init_subclass__: True wraps __torch_dispatch__ in
-                # torch._disable_dynamo (and imports torch._dynamo at the first op)
-                return skip is None and not cls.never_compiles
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # asked by TorchDispatchMode.__init_subclass__: True wraps __torch_dispatch__ in
+            # torch._disable_dynamo (and imports torch._dynamo at the first op)
+            return skip is None and not cls.never_compiles
 
-            def __init_subclass__(cls, **kwargs: Any) -> None:
-                super().__init_subclass__(**kwargs)
-                if skip is not None:
-                    for value in vars(cls).values():
-                        if isinstance(value, (classmethod, staticmethod)):
-                            value = value.__func__
-                        if isinstance(value, types.FunctionType):
-                            skip(value.__code__)
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            if skip is not None:
+                for value in vars(cls).values():
+                    if isinstance(value, (classmethod, staticmethod)):
+                        value = value.__func__
+                    if isinstance(value, types.FunctionType):
+                        skip(value.__code__)
 
-        _DISPATCH_BASE.append(QuietMode)
-    return _DISPATCH_BASE[0]
+    return QuietMode

@@ -21,6 +21,7 @@ import sys
 import threading
 from typing import Any, Optional
 
+from ..caches import table
 from ..devices import LOCAL_RANK_VARS, ORDER_VAR
 
 
@@ -319,8 +320,8 @@ def _cells(out: dict, token: str, seq: int) -> None:
         _PANEL["seq"] = seq
 
 
-_UUIDS: dict = {}  # torch index -> UUID (a device's never changes in a process)
-_IDENTITY: dict = {}  # NVML index -> (UUID, name)
+_UUIDS = table()  # torch index -> UUID (a device's never changes in a process)
+_IDENTITY = table()  # NVML index -> (UUID, name)
 
 
 def _torch_devices() -> list:

@@ -23,12 +23,12 @@ from .. import accelerators
 from ..errors import MagicInputError
 from ..torchapi import FAKE_TENSOR_LOGGER, fake_tensor_class, fake_tensor_mode_class
 from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger
-from .fakenamespace import cell_names, fake_namespace, mark_target
+from .fakenamespace import fake_namespace, mark_target, names_read
 from .report import CellMemory, FitResult
 from .run import find_objects, report, run_tracked, version_note
 from .targetdevice import Target, cublas_workspaces, cuda_context, describe_arch, device_facts, host_capacity
 
-__all__ = ["PredictionError", "cell_names", "predict", "fit", "FIT_DOUBLINGS"]
+__all__ = ["PredictionError", "names_read", "predict", "fit", "FIT_DOUBLINGS"]
 
 FIT_DOUBLINGS = 20
 """How many times ``--fit`` doubles the batch before it stops looking further (2**20 times the current)."""
@@ -105,6 +105,11 @@ def _why(exc: BaseException, kind: str) -> str:
                 "outside this notebook, or a class's method, reads from its globals; pass it in by name)")
     if "not compiled with CUDA" in text or "Torch not compiled" in text:
         return "it calls a torch.cuda function, which needs CUDA, and this torch has none"
+    if "Found no NVIDIA driver" in text or "No CUDA GPUs are available" in text:
+        # a CUDA build of torch where CUDA finds no driver, or no GPU: its own words send a person to
+        # install a driver, right only where there is a GPU; %gpuinfo says which it is here
+        return ("it calls a torch.cuda function, which needs a GPU, and torch's CUDA finds none here "
+                "(%gpuinfo says why)")
     if isinstance(exc, (AssertionError, RuntimeError)) and kind == "cuda" and "CUDA" in text:
         return f"it needs CUDA itself ({name}: {text})"
     return f"{name}: {text}"
@@ -194,7 +199,7 @@ def predict(code: Any, filename: str, ns: Mapping[str, Any], names: list, target
             capacity: Optional[int] = None, cc: Optional[tuple] = None, top: int = 8,
             resize: Optional[dict] = None) -> CellMemory:
     """The prediction of one run of ``code`` (compiled with ``filename``) for ``target``: ``names`` (from
-    :func:`cell_names`) are copied from ``ns`` as fakes; ``capacity`` (bytes) overrides the device's
+    :func:`names_read`) are copied from ``ns`` as fakes; ``capacity`` (bytes) overrides the device's
     own; ``cc`` names the GPU generation (else the device's, when there is one)."""
     start = time.perf_counter()
     own_capacity, source, own_cc = device_facts(target)

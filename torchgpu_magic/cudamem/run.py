@@ -13,6 +13,7 @@ to let a cell call its model more than once (MemTracker refuses a second forward
 from __future__ import annotations
 
 import copy
+import functools
 import time
 import warnings
 from typing import Any, Callable, Iterable, Optional
@@ -31,7 +32,6 @@ _NEEDED = ("_update_snap", "_pre_fw_hook", "_update_peak_stats", "_mod_tracker",
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "addmv", "mv", "dot",
                       "vdot", "addr", "_scaled_mm", "_int_mm"})
 _WALK_DEPTH = 3
-_CLASS: list = []
 
 
 class TrackerUnavailable(MagicInputError):
@@ -57,10 +57,9 @@ def version_note() -> Optional[str]:
             f"MemTracker is private to torch and may attribute differently")
 
 
+@functools.cache
 def tracker_class() -> type:
     """Our ``MemTracker`` subclass, built on first use; :class:`TrackerUnavailable` where torch has none."""
-    if _CLASS:
-        return _CLASS[0]
     import torch
 
     try:
@@ -75,8 +74,7 @@ def tracker_class() -> type:
     if missing:
         raise TrackerUnavailable(f"torch {torch.__version__}'s MemTracker lacks {', '.join(missing)}: its "
                                  f"private interface changed; %%cudamem is tested with torch 2.11 to 2.13")
-    _CLASS.append(_define(MemTracker))
-    return _CLASS[0]
+    return _define(MemTracker)
 
 
 def _define(base: type) -> type:

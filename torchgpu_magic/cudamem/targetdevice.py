@@ -203,15 +203,25 @@ def device_facts(target: Target) -> tuple:
 
 
 def host_capacity() -> tuple:
-    """``(total bytes, source)`` of this machine's memory, for a cpu target (psutil): the counterpart of
-    a GPU's ``total_memory``. Not what is free now, which leaves out the tensors the cell's objects
-    already hold and so would count them twice."""
+    """``(bytes, source)`` of the memory this process may hold, for a cpu target: the machine's RAM
+    (psutil), or less where a limit says so (a container's cgroup ``memory.max``, ``ulimit -v``; see
+    :func:`torchgpu_magic.host.memory_limits`): the counterpart of a GPU's ``total_memory``. Not what is
+    free now, which leaves out the tensors the cell's objects already hold and so would count them
+    twice."""
+    from ..host import memory_limits
+
     try:
         import psutil
 
-        return int(psutil.virtual_memory().total), "total RAM (psutil)"
+        total = int(psutil.virtual_memory().total)
     except Exception:  # noqa: BLE001 - no psutil: no capacity, said in the report
         return None, None
+    limits = [limit for limit in memory_limits() if limit.limit < total]
+    if limits:
+        least = min(limits, key=lambda limit: limit.limit)
+        source = least.name + (f", {least.where}" if least.where else "")
+        return least.limit, f"{source}; the machine has {total / GIB:.1f} GiB of RAM"
+    return total, "total RAM (psutil)"
 
 
 def cublas_workspaces(cc: Optional[tuple]) -> list:

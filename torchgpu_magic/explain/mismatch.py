@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from ..caches import cache
 from ..placement import device_str, devices_of, dtype_str, kind_of, shape_str
 from ..placement.walk import static_attr
-from ..render import LinesReport, html_pre
+from ..render import Lines, Report, Reportable
 from .failing import cell_frames, source_line
 
 _D = r"([a-z]+(?::\d+)?)"  # a device as torch prints it: cpu, cuda:0, mps:0, meta, xla:0
@@ -103,7 +104,6 @@ _MISMATCH = [
     (r"must have the same device\b|expects all tensors to have the same device|must be on the same device "
      r"as the input tensor|Tensors of the same index must be on the same device", False),
 ]
-_COMPILED: list = []
 _KNOWN = {"cpu", "cuda", "mps", "meta", "xpu", "xla", "hip", "hpu", "mtia", "ipu", "lazy", "privateuseone"}
 _WORDS = {"CPU": "cpu", "GPU": "cuda", "CUDA": "cuda", "MPS": "mps", "XPU": "xpu", "Meta": "meta"}
 
@@ -129,6 +129,14 @@ def _device_of_token(token: str) -> Optional[str]:
     return None
 
 
+@cache
+def _patterns() -> list:
+    """:data:`_MISMATCH` compiled (on the first error, not at import)."""
+    import re
+
+    return [(re.compile(p), pair) for p, pair in _MISMATCH]
+
+
 def mismatch_devices(exc: BaseException) -> Optional[tuple]:
     """The devices a device-mismatch error names, each once in the order named (``()`` when it names
     none), or None when ``exc`` is not one. Recognises torch's wordings from v0.3 to today (a
@@ -139,10 +147,8 @@ def mismatch_devices(exc: BaseException) -> Optional[tuple]:
 
     if not isinstance(exc, (RuntimeError, ValueError)):
         return None
-    if not _COMPILED:
-        _COMPILED.extend((re.compile(p), pair) for p, pair in _MISMATCH)
     text = str(exc)
-    for pattern, pair in _COMPILED:
+    for pattern, pair in _patterns():
         found = pattern.search(text)
         if found is None:
             continue
@@ -178,7 +184,7 @@ class Culprit:
 
 
 @dataclass(repr=False)
-class Diagnosis(LinesReport):
+class Diagnosis(Reportable):
     """What a device-mismatch error involved: the names on the user's failing line (and, when it
     raised inside a function or ``forward`` defined in a cell, on the line that raised there) and in
     the cell, their devices, and the lines that fix it on the user's line. Strings only."""
@@ -216,9 +222,9 @@ class Diagnosis(LinesReport):
             out.append("Fix: " + fix)
         return out
 
-    def _repr_html_(self) -> str:
-        """The lines in one preformatted block: the culprits' columns keep their alignment."""
-        return html_pre(self.lines())
+    def report(self) -> Report:
+        """The lines, preformatted in HTML: the culprits' columns keep their alignment."""
+        return Report([Lines(self.lines(), pre=True)])
 
     def to_dict(self) -> dict:
         return {"devices": list(self.devices), "line": self.line, "lineno": self.lineno,

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Any, Mapping, Optional, Sequence
 
-from .inventory import Diagnosis
+from .causes import Diagnosis
 
 MPS_MACOS = (12, 3)  # the first macOS with the MPS backend (torch's "MPS backend" notes)
 ROCM_WHEELS = "pip install torch --index-url https://download.pytorch.org/whl/rocm6.4"

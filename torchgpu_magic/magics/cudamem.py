@@ -65,7 +65,7 @@ class CUDAMemMagics(MagicsPart):
         run.tracker_class()  # a torch without MemTracker: one line, before anything runs
         code, tree, filename = self._compile(cell)
         ns = self.shell.user_ns
-        names = prediction.cell_names(tree, ns)
+        names = prediction.names_read(tree, ns)
         if predicting and "get_ipython" in {n.id for n in _names(tree)}:
             raise UsageError("%cudamem: --predict does not run IPython magics or shell commands inside the "
                              "cell (they would act on your real namespace); leave them out of it")

@@ -212,6 +212,10 @@ class Tracebacks:
         from .shell import ipython_tracebacks
 
         error = getattr(result, "error_in_exec", None)
+        if error is not None:  # its frames outlive the cell in a cycle through the result: remember it
+            from ..holders.failed import note_failed
+
+            note_failed(result)
         explained = error is not None and self.explained == id(error)
         self.explained = None  # one cell's: an id is free for reuse once that error goes
         if not isinstance(error, (RuntimeError, ValueError, MemoryError)) or explained:

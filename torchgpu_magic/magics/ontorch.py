@@ -278,7 +278,8 @@ class OnTorchMagics(MagicsPart):
         if not quiet:  # footer: what the cell binds anew, and the insides of models and containers
             if self._footer_caches is None:  # one each: alternating mappings would make one start over
                 self._footer_caches = (placement.SnapshotCache(), placement.SnapshotCache())
-            watch = placement.cell_names([code for code in compiled[:2] if code is not None], compiled[2], ns)
+            codes = [code for code in compiled[:2] if code is not None]
+            watch = placement.names_bound(codes, compiled[2], ns)
             if watch is not None:
                 watch.update(name for name, _ in targets)
             keys, ids, held = self._watched(ns, watch)
@@ -310,7 +311,7 @@ class OnTorchMagics(MagicsPart):
     def _watched(self, ns: dict, watch: Optional[set]) -> tuple:
         """What the footer notes before the cell: (names, their objects' ids, the held ones by name).
 
-        ``watch`` (from :func:`~torchgpu_magic.placement.cell_names`) is the names the cell can bind or
+        ``watch`` (from :func:`~torchgpu_magic.placement.names_bound`) is the names the cell can bind or
         change; None means any, and then the whole namespace is read, in one pass. After a busy cell the
         namespace's objects are out of the CPU's caches, and touching one costs more than the Python
         work on it (about 0.2 us a name, measured), which is why the few names a cell mentions are read

@@ -78,8 +78,11 @@ def ipython_tracebacks(shell: Any) -> list:
 def release_traceback(shell: Any) -> list:
     """Let go of the last error's traceback wherever Python and IPython keep it (``sys.last_exc``,
     ``sys.last_value``, ``sys.last_traceback``, ``sys.last_type``, ``InteractiveTB.tb``, the last cell's
-    result, as IPython's own ``del_var`` does); the names of what was let go."""
+    result, as IPython's own ``del_var`` does), and of earlier failed cells' errors, which their results
+    keep in a reference cycle (:mod:`torchgpu_magic.holders.failed`); the names of what was let go."""
     import sys
+
+    from ..holders.failed import release_earlier
 
     released = []
     for name in ("last_exc", "last_value", "last_traceback", "last_type"):
@@ -93,7 +96,7 @@ def release_traceback(shell: Any) -> list:
     if getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None) is not None:
         shell.last_execution_result = None
         released.append("last_execution_result")
-    return released
+    return released + release_earlier()
 
 
 def release_outputs(shell: Any) -> list:

@@ -11,11 +11,12 @@ at most 1 s). ``gc`` is disabled while sampling. Nothing here imports IPython; t
 from __future__ import annotations
 
 import contextlib
-import gc
 import time
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 from .. import accelerators
+from ..caches import table
+from ..host import gc_paused
 from ..torchapi import has_primary_context
 from .cells import CompiledCell, compile_cell, silenced
 from .clocks import Clock, MemoryProbe, Mode, Sample, check_device, clock_for
@@ -42,17 +43,6 @@ KERNEL_MAX_LOOPS = 1000
 
 
 # ---- the measuring loop ---------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _gc_disabled() -> Iterator[None]:
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode] = None,
             silence: Callable[[], ContextManager[Any]] = silenced, show_first: bool = True,
             first: Optional[Sample] = None) -> Run:
@@ -64,7 +54,7 @@ def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode
     mode = mode or Mode()
     kind = clock.kind
     t_start = clock.now()
-    with _gc_disabled():
+    with gc_paused():
         if first is None:
             with contextlib.nullcontext() if show_first else silence():
                 first = clock.measure(cell, 1, mode)
@@ -151,7 +141,7 @@ def _warm_up(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, loops:
 
 
 # ---- the empty-cell floor -------------------------------------------------------------------------------
-_FLOORS: dict = {}
+_FLOORS = table()  # (device, cold): the empty cell's time per loop
 
 
 def empty_cell_floor(device: Any, cold: bool = False, clock: Optional[Clock] = None) -> float:
@@ -300,7 +290,7 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
         kernels = profile_kernels(cell, device, run.loops, silence) if opts.kernels else None
         result = result_from(run, clock, device, memory, floor, opts, torch.get_num_threads(),
                              torch.__version__, device_name(device), kernels,
-                             touched.working_set(device) if touched else None)
+                             touched.working_set(device) if touched else None, (cell.stmt, cell.setup))
         if opts.roofline:  # FLOPs and bytes, counted in one more run (untimed, after the samples)
             from . import roofline
 

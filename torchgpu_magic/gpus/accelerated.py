@@ -2,11 +2,12 @@
 ``cuda`` over HIP, with AMD SMI's figures), an Intel GPU (XPU), an out-of-tree PrivateUse1 backend.
 
 :func:`gpu_report` picks the report: this one where torch's accelerator is one of those, on a Mac, or on
-a machine whose GPUs AMD SMI sees and NVML does not (a CUDA or CPU build of torch there gets the reason
-it cannot use them); :mod:`.inventory`'s NVIDIA report everywhere else. Torch is asked through the
-device layer (:mod:`torchgpu_magic.accelerators`); ROCm's GPUs are named from AMD SMI before torch's
-HIP runtime is initialised, as NVIDIA's are from NVML (asking torch would initialise it); an XPU is
-named by torch, which initialises XPU. What cannot be read is N/A and a note, never a traceback.
+a machine whose GPUs are AMD's, on the PCI bus or in AMD SMI's list, and none NVIDIA's (a CUDA or CPU build
+of torch there gets the reason it cannot use them); :mod:`.inventory`'s NVIDIA report everywhere else.
+Torch is asked through the device layer (:mod:`torchgpu_magic.accelerators`); ROCm's GPUs are named
+from AMD SMI before torch's HIP runtime is initialised, as NVIDIA's are from NVML (asking torch would
+initialise it); an XPU is named by torch, which initialises XPU. What cannot be read is N/A and a note,
+never a traceback.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .. import accelerators
 from ..errors import MagicInputError
 from ..render import Table, fmt_bytes, fmt_value, html_lines, is_na
 from ..torchapi import backend_linked
-from . import amdsmi, apple, backendcauses, nvml
+from . import amdsmi, apple, backendcauses, machine, nvml
 from .snapshots import NA
 
 __all__ = ["DeviceRow", "AcceleratorReport", "applies", "build_report", "gpu_report"]
@@ -85,8 +86,8 @@ class AcceleratorReport:
         use = (f"torch can use {count} GPU{'s' * (count != 1)} ({self.backend})" if self.torch_can_use_gpu
                else "torch cannot use a GPU")
         named = sorted({str(d.name) for d in self.devices if not is_na(d.name)})
-        machine = "; ".join(f"{k} {v}" for k, v in self.machine[:2]) or ", ".join(named) or "no GPU found"
-        return f"{use} | torch {self.torch_version} ({self.build}) | {machine}"
+        here = "; ".join(f"{k} {v}" for k, v in self.machine[:2]) or ", ".join(named) or "no GPU found"
+        return f"{use} | torch {self.torch_version} ({self.build}) | {here}"
 
     def _tables(self) -> list:
         gpus = Table(["device", "name", "arch", "units", "capacity", "torch alloc / reserved / peak",
@@ -159,17 +160,24 @@ def _plain(obj: Any) -> Any:
 
 
 # ---- which report ------------------------------------------------------------------------------------
-def _nvidia_gpus() -> int:
-    return 0 if nvml.status() is not None else nvml.device_count()
+def _nvidia_gpus(bus: Any = None) -> int:
+    """How many NVIDIA GPUs are here: NVML's count, else the PCI bus's (a GPU without its driver)."""
+    if nvml.status() is None and nvml.device_count():
+        return nvml.device_count()
+    return len((bus or machine.survey()).nvidia_gpus or ())
 
 
 def applies() -> bool:
     """Whether this report, rather than the NVIDIA one, describes this machine: torch's accelerator is MPS,
-    XPU or a PrivateUse1 backend, torch is a ROCm build, this is a Mac, or AMD SMI sees GPUs NVML does not."""
+    XPU or a PrivateUse1 backend, torch is a ROCm build, this is a Mac, or its GPUs are AMD's (on the PCI
+    bus, or listed by AMD SMI) and none is NVIDIA's."""
     kind = accelerators.current_kind()
     if kind not in (None, "cuda") or accelerators.is_rocm() or sys.platform == "darwin":
         return True
-    return _nvidia_gpus() == 0 and amdsmi.status() is None and bool(amdsmi.gpus())
+    bus = machine.survey()
+    if _nvidia_gpus(bus):
+        return False
+    return bool(bus.amd_gpus) or (amdsmi.status() is None and bool(amdsmi.gpus()))
 
 
 def gpu_report(index: Optional[int] = None, show_processes: bool = True) -> Any:
@@ -217,11 +225,11 @@ def _mac(version: str, usable: bool) -> AcceleratorReport:
 
     mps = torch.backends.mps
     mac = apple.mac_facts(torch_has_mps=mps.is_built())
-    machine = []
+    rows = []
     if mac is not None:
-        machine = [("chip", mac.chip or NA), ("unified memory", fmt_bytes(mac.memory)),
-                   ("macOS", mac.macos or NA), ("Rosetta (x86_64 on Apple silicon)", "yes" if mac.translated
-                                                 else "no")]
+        rows = [("chip", mac.chip or NA), ("unified memory", fmt_bytes(mac.memory)),
+                ("macOS", mac.macos or NA),
+                ("Rosetta (x86_64 on Apple silicon)", "yes" if mac.translated else "no")]
     devices, notes = [], []
     if usable:
         facts = accelerators.facts("mps")
@@ -237,7 +245,7 @@ def _mac(version: str, usable: bool) -> AcceleratorReport:
         notes.append("torch keeps no peak on MPS before its accelerator API covers it; %gpumem tracks one by "
                      "sampling")
     causes = backendcauses.mac_causes(version, mps.is_built(), usable, mac)
-    return AcceleratorReport("MPS", version, "MPS build" if mps.is_built() else "no MPS", machine, devices,
+    return AcceleratorReport("MPS", version, "MPS build" if mps.is_built() else "no MPS", rows, devices,
                              causes, _env("MPS"), notes)
 
 
@@ -247,23 +255,32 @@ def _amd(version: str, torch: Any) -> AcceleratorReport:
 
     problem = amdsmi.status()
     amd = amdsmi.gpus()
+    bus = machine.survey()
+    pci = bus.amd_gpus or ()
     hip = getattr(torch.version, "hip", None)
     available = bool(hip) and accelerators.device_count("cuda") > 0
     view = TorchView(version=version, cuda=torch.version.cuda, hip=hip, is_available=available)
-    machine = [("AMD GPUs (AMD SMI)", f"{len(amd)}" + (f", driver {amd[0].driver}" if amd else ""))]
+    rows = [("AMD GPUs (AMD SMI)", f"{len(amd)}" + (f", driver {amd[0].driver}" if amd else ""))]
+    if pci:
+        rows.append(("AMD GPUs (PCI bus)",
+                     ", ".join(f"{g.label()} ({g.driver or 'no driver'})" for g in pci)))
     notes = [f"AMD SMI: {problem}. {amdsmi.INSTALL}: without it, torch's view alone"] if problem else []
     devices = _rocm_devices(amd) if available else []
     mapped = set(accelerators.hip_visible(len(amd))[:len(devices)])
     devices += [_amd_row(None, gpu) for i, gpu in enumerate(amd) if i not in mapped]  # GPUs torch cannot see
+    if not amd and not devices:  # AMD SMI cannot say: the PCI bus names them
+        devices = [DeviceRow(None, g.label()) for g in pci]
     if available and accelerators.cuda_state() != "initialised" and amd:
         notes.append("HIP is not initialised in this process: torch's GPUs are named from AMD SMI in "
                      "HIP_VISIBLE_DEVICES order, and torch holds no GPU memory yet (asking torch would "
                      "initialise HIP)")
-    causes = backendcauses.rocm_causes(view, amd, problem, _nvidia_gpus(), os.environ,
-                                       backendcauses.kfd_problem())
+    names = [str(g.name) for g in amd] or [g.label() for g in pci]
+    causes = backendcauses.rocm_causes(view, names, problem, _nvidia_gpus(bus), os.environ,
+                                       backendcauses.kfd_problem(),
+                                       [g.label() for g in pci if g.driver is None])
     warning = backendcauses.gfx_problem(amd, torch.cuda.get_arch_list() if hip else [], os.environ)
     build = f"ROCm, HIP {hip}" if hip else f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only"
-    return AcceleratorReport("ROCm", version, build, machine, devices, causes, _env("ROCm"), notes,
+    return AcceleratorReport("ROCm", version, build, rows, devices, causes, _env("ROCm"), notes,
                              [warning] if warning else [])
 
 

@@ -50,14 +50,17 @@ def mac_causes(torch_version: str, built: bool, available: bool, mac: Any) -> li
     return causes
 
 
-def rocm_causes(view: Any, amd: Sequence[Any], amd_problem: Optional[str], nvidia_gpus: int,
-                env: Mapping[str, Optional[str]], kfd: Optional[str] = None) -> list:
+def rocm_causes(view: Any, amd: Sequence[str], amd_problem: Optional[str], nvidia_gpus: int,
+                env: Mapping[str, Optional[str]], kfd: Optional[str] = None, unbound: Sequence[str] = ()
+                ) -> list:
     """Why torch cannot use an AMD GPU, or a ROCm torch any GPU. ``view`` says torch's build and what
-    it sees (``version``, ``cuda``, ``hip``, ``is_available``); ``amd`` are AMD SMI's GPUs, ``amd_problem``
-    why it cannot list them; ``nvidia_gpus`` what NVML sees; ``kfd`` what is wrong with ``/dev/kfd``."""
+    it sees (``version``, ``cuda``, ``hip``, ``is_available``); ``amd`` names the AMD GPUs here (AMD SMI's,
+    else the PCI bus's), ``amd_problem`` why AMD SMI cannot list them; ``nvidia_gpus`` how many NVIDIA GPUs
+    NVML or the PCI bus see; ``kfd`` what is wrong with ``/dev/kfd``; ``unbound`` the AMD GPUs on the PCI
+    bus no kernel driver is bound to."""
     if view.is_available:
         return []
-    names = ", ".join(sorted({str(g.name) for g in amd}))
+    names = ", ".join(sorted(set(amd)))
     causes = []
     if view.hip and nvidia_gpus and not amd:
         causes.append(Diagnosis(
@@ -71,6 +74,10 @@ def rocm_causes(view: Any, amd: Sequence[Any], amd_problem: Optional[str], nvidi
             f"torch {view.version} is {build}; this machine's GPUs are AMD's ({names}), which a ROCm "
             "build uses",
             f"install a ROCm build of torch matching the driver's ROCm: {ROCM_WHEELS}"))
+    if unbound:
+        causes.append(Diagnosis(
+            "no_amdgpu_driver", f"no kernel driver is bound to {', '.join(unbound)} (amdgpu is not loaded)",
+            "install AMD's GPU driver (amdgpu-dkms, with ROCm: https://rocm.docs.amd.com), then reboot"))
     if view.hip and not amd and not nvidia_gpus:
         if kfd:
             causes.append(Diagnosis("no_kfd_access", kfd,

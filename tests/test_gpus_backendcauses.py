@@ -90,7 +90,9 @@ def test_an_intel_gpu_torch_cannot_use():
     assert codes(causes.xpu_causes("2.13.0", False, False, {})) == ["no_xpu_build"]
     assert codes(causes.xpu_causes("2.13.0", True, False, {"ZE_AFFINITY_MASK": "7"})) == [
         "hidden_by_affinity_mask"]
-    assert codes(causes.xpu_causes("2.13.0", True, False, {})) == ["no_level_zero"]
+    (cause,) = causes.xpu_causes("2.13.0", True, False, {}, ["Intel device 8086:56a0 (i915)"])
+    assert cause.cause == "no_level_zero"
+    assert "the PCI bus shows Intel device 8086:56a0 (i915)" in cause.message
 
 
 # ---- an AMD machine seen from its PCI bus (gpus/machine.py), without AMD SMI or NVML --------------------

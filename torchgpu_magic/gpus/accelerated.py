@@ -327,8 +327,9 @@ def _other(version: str, kind: str) -> AcceleratorReport:
     if count:
         notes.append(f"torch named the devices ({kind} is initialised in this process to ask it); 'driver "
                      f"used' is all processes' use, from torch's free and total memory")
-    causes = backendcauses.xpu_causes(version, backend_linked("xpu"), bool(count), os.environ) \
-        if kind == "xpu" else []
+    causes = backendcauses.xpu_causes(version, backend_linked("xpu"), bool(count), os.environ, [
+        f"{g.label()} ({g.driver or 'no driver'})" for g in machine.survey().intel_gpus or ()]) \
+        if kind == "xpu" and not count else []
     return AcceleratorReport(label, version, f"{label} build", [], devices, causes, _env(label), notes)
 
 

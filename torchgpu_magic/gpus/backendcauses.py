@@ -154,9 +154,10 @@ def kfd_problem(path: str = "/dev/kfd") -> Optional[str]:
     return None
 
 
-def xpu_causes(torch_version: str, built: bool, available: bool, env: Mapping[str, Optional[str]]) -> list:
+def xpu_causes(torch_version: str, built: bool, available: bool, env: Mapping[str, Optional[str]],
+               present: Sequence[str] = ()) -> list:
     """Why torch cannot use an Intel GPU: a torch without XPU, a device mask hiding it, no Level Zero
-    driver."""
+    driver. ``present`` names the Intel GPUs the PCI bus shows."""
     if available:
         return []
     if not built:
@@ -167,5 +168,7 @@ def xpu_causes(torch_version: str, built: bool, available: bool, env: Mapping[st
     if mask is not None:
         return [Diagnosis("hidden_by_affinity_mask", f"ZE_AFFINITY_MASK={mask!r} hides every Intel GPU",
                           "unset ZE_AFFINITY_MASK or name the GPUs to use, then restart the kernel")]
-    return [Diagnosis("no_level_zero", "torch's XPU build finds no Intel GPU (torch.xpu.device_count() is 0)",
+    seen = f", although the PCI bus shows {', '.join(present)}" if present else ""
+    return [Diagnosis("no_level_zero", f"torch's XPU build finds no Intel GPU (torch.xpu.device_count() is 0)"
+                                       f"{seen}",
                       "install Intel's GPU driver with Level Zero (`clinfo -l`, `sycl-ls` list the GPUs)")]

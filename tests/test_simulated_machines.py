@@ -5,6 +5,8 @@ installed per test (or the run's under ``--simulate NAME``; the others then skip
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import run
 
@@ -361,3 +363,5 @@ def test_gpuinfo_reads_as_well_in_plain_text_as_in_html(ip, request, name):
     assert text.splitlines()[0] in page.replace("&#x27;", "'")
     for device in report.devices:
         assert str(device.name) in text and str(device.name) in page
+    data = json.loads(report.to_json())  # and as data (%gpuinfo --json)
+    assert [d["name"] for d in data["devices"]] == [str(d.name) for d in report.devices]

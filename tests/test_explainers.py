@@ -185,6 +185,68 @@ def test_an_error_inside_a_magic_cell_loses_the_machinery_not_torch(tip):
     assert "interactiveshell.py" not in text and text.strip().endswith("ValueError: boom")
 
 
+# ---- inside every cell magic, and in a function called from one ------------------------------------
+CELL_MAGICS = ["%%ontorch cpu", "%%cudatime -n 1 -r 3 --warmup 0 --no-roofline", "%%cudamem"]
+APPLY = "def apply(a):\n    return model(a)\n"
+# (the cell's last line, the explanation's headline, the failing line, the line inside, its function)
+IN_A_MAGIC = [
+    ("out = model(h)", "whereis: a device mismatch", "On line 3: out = model(h)", "", ""),
+    ("out = apply(h)", "whereis: a device mismatch", "On line 3: out = apply(h)", "return model(a)", "apply"),
+    ("y = torch.empty(2**50, dtype=torch.uint8)", "gpumem: out of memory on cpu",
+     "On line 3: y = torch.empty(2**50, dtype=torch.uint8)", "", ""),
+    ("y = big(h)", "gpumem: out of memory on cpu", "On line 3: y = big(h)", OOM_RAISED, "forward"),
+]
+
+
+def _groups(lines: list) -> dict:
+    """A mismatch diagnosis's culprits by group title ('used there', 'inside', 'elsewhere'): the names."""
+    groups: dict = {}
+    title = None
+    for line in lines:
+        if line.startswith("  ") and not line.startswith("    "):
+            title = line.strip().split(":")[0].split("(")[0].strip()
+            groups[title] = []
+        elif line.startswith("    ") and title is not None:
+            groups[title].append(line.split()[0])
+    return groups
+
+
+@pytest.mark.parametrize("earlier", [None, "1/0", "logits = model(x)"],
+                         ids=["first", "after-an-error", "after-a-mismatch"])
+@pytest.mark.parametrize("last, headline, failing, inner, function", IN_A_MAGIC,
+                         ids=["mismatch", "mismatch-in-a-function", "oom", "oom-in-a-forward"])
+@pytest.mark.parametrize("magic", CELL_MAGICS, ids=["ontorch", "cudatime", "cudamem"])
+def test_explained_inside_a_cell_magic_from_the_users_line(tip, magic, last, headline, failing, inner,
+                                                           function, earlier):
+    """The explanation inside %%ontorch, %%cudatime and %%cudamem quotes the user's line, numbered as the
+    cell shows it, not IPython's get_ipython().run_cell_magic(...) call; the 'used there' names are the
+    line's and are not repeated under 'elsewhere in the cell'; the traceback starts at the cell's own
+    frame. The same after an earlier failed cell."""
+    run(tip, OOM_SETUP)
+    run(tip, APPLY)
+    if earlier is not None:
+        _shown(tip, earlier)
+    text = _shown(tip, f"{magic}\nh = x * 2\n{last}")
+    lines = text.strip().splitlines()
+    assert lines[0].startswith(headline) and text.count(headline) == 1, text
+    assert lines[1] == failing, text
+    explanation = lines[:next(i for i, line in enumerate(lines) if "Traceback (most recent call" in line)]
+    if inner:
+        assert any(line.startswith(f"  inside {function}(), line ") and line.rstrip(":").endswith(inner)
+                   for line in explanation), text
+    assert "run_cell_magic" not in text, text
+    cell_frame = next(i for i, line in enumerate(lines) if "---->" in line and last in line)
+    assert re.search(r"\d+ frames? inside IPython", "\n".join(lines[:cell_frame])), text
+    if headline.startswith("whereis"):
+        fix = next(i for i, line in enumerate(lines) if line.startswith("Fix: "))
+        groups = _groups(lines[1:fix])
+        assert "h" in groups["used there"], text
+        named = [name for names in groups.values() for name in names]
+        assert "elsewhere in the cell" not in groups or not set(groups["elsewhere in the cell"]) & (
+            set(named) - set(groups["elsewhere in the cell"])), text
+        assert len(named) == len(set(named)), text
+
+
 def test_unload_puts_showtraceback_back(ip):
     from torchgpu_magic import unload_ipython_extension
 

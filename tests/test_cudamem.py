@@ -184,7 +184,7 @@ def test_a_cell_fake_tensors_cannot_run_is_one_line_and_changes_nothing(mip, cel
     mip.user_ns["helper"] = helper
     before = _state(mip.user_ns)
     error = run_error(mip, f"%%cudamem --predict cpu\nx = x * 2\n{cell}")
-    line = 1 + len(cell.splitlines())  # the cell's last line, where it fails
+    line = 2 + len(cell.splitlines())  # the cell's last line, where it fails (line 1 is %%cudamem's)
     assert isinstance(error, UsageError) and "\n" not in str(error)
     assert why in str(error) and f"line {line} (" in str(error)
     assert "nothing of yours was changed" in str(error)
@@ -203,7 +203,7 @@ def test_a_torch_cuda_call_ends_the_prediction_only_where_torch_has_no_cuda(mip)
     else:
         error = run_error(mip, code)
         assert isinstance(error, UsageError) and "\n" not in str(error)
-        assert "torch.cuda function" in str(error) and "line 2 (" in str(error)
+        assert "torch.cuda function" in str(error) and "line 3 (" in str(error)
         assert "nothing of yours was changed" in str(error)
     assert _same(_state(mip.user_ns), before)
 
@@ -213,7 +213,7 @@ def test_an_operator_without_a_shape_function_is_named(mip):
              "def opaque(t: torch.Tensor) -> torch.Tensor:\n    return t.clone()")
     error = run_error(mip, "%%cudamem --predict cpu\nopaque(x)")
     assert isinstance(error, UsageError) and "\n" not in str(error)
-    assert "line 1 (opaque(x)): operator" in str(error) and "opaque" in str(error).split("operator", 1)[1]
+    assert "line 2 (opaque(x)): operator" in str(error) and "opaque" in str(error).split("operator", 1)[1]
 
 
 def test_a_prediction_for_cpu_refuses_a_cell_that_moves_to_cuda_before_any_cuda_tensor_exists(mip):

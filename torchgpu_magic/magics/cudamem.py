@@ -61,7 +61,7 @@ class CUDAMemMagics(MagicsPart):
         target = targetdevice.resolve_target(args.device or "cuda") if predicting else None
         measured_on = None if predicting or args.device is None else self._measured_device(args.device)
         run.tracker_class()  # a torch without MemTracker: one line, before anything runs
-        code, tree, filename = self._compile(cell)
+        code, tree, filename = self._compile(cell, line)
         ns = self.shell.user_ns
         names = prediction.cell_names(tree, ns)
         if predicting and "get_ipython" in {n.id for n in _names(tree)}:
@@ -102,11 +102,12 @@ class CUDAMemMagics(MagicsPart):
             raise UsageError(f"%cudamem: {reason}; to predict for it without one, use --predict "
                              f"{spec.strip()}") from None
 
-    def _compile(self, cell: str) -> tuple:
+    def _compile(self, cell: str, line: str) -> tuple:
         """``(code, ast, filename)`` of the cell, transformed as IPython runs cells and registered so that
-        tracebacks show its lines; a syntax error is one line."""
+        tracebacks show its lines, numbered as the cell shows them: a comment line stands for the magic's
+        own line. A syntax error is one line."""
         shell = self.shell
-        source = shell.transform_cell(cell)
+        source = f"# %%cudamem {line}".rstrip() + "\n" + shell.transform_cell(cell)
         filename = register_cell(shell, source)
         try:
             tree = shell.transform_ast(shell.compile.ast_parse(source, filename))

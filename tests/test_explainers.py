@@ -288,7 +288,7 @@ def test_the_diagnosis_as_html_keeps_its_columns(tip):
 @pytest.fixture(scope="module")
 def kernel_cells():
     """One notebook run in a real kernel: a device-mismatch error (cell 2), then an out-of-memory error
-    (cell 4); its executed cells."""
+    (cell 4), then each inside a cell magic (cells 5 and 6); its executed cells."""
     pytest.importorskip("nbclient", reason="needs nbclient and nbformat (the IPython 7 leg has neither)")
     import nbformat
     from nbclient import NotebookClient
@@ -298,7 +298,9 @@ def kernel_cells():
     spec.loader.exec_module(runner)
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s)
-                for s in ("%load_ext torchgpu_magic", SETUP, "y = net(x)", OOM_SETUP, "y = big(x)")]
+                for s in ("%load_ext torchgpu_magic", SETUP, "y = net(x)", OOM_SETUP, "y = big(x)",
+                          "%%ontorch cpu\nh = x * 2\ny = net(h)",
+                          "%%cudatime -n 1 -r 3 --warmup 0 --no-roofline\nh = x * 2\ny = big(h)")]
     with runner.this_python_kernel() as kernel:
         client = NotebookClient(nb, kernel_name=kernel, timeout=180, allow_errors=True,
                                 resources={"metadata": {"path": "."}})
@@ -335,3 +337,20 @@ def test_out_of_memory_traceback_order_in_a_kernels_error_output(kernel_cells):
                                                                                            len(frames[0]))
     assert frames[-1].startswith(OOM_ERROR)
     assert "site-packages" not in text and len(text.splitlines()) < 50, text
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("index, headline, failing, inner", [
+    (5, "whereis: a device mismatch (meta, cpu)", "On line 3: y = net(h)", "inside forward(), line 9"),
+    (6, "gpumem: out of memory on cpu", "On line 3: y = big(h)", "inside forward(), line 4")])
+def test_explained_inside_a_cell_magic_in_a_kernel(kernel_cells, index, headline, failing, inner):
+    """In a real kernel too, inside %%ontorch and %%cudatime, the explanation quotes the cell's line."""
+    (error,) = [o for o in kernel_cells[index].outputs if o.output_type == "error"]
+    frames = [ANSI.sub("", part) for part in error["traceback"]]
+    lines = frames[0].splitlines()
+    assert lines[0].startswith(headline) and lines[1] == failing, frames[0]
+    assert any(line.startswith(f"  {inner}") for line in lines), frames[0]
+    text = "\n".join(frames)
+    number = kernel_cells[index].execution_count
+    assert "run_cell_magic" not in text
+    assert f"Cell In[{number}], line 3" in text or f"<ipython-input-{number}-" in text, text  # IPython 9, 7

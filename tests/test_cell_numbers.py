@@ -36,8 +36,9 @@ def hist(ip):
 
 MAGICS = ["%%ontorch cpu", "%%cudatime -n 1 -r 3", "%%cudamem"]
 # Cells that fail in a magic, and the line the traceback must show with its text: (cell, "----> k text").
-FAILING = [(f"{magic}\nx = 1\nraise ValueError('boom')", "----> 3 raise ValueError('boom')") for magic in MAGICS]
-FAILING += [("%%cudatime -n 1 -r 3 y = 2\nx = 1\nraise ValueError('boom')", "----> 3 raise ValueError('boom')"),
+RAISE = "raise ValueError('boom')"
+FAILING = [(f"{magic}\nx = 1\n{RAISE}", f"----> 3 {RAISE}") for magic in MAGICS]
+FAILING += [(f"%%cudatime -n 1 -r 3 y = 2\nx = 1\n{RAISE}", f"----> 3 {RAISE}"),
             ("x = 1\n%cudatime -n 1 -r 3 int('boom')", "----> 1 int('boom')")]
 
 

@@ -232,7 +232,7 @@ def test_magics_inside_a_predicted_cell_are_refused(mip):
 @pytest.mark.parametrize("line, says", [
     ("--capacity lots", "--capacity 'lots' is not a size"),
     ("--predict --arch pascal9", "is not a GPU generation"),
-    ("--predict tpu", "it takes cpu, cuda or cuda:N"),
+    ("--predict tpu", "--predict: unknown device 'tpu'"),
     ("--top -1", "--top takes 0 (all) or a positive count"),
     ("--fit 'x y'", "--fit takes names of tensors"),
     ("--fit nothing_here --capacity 1GiB", "no name 'nothing_here'"),

@@ -176,11 +176,13 @@ def test_kernels_in_a_real_kernel_shows_no_profiler_markers(monkeypatch):
     runner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(runner)
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext torchgpu_magic\nimport torch\nx = torch.ones(64, 64)"),
-                nbformat.v4.new_code_cell("%%cudatime -n 1 -r 3 --warmup 0 --no-roofline --kernels\ny = x @ x"),
-                nbformat.v4.new_code_cell("import time\ntime.sleep(2)")]  # stderr forwarded late lands here
+    cells = ["%load_ext torchgpu_magic\nimport torch\nx = torch.ones(64, 64)",
+             "%%cudatime -n 1 -r 3 --warmup 0 --no-roofline --kernels\ny = x @ x",
+             "import time\ntime.sleep(2)"]  # stderr forwarded late lands here
+    nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
     with runner.this_python_kernel() as kernel:
-        NotebookClient(nb, kernel_name=kernel, timeout=300, resources={"metadata": {"path": str(ROOT)}}).execute()
+        NotebookClient(nb, kernel_name=kernel, timeout=300,
+                       resources={"metadata": {"path": str(ROOT)}}).execute()
     text = "".join(runner.cell_text(cell) for cell in nb.cells[1:])
     assert "top ops by self CPU time" in text and "USDT" not in text and "profiler_st" not in text, text
 
@@ -190,8 +192,10 @@ def test_the_marker_filter_writes_back_every_other_line():
         "from torchgpu_magic.timing.engine import markers_dropped\n"
         "with markers_dropped():\n"
         "    os.write(2, b'USDT:2026 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\\n')\n"
-        "    os.write(2, b'ERROR:2026 1:1 CuptiActivityApi.cpp:1] CUPTI_ERROR_INSUFFICIENT_PRIVILEGES\\n')\n"
-        "    os.write(2, b'USDT:2026 1:1 SyncActivityProfilerHandler.cpp:59] profiler_stop\\n' + b'x' * 200000)\n"
+        "    os.write(2, b'ERROR:2026 1:1 CuptiActivityApi.cpp:1] CUPTI_ERROR_INSUFFICIENT_PRIVILEGES"
+        "\\n')\n"
+        "    os.write(2, b'USDT:2026 1:1 SyncActivityProfilerHandler.cpp:59] profiler_stop\\n')\n"
+        "    os.write(2, b'x' * 200000)\n"
         "os.write(2, b'\\nafter\\n')\n")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "USDT" not in done.stderr and "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES" in done.stderr

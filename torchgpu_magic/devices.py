@@ -4,9 +4,10 @@ Every magic's device option (``%%ontorch SPEC`` and ``--fallback``, ``%%cudatime
 DEVICE`` and ``--predict``, ``%gpumem holders DEVICE``, ``%whereis --device``) names devices the way a
 person types them (``auto``, ``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``xpu``, ``meta``), and every one is
 checked by :func:`device_option`, with one wording: it turns such a spec into a ``torch.device`` without
-``eval``, and otherwise says in one line what was wrong and what the option takes here. :func:`use_device` runs a block under torch's default-device mechanism
-(``torch.set_default_device``), a default dtype and, for ``cuda:N``, the current CUDA device, and restores
-all three exactly afterwards, however the block ends.
+``eval``, and otherwise says in one line what was wrong and what the option takes here.
+:func:`use_device` runs a block under torch's default-device mechanism (``torch.set_default_device``), a
+default dtype and, for ``cuda:N``, the current CUDA device, and restores all three exactly afterwards,
+however the block ends.
 
 torch is imported inside the functions, so importing this module stays cheap.
 """

@@ -149,6 +149,33 @@ def test_fit_finds_the_largest_batch_of_an_mlp_whose_peak_is_known(ip):
     assert ip.user_ns["x"].shape == (100, 256) and "y" not in ip.user_ns
 
 
+def test_fit_table_is_in_one_unit_with_the_distance_to_the_capacity():
+    """A search ends beside the capacity: '1024 MiB yes' next to '1.00 GiB no' read as one amount. Every
+    'needs' is in the capacity's unit, and a column says how far each is from it, with its sign; the
+    same in plain text (IPython's PlainTextFormatter) and HTML."""
+    import re
+
+    from torchgpu_magic.render import fmt_bytes
+
+    gib = 1024 * MIB
+    rows = [(8, 64 * MIB, True), (16384, 880 * MIB, True), (20480, gib + 64 * MIB, False),
+            (19200, gib - 1000 * 1024, True), (19232, gib + 664 * 1024, False),
+            (19219, gib - 12 * 1024, True)]
+    result = FitResult(["x"], "cpu", gib, "--capacity", 8, 19219, rows, None)
+    text = PlainTextFormatter()(result)
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if "vs capacity" in line and "needs" in line)
+    table = [line for line in lines[header + 2:] if line.strip()]
+    needs = [re.findall(r"\s([\d.]+ [KMGT]?i?B)\s", line)[0] for line in table]
+    assert all(n.endswith(" GiB") for n in needs) and "1024 MiB" not in text, text
+    assert [line.split()[-3] for line in table] == ["-960", "-144", "+64.0", "-1000", "+664", "-12.0"]
+    assert [line.split()[-1] for line in table] == ["yes", "yes", "no", "yes", "no", "yes"]
+    assert "Predictions, in order (capacity 1.00 GiB)" in text
+    markup = result._repr_html_()
+    assert all(f"<td>{n}</td>" in markup or f">{n}<" in markup for n in needs) and "vs capacity" in markup
+    assert fmt_bytes(gib - 1000) == "1.00 GiB" and fmt_bytes(1023 * MIB) == "1023 MiB"  # no '1024 MiB'
+
+
 def test_fit_of_a_training_step_is_confirmed_by_the_real_run(mip):
     capacity = 26 * MIB
     result = run(mip, f"%%cudamem --fit x --predict cpu --capacity {capacity} -o -q\n{STEP}")

@@ -91,7 +91,8 @@ class CUDATimeMagics(MagicsPart):
         opts.check()
         if args.cluster is not None:
             return self._cluster(args, opts, statement if cell is not None else "",
-                                 cell if cell is not None else statement)
+                                 cell if cell is not None else statement, "%%cudatime" if cell is not None
+                                 else "%cudatime")
         targets = ([self._device(spec) for spec in self._items(args.devices, "--devices")]
                    if args.devices is not None else [timing.timing_device()])
         for device in targets:
@@ -122,9 +123,10 @@ class CUDATimeMagics(MagicsPart):
             else timing.TimingComparison(rows, magic)
         return show(outcome, args.output, args.quiet)
 
-    def _cluster(self, args: Any, opts: Any, setup: str, body: str) -> Any:
+    def _cluster(self, args: Any, opts: Any, setup: str, body: str, magic: str) -> Any:
         """``--cluster``: the cell timed on every engine at once, in each engine's namespace
-        (:func:`torchgpu_magic.cluster.time_cell`); shown, or returned with ``-o``."""
+        (:func:`torchgpu_magic.cluster.time_cell`); shown, or returned with ``-o``. ``magic``: the form
+        the user typed, which an interrupt's line names."""
         from .. import cluster
 
         if args.threads is not None:
@@ -136,6 +138,7 @@ class CUDATimeMagics(MagicsPart):
         if devices[0] is not None:
             self._device(devices[0], here=False)
         bridge = self.cluster_bridge(args.cluster)
+        bridge.magic = magic
         options = {name: getattr(opts, name) for name in ("loops", "samples", "warmup", "max_time", "cold",
                                                           "flush_l2", "kernels", "roofline", "peak")}
         outcome = cluster.time_cell(bridge, setup, body, options, devices[0], args.timeout)

@@ -149,6 +149,33 @@ def test_fit_finds_the_largest_batch_of_an_mlp_whose_peak_is_known(ip):
     assert ip.user_ns["x"].shape == (100, 256) and "y" not in ip.user_ns
 
 
+def test_fit_table_is_in_one_unit_with_the_distance_to_the_capacity():
+    """A search ends beside the capacity: '1024 MiB yes' next to '1.00 GiB no' read as one amount. Every
+    'needs' is in the capacity's unit, and a column says how far each is from it, with its sign; the
+    same in plain text (IPython's PlainTextFormatter) and HTML."""
+    import re
+
+    from torchgpu_magic.render import fmt_bytes
+
+    gib = 1024 * MIB
+    rows = [(8, 64 * MIB, True), (16384, 880 * MIB, True), (20480, gib + 64 * MIB, False),
+            (19200, gib - 1000 * 1024, True), (19232, gib + 664 * 1024, False),
+            (19219, gib - 12 * 1024, True)]
+    result = FitResult(["x"], "cpu", gib, "--capacity", 8, 19219, rows, None)
+    text = PlainTextFormatter()(result)
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if "vs capacity" in line and "needs" in line)
+    table = [line for line in lines[header + 2:] if line.strip()]
+    needs = [re.findall(r"\s([\d.]+ [KMGT]?i?B)\s", line)[0] for line in table]
+    assert all(n.endswith(" GiB") for n in needs) and "1024 MiB" not in text, text
+    assert [line.split()[-3] for line in table] == ["-960", "-144", "+64.0", "-1000", "+664", "-12.0"]
+    assert [line.split()[-1] for line in table] == ["yes", "yes", "no", "yes", "no", "yes"]
+    assert "Predictions, in order (capacity 1.00 GiB)" in text
+    markup = result._repr_html_()
+    assert all(f"<td>{n}</td>" in markup or f">{n}<" in markup for n in needs) and "vs capacity" in markup
+    assert fmt_bytes(gib - 1000) == "1.00 GiB" and fmt_bytes(1023 * MIB) == "1023 MiB"  # no '1024 MiB'
+
+
 def test_fit_of_a_training_step_is_confirmed_by_the_real_run(mip):
     capacity = 26 * MIB
     result = run(mip, f"%%cudamem --fit x --predict cpu --capacity {capacity} -o -q\n{STEP}")
@@ -184,7 +211,7 @@ def test_a_cell_fake_tensors_cannot_run_is_one_line_and_changes_nothing(mip, cel
     mip.user_ns["helper"] = helper
     before = _state(mip.user_ns)
     error = run_error(mip, f"%%cudamem --predict cpu\nx = x * 2\n{cell}")
-    line = 1 + len(cell.splitlines())  # the cell's last line, where it fails
+    line = 2 + len(cell.splitlines())  # the cell's last line, where it fails (line 1 is %%cudamem's)
     assert isinstance(error, UsageError) and "\n" not in str(error)
     assert why in str(error) and f"line {line} (" in str(error)
     assert "nothing of yours was changed" in str(error)
@@ -203,7 +230,7 @@ def test_a_torch_cuda_call_ends_the_prediction_only_where_torch_has_no_cuda(mip)
     else:
         error = run_error(mip, code)
         assert isinstance(error, UsageError) and "\n" not in str(error)
-        assert "torch.cuda function" in str(error) and "line 2 (" in str(error)
+        assert "torch.cuda function" in str(error) and "line 3 (" in str(error)
         assert "nothing of yours was changed" in str(error)
     assert _same(_state(mip.user_ns), before)
 
@@ -213,7 +240,7 @@ def test_an_operator_without_a_shape_function_is_named(mip):
              "def opaque(t: torch.Tensor) -> torch.Tensor:\n    return t.clone()")
     error = run_error(mip, "%%cudamem --predict cpu\nopaque(x)")
     assert isinstance(error, UsageError) and "\n" not in str(error)
-    assert "line 1 (opaque(x)): operator" in str(error) and "opaque" in str(error).split("operator", 1)[1]
+    assert "line 2 (opaque(x)): operator" in str(error) and "opaque" in str(error).split("operator", 1)[1]
 
 
 def test_a_prediction_for_cpu_refuses_a_cell_that_moves_to_cuda_before_any_cuda_tensor_exists(mip):
@@ -232,7 +259,7 @@ def test_magics_inside_a_predicted_cell_are_refused(mip):
 @pytest.mark.parametrize("line, says", [
     ("--capacity lots", "--capacity 'lots' is not a size"),
     ("--predict --arch pascal9", "is not a GPU generation"),
-    ("--predict tpu", "it takes cpu, cuda or cuda:N"),
+    ("--predict tpu", "--predict: unknown device 'tpu'"),
     ("--top -1", "--top takes 0 (all) or a positive count"),
     ("--fit 'x y'", "--fit takes names of tensors"),
     ("--fit nothing_here --capacity 1GiB", "no name 'nothing_here'"),

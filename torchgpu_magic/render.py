@@ -69,7 +69,7 @@ def fmt_bytes(n: Any, signed: bool = False) -> str:
         sign, n = "-", -n
     elif signed:
         sign = "+"
-    value, unit = _scaled(float(n), _BYTE_UNITS, 1024, 1024)
+    value, unit = _scaled(float(n), _BYTE_UNITS, 1024, 1023.5)  # what rounds to 1024 MiB is 1.00 GiB
     if unit == "B":
         return f"{sign}{n} B"
     return f"{sign}{_sig3(value)} {unit}"

@@ -219,9 +219,18 @@ class FitResult:
         return [head]
 
     def _table(self) -> Table:
-        table = Table(["first dimension", "needs", "fits"], align="rrl", title="Predictions, in order")
+        """One row per prediction: what it needs in one unit, the capacity's (a search ends beside the
+        capacity, where '1023 MiB' and '1.00 GiB' would read as one amount), and how far from it."""
+        unit = fmt_bytes(self.capacity).split()[-1]
+        scale = 1024 ** ("B", "KiB", "MiB", "GiB", "TiB", "PiB").index(unit)
+        table = Table(["first dimension", "needs", "vs capacity", "fits"], align="rrrl",
+                      title=f"Predictions, in order (capacity {fmt_bytes(self.capacity)})")
         for size, needs, fits in self.predictions:
-            table.add(size, fmt_bytes(needs), "yes" if fits else "no")
+            value = needs / scale
+            shown = f"{value:.0f}" if unit == "B" or value >= 100 else f"{value:.1f}" if value >= 10 \
+                else f"{value:.2f}"
+            table.add(size, f"{shown} {unit}", fmt_bytes(needs - self.capacity, signed=True),
+                      "yes" if fits else "no")
         return table
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:

@@ -10,6 +10,11 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .base import MagicsPart, parse_args, usage_errors
 from .shell import register_cell, show
 
+MEASURED = ("cpu", "cuda", "mps", "xpu")
+"""The devices a measured run reports (those here)."""
+PREDICTED = ("cpu", "cuda")
+"""The devices --predict predicts for (a GPU you need not have)."""
+
 
 @magics_class
 class CUDAMemMagics(MagicsPart):
@@ -58,10 +63,10 @@ class CUDAMemMagics(MagicsPart):
         cc = targetdevice.parse_arch(args.arch) if args.arch is not None else None
         fit_names = self._fit_names(args.fit)
         predicting = args.predict or fit_names is not None
-        target = targetdevice.resolve_target(args.device or "cuda") if predicting else None
+        target = targetdevice.resolve_target(self._predicted_device(args.device)) if predicting else None
         measured_on = None if predicting or args.device is None else self._measured_device(args.device)
         run.tracker_class()  # a torch without MemTracker: one line, before anything runs
-        code, tree, filename = self._compile(cell)
+        code, tree, filename = self._compile(cell, line)
         ns = self.shell.user_ns
         names = prediction.names_read(tree, ns)
         if predicting and "get_ipython" in {n.id for n in _names(tree)}:
@@ -91,22 +96,42 @@ class CUDAMemMagics(MagicsPart):
 
     @staticmethod
     def _measured_device(spec: str) -> str:
-        """DEVICE for a measured run: a device that exists here ('cuda' -> 'cuda:N', the current GPU)."""
+        """DEVICE for a measured run: a device that exists here ('cuda' -> 'cuda:N', the current GPU),
+        checked as every magic checks a device; for one absent here, the --predict that predicts for it
+        (in the words --predict takes: 'cuda' for 'gpu')."""
         from .. import devices
         from ..errors import MagicInputError
 
         try:
-            return str(devices.resolve(spec))
+            return str(devices.device_option(spec, MEASURED))
         except MagicInputError as exc:
-            reason = str(exc).split(". Devices here:")[0]
-            raise UsageError(f"%cudamem: {reason}; to predict for it without one, use --predict "
-                             f"{spec.strip()}") from None
+            meant = getattr(exc, "meant", None)
+            hint = ""
+            if meant is not None and meant.split(":")[0] in PREDICTED:
+                try:
+                    devices.device_option(meant, MEASURED)
+                except MagicInputError:  # absent here: predicting for it needs no GPU
+                    hint = f"; to predict for it without one, use --predict {meant}"
+            raise UsageError(f"%cudamem: {exc}{hint}") from None
 
-    def _compile(self, cell: str) -> tuple:
+    @staticmethod
+    def _predicted_device(spec: Optional[str]) -> str:
+        """DEVICE for --predict / --fit (default cuda): any spelling of cpu, cuda or cuda:N, checked as
+        every magic checks a device, without needing one here."""
+        from .. import devices
+        from ..errors import MagicInputError
+
+        try:
+            return str(devices.device_option(spec or "cuda", PREDICTED, exists=False))
+        except MagicInputError as exc:
+            raise UsageError(f"%cudamem: --predict: {exc}") from None
+
+    def _compile(self, cell: str, line: str) -> tuple:
         """``(code, ast, filename)`` of the cell, transformed as IPython runs cells and registered so that
-        tracebacks show its lines; a syntax error is one line."""
+        tracebacks show its lines, numbered as the cell shows them: a comment line stands for the magic's
+        own line. A syntax error is one line."""
         shell = self.shell
-        source = shell.transform_cell(cell)
+        source = f"# %%cudamem {line}".rstrip() + "\n" + shell.transform_cell(cell)
         filename = register_cell(shell, source)
         try:
             tree = shell.transform_ast(shell.compile.ast_parse(source, filename))

@@ -10,6 +10,11 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .base import MagicsPart, parse_args, usage_errors
 from .shell import register_cell, show
 
+TIMED = ("auto", "local", "cpu", "cuda", "mps", "xpu")
+"""The devices ``--devices`` takes: any but meta."""
+NOTHING_TO_TIME = ("holds no data and runs no kernels, so there is nothing to time (%timeit measures the "
+                   "dispatch overhead of meta tensors)")
+
 
 @magics_class
 class CUDATimeMagics(MagicsPart):
@@ -86,7 +91,8 @@ class CUDATimeMagics(MagicsPart):
         opts.check()
         if args.cluster is not None:
             return self._cluster(args, opts, statement if cell is not None else "",
-                                 cell if cell is not None else statement)
+                                 cell if cell is not None else statement, "%%cudatime" if cell is not None
+                                 else "%cudatime")
         targets = ([self._device(spec) for spec in self._items(args.devices, "--devices")]
                    if args.devices is not None else [timing.timing_device()])
         for device in targets:
@@ -117,9 +123,10 @@ class CUDATimeMagics(MagicsPart):
             else timing.TimingComparison(rows, magic)
         return show(outcome, args.output, args.quiet)
 
-    def _cluster(self, args: Any, opts: Any, setup: str, body: str) -> Any:
+    def _cluster(self, args: Any, opts: Any, setup: str, body: str, magic: str) -> Any:
         """``--cluster``: the cell timed on every engine at once, in each engine's namespace
-        (:func:`torchgpu_magic.cluster.time_cell`); shown, or returned with ``-o``."""
+        (:func:`torchgpu_magic.cluster.time_cell`); shown, or returned with ``-o``. ``magic``: the form
+        the user typed, which an interrupt's line names."""
         from .. import cluster
 
         if args.threads is not None:
@@ -128,7 +135,10 @@ class CUDATimeMagics(MagicsPart):
         if len(devices) > 1:
             raise UsageError("%cudatime: with --cluster, --devices takes one device (each engine's own "
                              "cuda:N, or local)")
+        if devices[0] is not None:
+            self._device(devices[0], here=False)
         bridge = self.cluster_bridge(args.cluster)
+        bridge.magic = magic
         options = {name: getattr(opts, name) for name in ("loops", "samples", "warmup", "max_time", "cold",
                                                           "flush_l2", "kernels", "roofline", "peak")}
         outcome = cluster.time_cell(bridge, setup, body, options, devices[0], args.timeout)
@@ -189,18 +199,17 @@ class CUDATimeMagics(MagicsPart):
         return items
 
     @staticmethod
-    def _device(spec: str) -> Any:
-        """One ``--devices`` item resolved; an unknown or absent device is a UsageError listing the
-        devices --devices takes here (meta, which runs no kernels, is not one of them)."""
+    def _device(spec: str, here: bool = True) -> Any:
+        """One ``--devices`` item, checked by :func:`~torchgpu_magic.devices.device_option` (meta, which
+        runs no kernels, is refused); with ``here`` False (``--cluster``: each engine resolves it on its
+        own GPUs) only its spelling. A bad one is a UsageError naming the devices --devices takes."""
         from .. import devices
         from ..errors import MagicInputError
 
         try:
-            return devices.resolve(spec)
+            return devices.device_option(spec, TIMED, here, {"meta": NOTHING_TO_TIME})
         except MagicInputError as exc:
-            reason = devices.without_device_list(str(exc))
-            takes = [d for d in devices.available_devices() if d != "meta"] + ["auto"]
-            raise UsageError(f"%cudatime: --devices: {reason}; it takes: {', '.join(takes)}") from None
+            raise UsageError(f"%cudatime: --devices: {exc}") from None
 
     @staticmethod
     def _thread_count(text: str) -> int:

@@ -20,23 +20,14 @@ _INSTALL = "pip install torchgpu-magic[widgets]"
 
 
 def _device(spec: Optional[str]) -> Optional[str]:
-    """``%gpumem holders``' DEVICE as torch names devices: 'cpu', 'cuda:0', 'mps', 'xpu:0'; 'cuda' is
-    the current GPU. Anything else is a one-line error."""
-    import re
+    """``%gpumem holders``' DEVICE as torch names devices: 'cpu', 'cuda:0', 'mps', 'xpu:0' ('cuda' is
+    the current GPU), checked as every magic checks a device
+    (:func:`~torchgpu_magic.devices.device_option`): one that does not exist here is a one-line error."""
+    from .. import devices
 
     if spec is None:
         return None
-    text = spec.strip().lower()
-    found = re.fullmatch(r"(cpu|cuda|mps|xpu)(?::(\d+))?", text)
-    if found is None or (found.group(1) in ("cpu", "mps") and found.group(2) is not None):
-        raise MagicInputError(f"{spec!r} is not a device: use cpu, cuda, cuda:N, mps, xpu or xpu:N")
-    kind, index = found.groups()
-    if index is None and kind in ("cuda", "xpu"):
-        from ..accelerators import initialised_cuda
-
-        cuda = initialised_cuda() if kind == "cuda" else None
-        index = str(cuda.current_device()) if cuda is not None else "0"
-    return kind if kind in ("cpu", "mps") else f"{kind}:{index}"
+    return devices.option_name(devices.device_option(spec, ("cpu", "cuda", "mps", "xpu")))
 
 
 def in_colab() -> bool:

@@ -36,7 +36,7 @@ def parse_peak(text: str) -> tuple:
     for part in parts:
         match = _NUMBER.fullmatch(part)
         value = float(match.group(1)) * _SI[match.group(2)] if match else 0.0
-        if not match or not value > 0 or len(parts) > 2:
+        if not match or not 0 < value < float("inf") or len(parts) > 2:  # 1e400 reads as inf
             raise MagicInputError(f"--peak takes FLOPS[,BYTES_PER_S]: one or two numbers per second above 0, "
                                   f"with an optional k/M/G/T/P (e.g. 1.5e12,2e11 or 1.5T,200G); got {text!r}")
         values.append(value)

@@ -65,7 +65,7 @@ def test_on_the_simulated_h100_the_table_picks_h100_sxm_and_the_report_gives_the
     # the kernel's 1.5 ms, plus what the GPU idled while the host was still launching it (slow stand-ins)
     assert 1.5e-3 <= result.median < 1.5e-3 + result.host
     rl = result.roofline
-    assert (rl.peak_name, rl.clock_scale) == ("H100 SXM", 1.0)  # 1980 MHz: at or above the table's 1830
+    assert (rl.peak_name, rl.clock_scales) == ("H100 SXM", {})  # 1980 MHz: at or above the table's 1830
     assert rl.flops_by_precision == {"bf16": MATMUL_FLOPS} and rl.bytes == MATMUL_BYTES
     assert rl.peak_flops == {"bf16": H100_BF16} and rl.peak_bandwidth == 3.35e12
     assert rl.flops_fraction == pytest.approx(MATMUL_FLOPS / result.median / H100_BF16)
@@ -96,8 +96,9 @@ def test_below_the_tables_clock_the_peak_is_scaled_and_the_scaled_peak_is_said(i
     gpu.takes(4e-3)  # 275 TFLOP/s: possible at 1200 MHz (649 TFLOP/s bf16)
     result = run(ip, f"%%cudatime -o -q {FAST}\ny = a @ b")
     rl = result.roofline
-    assert result.sm_clock["median_mhz"] == 1200 and rl.clock_mhz == 1200 and rl.reference_mhz == 1830
-    assert rl.clock_scale == pytest.approx(1200 / 1830)
+    assert result.sm_clock["median_mhz"] == 1200 and rl.clock_mhz == 1200
+    assert rl.reference_mhz == {"bf16": 1830}
+    assert rl.clock_scales == {"bf16": pytest.approx(1200 / 1830)}
     assert rl.peak_flops["bf16"] == pytest.approx(H100_BF16 * 1200 / 1830)
     assert rl.flops_fraction == pytest.approx(MATMUL_FLOPS / result.median / (H100_BF16 * 1200 / 1830))
     line = _roofline_line(result)
@@ -114,7 +115,7 @@ def test_below_the_max_clock_but_above_the_tables_the_datasheet_peak_holds(ip, g
     _clock_at(gpu, monkeypatch, 1900, "nvmlClocksEventReasonSwPowerCap")
     result = run(ip, f"%%cudatime -o -q {FAST}\ny = a @ b")
     rl = result.roofline
-    assert rl.clock_mhz == 1900 and rl.clock_scale == 1.0 and rl.peak_flops == {"bf16": H100_BF16}
+    assert rl.clock_mhz == 1900 and rl.clock_scales == {} and rl.peak_flops == {"bf16": H100_BF16}
     assert "at 1,900 MHz" not in rl.line() and not any("scaled to the SM clock" in n for n in result.notes)
     assert any(n.startswith("SM clock below its max in 5 of 5 samples (lowest 1900 MHz")
                for n in result.notes)

@@ -1,8 +1,8 @@
 """The roofline's counts (timing/counting.py) on real torch ops: FLOPs exact against the analytic figures
-for matmul, bmm, conv2d, linear, scaled_dot_product_attention and a small MLP training step; the byte
-lower bound exact for an elementwise add and a matmul, and the rules behind it (views and allocations
-free, in-place ops, out=, overwrites, indexed writes, broadcasts, one read per tensor per op); the ops
-FlopCounterMode cannot count named; precision per op; torch.compile'd code counted eagerly."""
+for matmul, bmm, conv2d, linear, scaled_dot_product_attention and a small MLP training step; the bytes
+each op reads and writes exact for an elementwise add and a matmul, and the rules behind them (views and
+allocations free, in-place ops, out=, overwrites, indexed writes, broadcasts, one read per tensor per op);
+the ops FlopCounterMode cannot count named; precision per op; torch.compile'd code counted eagerly."""
 from __future__ import annotations
 
 import contextlib
@@ -93,7 +93,7 @@ def test_a_small_mlp_training_step_counts_forward_and_backward():
     assert "aten.relu" in counts.uncounted and "aten.threshold_backward" in counts.uncounted
 
 
-# ---- bytes: the lower bound -----------------------------------------------------------------------------
+# ---- bytes: each op's reads and writes ------------------------------------------------------------------
 def test_elementwise_add_reads_two_and_writes_one():
     n = 10_000
     x, y = torch.randn(n), torch.randn(n)
@@ -284,3 +284,45 @@ def test_what_the_run_raises_propagates_and_leaves_no_mode_behind():
     with pytest.raises(ValueError, match="boom"):
         count(broken)
     assert _get_current_dispatch_mode_stack() == []
+
+
+@pytest.fixture
+def fp32_settings():
+    """torch's TF32 settings, new and legacy, put back as they were (the new ones to 'none')."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    for holder in (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn,
+                   torch.backends.cudnn, torch.backends):
+        holder.fp32_precision = "none"
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_the_new_fp32_precision_setting_decides_tf32_and_the_legacy_read_is_never_made(fp32_settings):
+    """transformers' ``TrainingArguments(tf32=True)`` sets ``fp32_precision``; from then on torch raises
+    when ``allow_tf32`` is read (issue 28, item 2)."""
+    mm, conv = torch.ops.aten.mm.default, torch.ops.aten.convolution.default
+    a = [torch.randn(2, 2)]
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    with pytest.raises(RuntimeError):
+        _ = torch.backends.cuda.matmul.allow_tf32  # what the roofline used to read
+    assert counting.tf32_allowed() == {"matmul": True, "conv": False, "rnn": True}  # rnn: torch's default
+    assert counting.precision(mm, a, cuda=True) == "tf32"
+    assert counting.precision(conv, a, cuda=True) == "fp32"
+    torch.backends.cuda.matmul.fp32_precision = "none"  # says nothing: then the backend's, generic, legacy
+    torch.backends.cudnn.fp32_precision = "ieee"
+    assert counting.tf32_allowed()["matmul"] is False
+    torch.backends.cudnn.fp32_precision = "none"
+    torch.backends.fp32_precision = "tf32"
+    assert counting.tf32_allowed()["matmul"] is True
+
+
+def test_a_tf32_flag_that_cannot_be_read_costs_nothing(fp32_settings, monkeypatch):
+    class Broken:
+        def __getattr__(self, name):
+            raise RuntimeError("PyTorch is checking whether allow_tf32_new is enabled for cuBlas matmul")
+
+    monkeypatch.setattr(torch.backends.cuda, "matmul", Broken())
+    assert counting.tf32_allowed()["matmul"] is False
+    a = torch.randn(8, 8)
+    assert flops(count(lambda: a @ a)) == 2 * 8 ** 3

@@ -4,7 +4,7 @@ the roofline bound (compute or memory) and the percentage of the peak.
 After the samples, :func:`attach` reads the device's peaks (:mod:`.peaks`: the datasheet table scaled to
 the SM clock the samples ran at, from the result's per-sample clock readings (:mod:`.throttle`), or
 ``--peak``), runs the cell once more, untimed, under the counter (:mod:`.counting`:
-FLOPs by the formulas of torch's ``FlopCounterMode``, a lower bound on bytes), and puts a
+FLOPs by the formulas of torch's ``FlopCounterMode``, the bytes each op reads and writes), and puts a
 :class:`Roofline` on the :class:`~.results.TimingResult` with its notes.
 
 With FLOPs of several precisions, the compute time at peak is the sum of each precision's FLOPs over
@@ -45,11 +45,11 @@ def parse_peak(text: str) -> tuple:
 
 @dataclass(repr=False)
 class Roofline:
-    """The roofline of one measurement: per-loop ``flops`` and ``bytes`` (a lower bound) on the timed
-    device, the per-loop ``seconds`` they took (the headline median), FLOPs by precision, the peaks held
-    against them (FLOP/s per precision present, bandwidth, their name and source, the clock scaling),
-    the ops no FLOP formula counts, the higher-order ops not looked into, and ``error`` when the
-    counting run failed."""
+    """The roofline of one measurement: per-loop ``flops`` and ``bytes`` (read and written by the ops) on
+    the timed device, the per-loop ``seconds`` they took (the headline median), FLOPs by precision, the
+    peaks held against them (FLOP/s per precision present, bandwidth, their name and source, the SM clock
+    the samples ran at, the clock each precision's figure assumes and the scale applied to it), the ops no
+    FLOP formula counts, the higher-order ops not looked into, and ``error`` when the counting run failed."""
 
     seconds: float
     flops: Optional[int] = None
@@ -60,8 +60,8 @@ class Roofline:
     peak_flops: dict = field(default_factory=dict)
     peak_bandwidth: Optional[float] = None
     clock_mhz: Optional[float] = None
-    reference_mhz: Optional[float] = None
-    clock_scale: float = 1.0
+    reference_mhz: dict = field(default_factory=dict)
+    clock_scales: dict = field(default_factory=dict)
     peak_labels: dict = field(default_factory=dict)
     uncounted: dict = field(default_factory=dict)
     opaque: dict = field(default_factory=dict)
@@ -132,7 +132,8 @@ class Roofline:
     # -- text ---------------------------------------------------------------------------------------------
     def _peak_label(self) -> str:
         counted = [k for k, v in self.flops_by_precision.items() if v]
-        clocked = f" at {self.clock_mhz:,.0f} MHz" if self.clock_scale < 1 and self.clock_mhz else ""
+        scaled = any(self.clock_scales.get(k, 1.0) < 1 for k in counted)
+        clocked = f" at {self.clock_mhz:,.0f} MHz" if scaled and self.clock_mhz else ""
         if len(counted) == 1:
             return self.peak_labels.get(counted[0], self.peak_name or "") + clocked
         mix = ", ".join(f"{k} {fmt_percent(self.flops_by_precision[k] / self.flops)}" for k in counted)
@@ -196,19 +197,20 @@ def analyse(counts: Any, device_type: str, seconds: float, peak: Optional[peaks.
                         for where in {w for w, _ in counts.flops} | set(counts.bytes) if where != device_type}
     if peak is not None:
         rl.peak_name, rl.peak_source, rl.peak_bandwidth = peak.name, peak.source, peak.bandwidth
-        rl.clock_mhz, rl.reference_mhz, rl.clock_scale = peak.clock_mhz, peak.reference_mhz, peak.clock_scale
+        rl.clock_mhz = peak.clock_mhz
+        rl.reference_mhz = {kind: mhz for kind in by_precision if (mhz := peak.reference_for(kind))}
         _hold_against(rl, peak, clocked=True)
-        if rl.clock_scale < 1 and (rl.flops_fraction or 0) > 1:
-            rl.clock_scale = 1.0
+        references = _references(rl)
+        if rl.clock_scales and (rl.flops_fraction or 0) > 1:
             _hold_against(rl, peak, clocked=False)
             rl.notes.append(f"roofline: the SM clock NVML read after the samples ({rl.clock_mhz:,.0f} MHz, "
                             "their median) is below what the achieved FLOP/s need (the GPU slowed down "
-                            f"before it was read): peaks at the table's {rl.reference_mhz:,.0f} MHz")
-        elif rl.clock_scale < 1:
+                            f"before it was read): peaks at the table's {references} MHz")
+        elif rl.clock_scales:
             scaled = ", ".join(f"{kind} {fmt_si(value, 'FLOP/s')}" for kind, value in rl.peak_flops.items()
                                if value and rl.flops_by_precision.get(kind))
             rl.notes.append(f"roofline: FLOP/s peaks scaled to the SM clock the samples ran at, "
-                            f"{rl.clock_mhz:,.0f} of the {rl.reference_mhz:,.0f} MHz the table's figures "
+                            f"{rl.clock_mhz:,.0f} of the {references} MHz the table's figures "
                             "assume (the median of NVML's readings after each sample)"
                             + (f": {scaled}" if scaled else ""))
         rl.notes += peak.notes
@@ -217,16 +219,33 @@ def analyse(counts: Any, device_type: str, seconds: float, peak: Optional[peaks.
 
 
 def _hold_against(rl: Roofline, peak: peaks.Peak, clocked: bool) -> None:
+    """The peaks for the counted precisions, each scaled to the clock (unless not ``clocked``); the scales
+    below 1 that were applied are kept in ``clock_scales``."""
     rl.peak_flops = {kind: peak.flops_for(kind, clocked) for kind in rl.flops_by_precision}
     rl.peak_labels = {kind: peak.label(kind) for kind in rl.flops_by_precision}
+    rl.clock_scales = {kind: peak.scale_for(kind) for kind in rl.flops_by_precision
+                       if clocked and peak.scale_for(kind) < 1}
+
+
+def _references(rl: Roofline) -> str:
+    """'1,830' when the counted precisions' figures assume one clock; '1,830 (bf16) / 1,980 (fp32)' when
+    the tensor-core and the CUDA-core figures assume different ones."""
+    by_clock: dict = {}
+    for kind, mhz in rl.reference_mhz.items():
+        if rl.flops_by_precision.get(kind):
+            by_clock.setdefault(mhz, []).append(kind)
+    if len(by_clock) <= 1:
+        return ", ".join(f"{mhz:,.0f}" for mhz in by_clock)
+    return " / ".join(f"{mhz:,.0f} ({', '.join(kinds)})" for mhz, kinds in sorted(by_clock.items()))
 
 
 def _count_notes(rl: Roofline, peak: Optional[peaks.Peak]) -> list:
     """What the counts are, and what they leave out."""
     counted = f"{fmt_si(rl.flops, 'FLOP')} and " if rl.flops else "no FLOPs and "
     notes = [f"roofline: {counted}{fmt_si(rl.bytes, 'B')} per loop, counted in one extra untimed run of the "
-             "cell (--no-roofline skips it, for a cell that must not run again); bytes are a lower bound: "
-             "each op's inputs read and outputs written once, views free"]
+             "cell (--no-roofline skips it, for a cell that must not run again); bytes: each op's inputs "
+             "read and outputs written once, views free (not a bound on memory traffic: less where data "
+             "stays in L2 between ops, more where tiled kernels re-read)"]
     if rl.uncounted:
         ranked = sorted(rl.uncounted.items(), key=lambda item: -item[1])
         shown = ", ".join(f"{name} x{calls}" for name, calls in ranked[:UNCOUNTED_SHOWN])

@@ -133,3 +133,22 @@ def test_a_cpu_cell_after_cuda_was_initialised_gets_no_gpu_peak(ip, gpu):
     assert result.roofline.flops == 2 * 64 ** 3 and "H100" not in result.to_text()
     assert "roofline: no peak figures for cpu (--peak FLOPS[,BYTES_PER_S] sets one, for a percentage)" in \
         result.notes
+
+
+def test_causal_flash_attention_on_the_simulated_h100_counts_the_attended_pairs(ip, gpu):
+    """CUDA's flash kernel, called as SDPA's CUDA path calls it (issue 28, item 6): its FLOPs follow the
+    pairs a causal mask leaves, so a kernel at 60 % of the bf16 peak reads 60 %, not 120 % with a note
+    blaming the clock."""
+    import simulated_gpu
+    import torch
+
+    b, h, s, d = 8, 16, 8192, 128  # a 3.7 ms kernel: long beside the host's launch overhead
+    causal = 4 * b * h * d * (s * (s + 1) // 2)
+    kernel_s = causal / (0.6 * H100_BF16)
+    ip.user_ns["q"] = simulated_gpu.cuda_standin(gpu.sim, (b, h, s, d), torch.bfloat16, kernel_s)
+    result = run(ip, f"%%cudatime -o -q {FAST}\n"
+                     "y = torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, 0.0, True)[0]")
+    rl = result.roofline
+    assert rl.flops_by_precision == {"bf16": causal}
+    assert rl.causal == {"aten._scaled_dot_product_flash_attention": 1}
+    assert 0.2 < rl.flops_fraction <= 0.6 and not any("above the FLOP/s peak" in n for n in result.notes)

@@ -158,3 +158,26 @@ def test_peak_option_values(text, expected):
 def test_bad_peak_values_say_what_is_valid(text):
     with pytest.raises(MagicInputError, match=r"--peak takes FLOPS\[,BYTES_PER_S\]: one or two numbers"):
         roofline.parse_peak(text)
+
+
+def test_causal_attention_is_said_with_its_convention_and_no_longer_passes_the_peak():
+    """Counted as full, a causal attention kernel reached up to 2x its real FLOP/s and, past 100 %, the
+    report blamed the clock (issue 28, item 6)."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    from torchgpu_magic.timing import counting
+
+    q = torch.randn(2, 4, 256, 64)
+    measured = counting.count(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+                              contextlib.nullcontext)
+    causal_work = 4 * 2 * 4 * 64 * (256 * 257 // 2)  # what the kernel does: the attended pairs
+    seconds = causal_work / (0.75 * 1e9)  # a kernel running at 75 % of a 1 GFLOP/s --peak
+    rl = roofline.analyse(measured, "cpu", seconds, peaks.user_peak(1e9, 1e12, None))
+    assert rl.flops_fraction == pytest.approx(0.75)
+    assert not any("above the FLOP/s peak" in n for n in rl.notes)
+    assert any(n.startswith("roofline: causal attention (aten._scaled_dot_product_flash_attention_for_cpu "
+                            "x1) "
+                            "counted by the (query, key) pairs it attends") for n in rl.notes)

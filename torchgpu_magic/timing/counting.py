@@ -2,9 +2,11 @@
 
 One extra, untimed run of the cell (never a timing sample) runs under :class:`OpCounter`, a
 ``TorchDispatchMode`` that sees every aten op. FLOPs are those of torch's ``FlopCounterMode``: its table
-of formulas (matmuls, convolutions, attention; plus the CPU flash-attention ops, for which torch has the
-formula but registers none), applied the way its dispatch mode applies them. Each op's FLOPs are kept by
-device and precision, and an arithmetic op without a formula is named. Bytes are the sum of what each
+of formulas (matmuls, convolutions, attention), with :mod:`.formulas`' additions (causal attention by the
+pairs it attends, the CPU flash-attention ops, the fused ops ``nn`` modules run in eval mode), applied the
+way its dispatch mode applies them. Each op's FLOPs are kept by device and precision, an arithmetic op
+without a formula is named, and an op known to do matrix products whose FLOPs are not counted is named
+apart (the FLOP figure is then incomplete, not just a lower bound). Bytes are the sum of what each
 op reads (its tensor inputs) and writes (its tensor outputs), each once: the traffic of the ops run one
 by one with nothing kept in a cache between them. That is not a bound on the memory traffic either way:
 data that stays in L2 from one op to the next (or from loop to loop) never reaches memory, so the real
@@ -26,6 +28,7 @@ op's tensors the first-run watch shares); a torch without them turns the count i
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ import torch
 
 from ..torchapi import compiled_graphs, dispatch_mode_base, dynamo_loaded, is_higher_order_op
 from .dispatch import tensors_in
+from .formulas import NEEDS_OP, UNCOUNTED_MATMULS, registry
 
 # A CUDA build without triton (Windows, some containers) logs "triton not found; flop counting will not
 # work for triton kernels" when this module is first imported: into the user's first %%cudatime. The
@@ -71,7 +75,8 @@ MOVES = frozenset({
     "diagonal_scatter", "as_strided_scatter", "randn", "rand", "randint", "randperm", "randn_like",
     "rand_like", "randint_like", "lift_fresh_copy", "detach_copy", "alias_copy", "_pin_memory",
     "expand_copy", "permute_copy", "view_copy", "t_copy", "transpose_copy", "split_with_sizes_copy",
-    "unbind_copy", "empty_like", "tril_indices", "triu_indices", "one_hot",
+    "unbind_copy", "empty_like", "tril_indices", "triu_indices", "one_hot", "_nested_tensor_from_mask",
+    "_nested_tensor_from_mask_left_aligned", "to_padded_tensor",
 }) | OVERWRITE | PARTIAL
 # Queries of sizes and strides (they reach a mode for tensor subclasses): passed on, as FlopCounterMode does.
 METADATA = frozenset({"sym_is_contiguous", "is_contiguous", "is_strides_like_format",
@@ -88,13 +93,17 @@ _PRECISION.update({getattr(torch, n): "fp8" for n in ("float8_e4m3fn", "float8_e
 class Counts:
     """One run's counts: ``flops`` by (device type, precision), ``bytes`` (read and written by the ops)
     by device type, how many aten ops ran, the arithmetic ops without a FLOP formula (name -> calls), the
-    higher-order ops not looked into (name -> calls), whether ``torch.compile`` has compiled code in this
-    process (run eagerly for the count), and how long the counting run took (seconds)."""
+    ops that do matrix products whose FLOPs are not counted (``unknown``: name -> calls; a fused op no
+    formula covers, or one its formula could not read), the attention ops counted as causal (name ->
+    calls), the higher-order ops not looked into (name -> calls), whether ``torch.compile`` has compiled
+    code in this process (run eagerly for the count), and how long the counting run took (seconds)."""
 
     flops: dict = field(default_factory=dict)
     bytes: dict = field(default_factory=dict)
     ops: int = 0
     uncounted: dict = field(default_factory=dict)
+    unknown: dict = field(default_factory=dict)
+    causal: dict = field(default_factory=dict)
     opaque: dict = field(default_factory=dict)
     compiled: bool = False
     seconds: float = 0.0
@@ -154,10 +163,13 @@ def precision(func: Any, tensors: list, cuda: bool, tf32: Optional[dict] = None)
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
-    """The bytes of the distinct elements ``t`` addresses (a broadcast dimension, stride 0, counts once);
-    0 for layouts without strides (sparse, MKL-DNN): their bytes are not counted."""
+    """The bytes of the distinct elements ``t`` addresses (a broadcast dimension, stride 0, counts once;
+    a nested tensor, the elements of its sequences); 0 for layouts without strides (sparse, MKL-DNN):
+    their bytes are not counted."""
     if t.layout != torch.strided:
         return 0
+    if t.is_nested:  # TransformerEncoder's fast path: no sizes or strides, but its element count
+        return t.numel() * t.element_size()
     elements = 1
     for size, stride in zip(t.shape, t.stride()):
         if size == 0:
@@ -187,18 +199,22 @@ class _Rule:
     reads_mutated: bool  # an in-place op that reads what it writes (add_, not copy_ or index_put_)
     partial: bool  # an indexed write: the written argument is charged nothing
     named: bool  # arithmetic without a formula: named as uncounted
+    matmul: bool  # a fused op known to do matrix products that no formula counts (formulas.UNCOUNTED_MATMULS)
 
     @classmethod
     def of(cls, func: Any, formulas: dict) -> _Rule:
         name = func.overloadpacket.__name__
         formula = formulas.get(func.overloadpacket)
+        if getattr(formula, NEEDS_OP, False):
+            formula = functools.partial(formula, func)
         free = func.is_view or name in FREE
         allocates = name.startswith(("empty", "new_empty", "_empty"))
         mutable = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
                         if a.alias_info is not None and a.alias_info.is_write)
         reads = torch.Tag.inplace in func.tags and name not in OVERWRITE and name not in PARTIAL
         named = formula is None and not free and not allocates and name not in MOVES
-        return cls(name, formula, free, allocates, mutable, reads, name in PARTIAL, named)
+        matmul = formula is None and str(func.overloadpacket) in UNCOUNTED_MATMULS
+        return cls(name, formula, free, allocates, mutable, reads, name in PARTIAL, named, matmul)
 
 
 class OpCounter(dispatch_mode_base()):
@@ -257,13 +273,18 @@ class OpCounter(dispatch_mode_base()):
         counts = self.counts
         counts.ops += 1
         inputs, outputs = tensors_in(args, kwargs), tensors_in(out)
-        flops = rule.formula(*args, **kwargs, out_val=out) if rule.formula is not None else 0
+        try:
+            flops = rule.formula(*args, **kwargs, out_val=out) if rule.formula is not None else 0
+        except Exception:  # noqa: BLE001 - a formula that cannot read these arguments: FLOPs unknown
+            flops = None
+        label = str(func.overloadpacket)
         if flops:
             where = (outputs or inputs)[0].device.type if (outputs or inputs) else "cpu"
             kind = precision(func, inputs, where == "cuda", self.tf32)
             counts.flops[(where, kind)] = counts.flops.get((where, kind), 0) + flops
+        elif (flops is None or rule.matmul) and inputs:
+            counts.unknown[label] = counts.unknown.get(label, 0) + 1
         elif rule.named and inputs:
-            label = str(func.overloadpacket)
             counts.uncounted[label] = counts.uncounted.get(label, 0) + 1
         if rule.free:
             return
@@ -284,26 +305,6 @@ class OpCounter(dispatch_mode_base()):
             counts.bytes[where] = counts.bytes.get(where, 0) + tensor_bytes(t)
 
 
-def _attention_cpu(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query, key, value)
-
-
-def _attention_cpu_backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any,
-                            out_shape: Any = None, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
-def _cpu_attention_formulas() -> dict:
-    """torch's attention formulas for the CPU flash-attention ops, which FlopCounterMode leaves out."""
-    ops = (("_scaled_dot_product_flash_attention_for_cpu", _attention_cpu),
-           ("_scaled_dot_product_flash_attention_for_cpu_backward", _attention_cpu_backward))
-    return {getattr(aten, name): formula for name, formula in ops if hasattr(aten, name)}
-
-
 def compiled_code_exists() -> bool:
     """Whether ``torch.compile`` has compiled a graph in this process (never imports dynamo)."""
     return compiled_graphs() > 0
@@ -321,11 +322,12 @@ def _eager() -> ContextManager[Any]:
 def count(run: Callable[[], Any], silence: Callable[[], ContextManager[Any]]) -> Counts:
     """Call ``run`` (one loop of the cell) once under the counter, silenced, with compiled functions
     running eagerly; return what it did. What ``run`` raises propagates."""
-    formulas = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas()).flop_registry
+    formulas, causal = registry(FlopCounterMode(display=False).flop_registry)
     counter = OpCounter(formulas)
     start = time.perf_counter()
     with silence(), _eager(), counter:
         run()
     counter.counts.seconds = time.perf_counter() - start
     counter.counts.compiled = compiled_code_exists()
+    counter.counts.causal = dict(causal)
     return counter.counts

@@ -49,7 +49,9 @@ class Roofline:
     the timed device, the per-loop ``seconds`` they took (the headline median), FLOPs by precision, the
     peaks held against them (FLOP/s per precision present, bandwidth, their name and source, the SM clock
     the samples ran at, the clock each precision's figure assumes and the scale applied to it), the ops no
-    FLOP formula counts, the higher-order ops not looked into, and ``error`` when the counting run failed."""
+    FLOP formula counts, the attention ops counted as causal, the ops that do matrix products whose FLOPs
+    are not counted (``unknown``: then no FLOP/s percentage, intensity or bound is given, the bytes
+    stand), the higher-order ops not looked into, and ``error`` when the counting run failed."""
 
     seconds: float
     flops: Optional[int] = None
@@ -64,6 +66,8 @@ class Roofline:
     clock_scales: dict = field(default_factory=dict)
     peak_labels: dict = field(default_factory=dict)
     uncounted: dict = field(default_factory=dict)
+    unknown: dict = field(default_factory=dict)
+    causal: dict = field(default_factory=dict)
     opaque: dict = field(default_factory=dict)
     other_devices: dict = field(default_factory=dict)
     compiled: bool = False
@@ -82,7 +86,9 @@ class Roofline:
 
     @property
     def intensity(self) -> Optional[float]:
-        """FLOPs per byte moved (None when nothing was moved)."""
+        """FLOPs per byte moved (None when nothing was moved, or some matrix work was not counted)."""
+        if self.unknown:
+            return None
         return self.flops / self.bytes if self.flops is not None and self.bytes else None
 
     @property
@@ -106,7 +112,7 @@ class Roofline:
     def flops_fraction(self) -> Optional[float]:
         """Achieved FLOP/s over the peak for this mix of precisions."""
         compute = self.compute_time
-        return compute / self.seconds if compute and self.seconds > 0 else None
+        return compute / self.seconds if compute and self.seconds > 0 and not self.unknown else None
 
     @property
     def bandwidth_fraction(self) -> Optional[float]:
@@ -117,7 +123,7 @@ class Roofline:
     def ridge(self) -> Optional[float]:
         """The ridge point (FLOP/B) for this mix of precisions: peak FLOP/s over bandwidth."""
         compute = self.compute_time
-        if not compute or not self.peak_bandwidth:
+        if not compute or not self.peak_bandwidth or self.unknown:
             return None
         return self.flops / compute / self.peak_bandwidth
 
@@ -125,7 +131,7 @@ class Roofline:
     def bound(self) -> Optional[str]:
         """'compute' or 'memory': which of the two takes longer at peak; None without both peaks."""
         compute, memory = self.compute_time, self.memory_time
-        if compute is None or memory is None or (not compute and not memory):
+        if compute is None or memory is None or (not compute and not memory) or self.unknown:
             return None
         return "compute" if compute >= memory else "memory"
 
@@ -145,11 +151,17 @@ class Roofline:
         if not self.flops and not self.bytes:
             return None
         flops = fmt_si(self.achieved_flops, "FLOP/s") if self.flops else "no FLOPs counted"
+        if self.unknown:
+            shown = ", ".join(sorted(self.unknown))
+            flops = (f"{flops} and more not counted ({shown})" if self.flops else
+                     f"FLOPs not counted ({shown})")
         if self.flops and self.flops_fraction is not None:
             flops += f" ({fmt_percent(self.flops_fraction)} of {self._peak_label()})"
         moved = fmt_si(self.achieved_bandwidth, "B/s")
         if self.bandwidth_fraction is not None:
             moved += f" ({fmt_percent(self.bandwidth_fraction)} of {fmt_si(self.peak_bandwidth, 'B/s')})"
+        if self.unknown:
+            return f"{flops}, {moved}"
         intensity = f"intensity {fmt_si(self.intensity or 0, 'FLOP/B')}"
         if self.bound is None:
             return f"{flops}, {moved}; {intensity}"
@@ -163,7 +175,7 @@ class Roofline:
         parts = []
         for value, unit, fraction in ((self.achieved_flops, "FLOP/s", self.flops_fraction),
                                       (self.achieved_bandwidth, "B/s", self.bandwidth_fraction)):
-            text = fmt_si(value, unit)
+            text = "FLOPs not counted" if unit == "FLOP/s" and self.unknown else fmt_si(value, unit)
             parts.append(text + (f" ({fmt_percent(fraction)})" if fraction is not None else ""))
         return ", ".join(parts)
 
@@ -190,7 +202,9 @@ def analyse(counts: Any, device_type: str, seconds: float, peak: Optional[peaks.
     between a sample and its reading) is dropped, and the peak taken at the table's clock."""
     by_precision = {kind: n for (where, kind), n in counts.flops.items() if where == device_type}
     rl = Roofline(seconds, sum(by_precision.values()), counts.bytes.get(device_type, 0), by_precision,
-                  uncounted=dict(counts.uncounted), opaque=dict(counts.opaque), compiled=counts.compiled,
+                  uncounted=dict(counts.uncounted), unknown=dict(counts.unknown), causal=dict(counts.causal),
+                  opaque=dict(counts.opaque),
+                  compiled=counts.compiled,
                   count_seconds=counts.seconds)
     rl.other_devices = {where: {"bytes": counts.bytes.get(where, 0),
                                 "flops": sum(n for (w, _), n in counts.flops.items() if w == where)}
@@ -253,6 +267,15 @@ def _count_notes(rl: Roofline, peak: Optional[peaks.Peak]) -> list:
         shown += f" and {more} more" if more > 0 else ""
         notes.append(f"roofline: FLOPs count matmuls, convolutions and attention (torch's FlopCounterMode); "
                      f"not counted: {shown}; the FLOP figure is a lower bound")
+    if rl.causal:
+        ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.causal.items()))
+        notes.append(f"roofline: causal attention ({ops}) counted by the (query, key) pairs it attends, "
+                     "s(s+1)/2 of s x s for a square mask, as the kernels skip the masked tiles (the "
+                     "convention of FlashAttention's benchmarks: half of full attention)")
+    if rl.unknown:
+        ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.unknown.items()))
+        notes.append(f"roofline: {ops} did matrix products whose FLOPs are not counted (no formula reads "
+                     "them): no FLOP/s percentage, intensity or bound; the bytes stand")
     if rl.opaque:
         ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.opaque.items()))
         notes.append(f"roofline: the FLOPs and bytes inside {ops} are not counted (a higher-order op: the "

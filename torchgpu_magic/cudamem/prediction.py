@@ -20,17 +20,32 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ..errors import MagicInputError
+from ..render import fmt_bytes
 from ..torchapi import FAKE_TENSOR_LOGGER, fake_tensor_class, fake_tensor_mode_class
 from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger
 from .fakenamespace import cell_names, fake_namespace, mark_target
 from .report import CellMemory, FitResult
 from .run import find_objects, report, run_tracked, version_note
-from .targetdevice import Target, cublas_workspaces, cuda_context, describe_arch, device_facts, host_capacity
+from .targetdevice import (
+    THREADS,
+    Target,
+    cublas_workspaces,
+    cuda_context,
+    describe_arch,
+    device_facts,
+    host_capacity,
+)
 
 __all__ = ["PredictionError", "cell_names", "predict", "fit", "FIT_DOUBLINGS"]
 
 FIT_DOUBLINGS = 20
 """How many times ``--fit`` doubles the batch before it stops looking further (2**20 times the current)."""
+
+FIT_MARGIN = 0.05
+"""The share of a GPU's capacity ``--fit`` leaves free: what a prediction cannot count and a step still
+needs there (kernels CUDA loads into its context as the step runs, cuDNN's workspaces, the allocator's
+fragmentation when memory runs short, other processes' contexts). A batch that fits with no slack at all
+is the one that fails a few steps in."""
 
 _DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException",
                    "GuardOnDataDependentSymNode")
@@ -130,15 +145,18 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
     from .cudastandin import StrayDeviceError, guarded
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-    workspaces = cublas_workspaces(cc) if target.kind == "cuda" else []
-    added: list = []
+    added: list = []  # the workspaces allocated, in order
+    threads: set = set()  # (ledger, thread) pairs whose workspaces are allocated
 
     def on_matmul(ledger: Ledger) -> None:
-        if ledger in added:
+        # the backward's products run on autograd's device thread, whose cuBLAS handle gets its own
+        thread = THREADS[1] if ledger.where()[0] == "backward" else THREADS[0]
+        if (id(ledger), thread) in threads:
             return
-        added.append(ledger)
-        for item in workspaces:
+        threads.add((id(ledger), thread))
+        for item in cublas_workspaces(cc, thread):
             ledger.add(("workspace", item.what), item.nbytes, "workspaces")
+            added.append(item)
 
     with _torch_state_kept():
         fake_ns, copies = fake_namespace(ns, names, fake_mode, target.run_on, resize)
@@ -154,7 +172,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
             try:
                 with fake_mode, rules, _fake_module_moves():
                     result = run_tracked(lambda: exec(code, fake_ns), objects, _ledger_for(target),
-                                         on_matmul if workspaces else None)
+                                         on_matmul if target.kind == "cuda" else None)
             except StrayDeviceError as exc:
                 raise PredictionError(f"--predict stopped this cell: {exc}") from None
             except MagicInputError:
@@ -169,7 +187,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
                 objects.clear()
     notes = sorted({f"warning during the prediction: {str(w.message).splitlines()[0]}" for w in caught
                     if str(w.message).strip()})[:3]
-    return (*result, workspaces if added else [], notes)
+    return (*result, added, notes)
 
 
 def _limits(target: Target) -> list:
@@ -249,25 +267,40 @@ def batch_tensors(ns: Mapping[str, Any], names: list) -> tuple:
 
 def fit(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Target, fit_names: list,
         capacity: Optional[int] = None, cc: Optional[tuple] = None, top: int = 8) -> FitResult:
-    """The largest first dimension of the tensors named by ``fit_names`` whose predicted run fits:
-    doubling from the current size until one does not fit (halving when the current one does not),
-    then bisecting between the last that fits and the first that does not."""
+    """The largest first dimension of the tensors named by ``fit_names`` whose predicted run fits (on a
+    GPU, with :data:`FIT_MARGIN` of its capacity left free, which the report says): doubling from the
+    current size until one does not fit (halving when the current one does not), then bisecting between
+    the last that fits and the first that does not."""
     start = time.perf_counter()
     tensors, current = batch_tensors(ns, fit_names)
     names = sorted(set(names) | set(fit_names))
     seen: dict = {}
+    usable: list = []  # (bytes, source) the search fits into: a GPU's capacity less FIT_MARGIN
+
+    def usable_capacity(report: CellMemory) -> tuple:
+        if report.capacity is None or target.kind != "cuda":
+            return report.capacity, report.capacity_source
+        margin = int(report.capacity * FIT_MARGIN)
+        return report.capacity - margin, (f"{report.capacity_source}: {fmt_bytes(report.capacity)}, less a "
+                                          f"{FIT_MARGIN * 100:g} % margin of {fmt_bytes(margin)} for what a "
+                                          "prediction cannot count: kernels loaded as the step runs, cuDNN "
+                                          "workspaces, fragmentation")
 
     def at(size: int) -> CellMemory:
         if size not in seen:
             try:
-                seen[size] = predict(code, filename, ns, names, target, capacity, cc, top,
-                                     resize={id(t): size for t in tensors})
+                report = predict(code, filename, ns, names, target, capacity, cc, top,
+                                 resize={id(t): size for t in tensors})
             except PredictionError as exc:
                 reason = str(exc).split("--predict ", 1)[-1]
                 raise PredictionError(f"--fit, at first dimension {size}: {reason}") from None
-            if seen[size].capacity is None:
+            if report.capacity is None:
                 raise MagicInputError(f"--fit needs a capacity: {target.device} has none known here; "
-                                      f"give --capacity SIZE (e.g. --capacity 80GiB)")
+                                      f"give --capacity SIZE (e.g. --capacity 79GiB)")
+            if not usable:
+                usable.append(usable_capacity(report))
+            report.capacity, report.capacity_source = usable[0]
+            seen[size] = report
         return seen[size]
 
     limit = max(current, 1) * 2 ** FIT_DOUBLINGS

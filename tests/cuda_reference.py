@@ -6,9 +6,9 @@ How it is built (each step is what a CUDA GPU would do differently from a plain 
 else; none of it goes through the prediction's fake tensors or its emulated kernels in
 torchgpu_magic/cudamem/cudakernels.py):
 
-- **Real tensors, real kernels.** The setup and the cell run in a fresh Python process on real cpu
-  tensors (a subprocess: hundreds of MiB freed in the test process would raise glibc's mmap threshold and
-  spoil the RSS figures of later tests). Every storage the run allocates and frees is seen by torch's
+- **Real tensors, real kernels.** The setup and the cell run on real cpu tensors (in the tests, in a fresh
+  Python process: hundreds of MiB freed in the test process would raise glibc's mmap threshold and spoil
+  the RSS figures of later tests). Every storage the run allocates and frees is seen by torch's
   MemTracker (torchgpu_magic.cudamem.run.run_tracked, the tracker ``%%cudamem`` measures with) and
   handed, block by block, to the model of the CUDA caching allocator (cudamem/allocator.py), as a
   measured ``%%cudamem cuda`` run is: the allocator's rounding and segments are the same on both sides,
@@ -45,7 +45,9 @@ torchgpu_magic/cudamem/cudakernels.py):
   them (unified by default since pytorch/pytorch#168175). The CUDA context lies beside the allocator and
   is the same figure on both sides, so it is left out of the comparison.
 
-:func:`reference` returns, per cell, the peak allocated, the peak reserved and the categories at the peak.
+:func:`measure` runs one cell in a namespace (the benchmark's way, on the live objects); :func:`start`
+and :func:`finish` (or :func:`reference`) run (setup, cell) pairs in a fresh process (the tests' way).
+Each gives the peak allocated, the peak reserved and the categories at the peak.
 """
 from __future__ import annotations
 
@@ -53,97 +55,114 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 MIB = 2**20
 CUBLAS_WORKSPACE = 32 * MIB  # sm_90's default (CUBLAS_WORKSPACE_CONFIG :4096:8)
 
-_PROGRAM = r'''
-import json, sys
-import torch
-import torch.nn.functional as F
-from torchgpu_magic.cudamem.allocator import CachingAllocatorModel, Ledger
-from torchgpu_magic.cudamem.run import find_objects, run_tracked
 
-WORKSPACE = int(sys.argv[1])
-jobs = json.loads(sys.stdin.read())
-_sdpa, _dropout = F.scaled_dot_product_attention, F.dropout
+def _fused_attention() -> tuple:
+    """(``F.scaled_dot_product_attention`` taking CUDA's fused kernels' memory, ``F.dropout`` taking
+    CUDA's fused dropout's), built on cpu kernels."""
+    import torch
 
+    aten = torch.ops.aten
+    dropout_before = torch.nn.functional.dropout
 
-cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    class Efficient(torch.autograd.Function):
+        """cpu's flash kernel, keeping what CUDA's memory-efficient kernel keeps: its output laid out as
+        that kernel allocates it, (batch, seq, heads, dim) in memory, and the log-sum-exp."""
 
+        @staticmethod
+        def forward(ctx: Any, query: Any, key: Any, value: Any, is_causal: bool, scale: Any) -> Any:
+            out, lse = aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal,
+                                                                        scale=scale)
+            out = out.transpose(1, 2).contiguous().transpose(1, 2)
+            ctx.save_for_backward(query, key, value, out, lse)
+            ctx.is_causal, ctx.scale = is_causal, scale
+            return out
 
-class Efficient(torch.autograd.Function):
-    """cpu's flash kernel, keeping what CUDA's memory-efficient kernel keeps: its output laid out as that
-    kernel allocates it, (batch, seq, heads, dim) in memory, and the log-sum-exp."""
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            query, key, value, out, lse = ctx.saved_tensors
+            grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad.contiguous(), query, key, value, out, lse, 0.0, ctx.is_causal, scale=ctx.scale)
+            return (*grads, None, None)
 
-    @staticmethod
-    def forward(ctx, query, key, value, is_causal, scale):
-        out, lse = cpu_flash(query, key, value, 0.0, is_causal, scale=scale)
-        out = out.transpose(1, 2).contiguous().transpose(1, 2)
-        ctx.save_for_backward(query, key, value, out, lse)
-        ctx.is_causal, ctx.scale = is_causal, scale
-        return out
+    def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+             is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
+        fused = attn_mask is None and query.shape[-1] % 8 == 0 and query.shape[-2] % 32 == 0
+        assert fused, "not a case CUDA runs with a fused kernel that this reference takes"
+        if query.dtype in (torch.float16, torch.bfloat16):  # flash: its output follows the query's layout
+            return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal,
+                                                                    scale=scale)[0]
+        return Efficient.apply(query, key, value, is_causal, scale)
 
-    @staticmethod
-    def backward(ctx, grad):
-        query, key, value, out, lse = ctx.saved_tensors
-        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad.contiguous(), query, key, value, out, lse, 0.0, ctx.is_causal, scale=ctx.scale)
-        return (*grads, None, None)
+    def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if training and not inplace and 0 < p < 1 and input.numel():
+            return torch.native_dropout(input, p, True)[0]
+        return dropout_before(input, p, training, inplace)
 
-
-def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    assert attn_mask is None and query.shape[-1] % 8 == 0 and query.shape[-2] % 32 == 0, "not a fused case"
-    if query.dtype in (torch.float16, torch.bfloat16):  # flash: its output follows the query's layout
-        return cpu_flash(query, key, value, 0.0, is_causal, scale=scale)[0]
-    return Efficient.apply(query, key, value, is_causal, scale)
-
-
-def dropout(input, p=0.5, training=True, inplace=False):
-    if training and not inplace and 0 < p < 1 and input.numel():
-        return torch.native_dropout(input, p, True)[0]
-    return _dropout(input, p, training, inplace)
+    return sdpa, dropout
 
 
-out = []
-for setup, cell in jobs:
-    ns = {}
-    exec(setup, ns)
+def measure(ns: dict, cell: str, workspace: int = CUBLAS_WORKSPACE) -> dict:
+    """Run ``cell`` for real in namespace ``ns`` (real cpu tensors; every model, optimizer and tensor in
+    it counts as held before the cell), as described above: ``peak``, ``reserved_peak`` (bytes),
+    ``categories`` at the peak, the ``workspaces`` allocated (by thread)."""
+    import torch
+    import torch.nn.functional as F
+
+    from torchgpu_magic.cudamem.allocator import CachingAllocatorModel, Ledger
+    from torchgpu_magic.cudamem.run import find_objects, run_tracked
+
     for value in ns.values():
         if isinstance(value, torch.optim.Optimizer):
             for group in value.param_groups:
                 group["foreach"] = True
     code = compile(cell.replace("autocast('cuda'", "autocast('cpu'"), "<cell>", "exec")
-    objects = find_objects([(k, v) for k, v in ns.items() if not k.startswith("__")])
-    added = set()
+    objects = find_objects([(k, v) for k, v in ns.items() if not k.startswith("_")])
+    added: list = []
 
-    def on_matmul(ledger):
-        phase = ledger.where()[0]
-        thread = "autograd's thread" if phase == "backward" else "the cell's thread"
+    def on_matmul(ledger: Any) -> None:
+        thread = "autograd's thread" if ledger.where()[0] == "backward" else "the cell's thread"
         if thread not in added:
-            added.add(thread)
-            ledger.add(("workspace", thread), WORKSPACE, "workspaces")
+            added.append(thread)
+            ledger.add(("workspace", thread), workspace, "workspaces")
 
-    F.scaled_dot_product_attention, F.dropout = sdpa, dropout
+    saved = F.scaled_dot_product_attention, F.dropout
+    F.scaled_dot_product_attention, F.dropout = _fused_attention()
     try:
         ledgers, _, _ = run_tracked(lambda: exec(code, ns), objects,
                                     lambda name: Ledger(CachingAllocatorModel()), on_matmul)
     finally:
-        F.scaled_dot_product_attention, F.dropout = _sdpa, _dropout
+        F.scaled_dot_product_attention, F.dropout = saved
     ledger = ledgers["cpu"]
-    out.append({"peak": ledger.peak, "reserved_peak": ledger.reserved_peak,
-                "categories": ledger.peak_categories, "workspaces": sorted(added)})
+    return {"peak": ledger.peak, "reserved_peak": ledger.reserved_peak, "categories": ledger.peak_categories,
+            "workspaces": added}
+
+
+_PROGRAM = r"""
+import json, sys
+import cuda_reference
+
+out = []
+for setup, cell in json.loads(sys.stdin.read()):
+    ns = {}
+    exec(setup, ns)
+    out.append(cuda_reference.measure(ns, cell))
 print("REFERENCE " + json.dumps(out))
-'''
+"""
 
 
 def start(jobs: list) -> subprocess.Popen:
     """Start the reference runs of ``jobs`` ((setup code, cell code) pairs) in a fresh process; collect
     them with :func:`finish`. Starting early lets the predictions run meanwhile (they use one core)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-c", _PROGRAM, str(CUBLAS_WORKSPACE)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, "-c", _PROGRAM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path},
+                            cwd=os.path.dirname(here))
     proc.stdin.write(json.dumps(jobs))
     proc.stdin.close()
     return proc

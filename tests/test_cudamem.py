@@ -496,6 +496,37 @@ def test_the_fitted_batch_runs_on_the_gpu_and_ten_percent_more_does_not_fit(ip):
     assert result.at_best.needs >= 0.9 * result.capacity, (result.best, free, total)
 
 
+@pytest.mark.gpu
+def test_gpu_the_cpu_stand_in_predicts_what_fake_cuda_tensors_predict(ip, monkeypatch):
+    """On a CUDA build with a GPU whose context this process holds, ``--predict cuda`` runs on fake CUDA
+    tensors: torch's own CUDA dispatch (its AutocastCUDA kernels, select_sdp_backend on this GPU, fused
+    dropout). The cpu stand-in, made to run here for the comparison, emulates those choices
+    (cudamem/cudakernels.py): for a 2-layer encoder (d_model 512, dropout 0.1, AdamW) in fp32 and under
+    bf16 autocast, and for MultiheadAttention, both must predict the same peak within 5 %."""
+    import torch
+
+    from torchgpu_magic.cudamem import targetdevice
+
+    torch.zeros(1, device="cuda")  # a context, so that the native prediction creates none
+    run(ip, "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.TransformerEncoder(\n"
+            "    torch.nn.TransformerEncoderLayer(512, 8, batch_first=True), 2)\n"
+            "opt = torch.optim.AdamW(model.parameters())\nxb = torch.randn(8, 256, 512)\n"
+            "mha = torch.nn.MultiheadAttention(512, 8, dropout=0.1, batch_first=True)")
+    cells = ["loss = model(xb).float().square().mean()\nloss.backward()\nopt.step()",
+             "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+             "    loss = model(xb).float().square().mean()\nloss.backward()\nopt.step()",
+             "out, _ = mha(xb, xb, xb, need_weights=False)\nout.sum().backward()"]
+    for cell in cells:
+        native = run(ip, f"%%cudamem --predict cuda -o -q\n{cell}")
+        assert native.how.startswith("FakeTensorMode on fake cuda"), native.how
+        with monkeypatch.context() as patch:
+            patch.setattr(targetdevice, "_has_context", lambda index: False)
+            stand_in = run(ip, f"%%cudamem --predict cuda -o -q\n{cell}")
+        assert "standing in for cuda" in stand_in.how
+        assert abs(stand_in.peak / native.peak - 1) < 0.05, (cell, stand_in.peak, native.peak)
+        assert abs(stand_in.reserved_peak / native.reserved_peak - 1) < 0.05, cell
+
+
 def test_a_prediction_leaves_no_mode_patch_or_setting_behind_however_it_ends(mip):
     import logging
 

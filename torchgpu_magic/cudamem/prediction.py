@@ -199,9 +199,10 @@ def _limits(target: Target) -> list:
     else:
         out.append("the cpu allocator's own overhead and fragmentation; memory outside tensors")
     if not target.native:
-        out.append(f"kernel choices that differ between cpu and {target.kind} beyond those emulated (dropout "
-                   f"masks, attention, optimizer foreach, autocast); tensors the cell puts on the cpu count "
-                   f"as on {target.kind}")
+        out.append(f"kernel choices that differ between cpu and {target.kind} beyond those emulated "
+                   f"(autocast's casts, attention, dropout, optimizer foreach): LSTM / GRU's cuDNN kernels, "
+                   f"the fast paths of nn modules in eval mode, fused optimizers' internals; tensors the "
+                   f"cell puts on the cpu count as on {target.kind}")
     out.append("custom extensions' own allocations; code fake tensors cannot run ends the prediction instead")
     return out
 

@@ -119,6 +119,8 @@ def _why(exc: BaseException, kind: str) -> str:
                 "outside this notebook, or a class's method, reads from its globals; pass it in by name)")
     if "not compiled with CUDA" in text or "Torch not compiled" in text:
         return "it calls a torch.cuda function, which needs CUDA, and this torch has none"
+    if any(words in text for words in ("NVIDIA driver", "driver version is insufficient", "no CUDA GPUs")):
+        return f"it calls a torch.cuda function, which needs a GPU, and torch finds none here ({text})"
     if isinstance(exc, (AssertionError, RuntimeError)) and kind == "cuda" and "CUDA" in text:
         return f"it needs CUDA itself ({name}: {text})"
     return f"{name}: {text}"

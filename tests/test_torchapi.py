@@ -163,6 +163,12 @@ def test_gpu_spin_runs_a_kernel_of_known_length():
     assert start.elapsed_time(end) > 1.0  # 5e7 cycles at under 3 GHz: more than 16 ms
 
 
+def test_an_ops_argument_names_come_from_its_schema():
+    assert torchapi.argument_names(torch.ops.aten.softmax.int) == ["self", "dim", "dtype"]
+    names = torchapi.argument_names(torch.ops.aten._scaled_dot_product_flash_attention.default)
+    assert names[:5] == ["query", "key", "value", "dropout_p", "is_causal"]
+
+
 def test_ops_with_a_kernel_of_their_own_for_a_dispatch_key():
     """The ops CUDA's autocast casts, read from the dispatcher (registered on every build)."""
     autocast = torchapi.ops_with_kernel("AutocastCUDA")

@@ -100,6 +100,11 @@ def tree_leaves(value: Any) -> list:
     return leaves(value)
 
 
+def argument_names(op: Any) -> list:
+    """The names of an op overload's arguments, in its schema's order (``self``, ``dim``, ``dtype``...)."""
+    return [argument.name for argument in op._schema.arguments]
+
+
 def tree_flatten(value: Any) -> tuple:
     """``(leaves, spec)`` of a nested list / tuple / dict, as torch's dispatcher flattens an op's
     arguments; :func:`tree_unflatten` builds it back from (changed) leaves."""

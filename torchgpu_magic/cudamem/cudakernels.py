@@ -38,6 +38,7 @@ from typing import Any, Iterator, Optional
 from ..torchapi import (
     OutsideModes,
     PythonKernels,
+    argument_names,
     disabled_torch_function,
     dispatch_key_excluded,
     dispatch_key_included,
@@ -69,8 +70,7 @@ class Casts:
 
 def _by_name(op: Any, args: tuple, kwargs: dict) -> dict:
     """A call's arguments by the names of ``op``'s schema."""
-    names = [a.name for a in op._schema.arguments]
-    return {**dict(zip(names, args)), **kwargs}
+    return {**dict(zip(argument_names(op), args)), **kwargs}
 
 
 def _probe_class() -> type:
@@ -106,7 +106,8 @@ def cuda_casts(op: Any, args: tuple, kwargs: dict) -> Casts:
     shapes and dtypes; their values are not read), under the CUDA autocast dtype set now: the kernel is
     called on data-less CUDA-shaped tensors, and the arguments it then calls ``op`` with are read where
     that call arrives (a Python kernel at ``AutogradCUDA``, the next key), before ``op`` itself runs: a
-    composite op's own casts inside (the math attention's upcast) are not autocast's."""
+    composite op's own casts inside (the math attention's upcast) are not autocast's. A kernel that
+    refuses the data-less tensors leaves the call uncast."""
     import torch
 
     def shaped(value: Any) -> Any:
@@ -129,6 +130,8 @@ def cuda_casts(op: Any, args: tuple, kwargs: dict) -> Casts:
             redispatch(op, AUTOCAST_KEY, p_args, p_kwargs)
         except _Reached:
             pass
+        except Exception:  # noqa: BLE001 - the kernel needed more than shapes: no casts learnt
+            called.clear()
     casts = Casts()
     if not called:
         return casts
@@ -178,7 +181,7 @@ class Autocast:
 
     def apply(self, op: Any, casts: Casts, args: tuple, kwargs: dict) -> tuple:
         """``(args, kwargs)`` with ``casts`` applied: arguments cast where they are, additions as keywords."""
-        names = [a.name for a in op._schema.arguments]
+        names = argument_names(op)
         args, kwargs = list(args), dict(kwargs)
         for where, dtype in casts.dtypes.items():
             name, index = where if isinstance(where, tuple) else (where, None)

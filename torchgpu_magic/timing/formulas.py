@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Optional
 
+from ..torchapi import argument_names
+
 UNCOUNTED_MATMULS = frozenset({
     "aten._grouped_mm", "aten._scaled_grouped_mm", "aten._scaled_grouped_mm_v2", "aten._weight_int4pack_mm",
     "aten._weight_int4pack_mm_for_cpu", "aten._weight_int8pack_mm", "aten._cslt_sparse_mm",
@@ -70,8 +72,7 @@ def attended_pairs(s_q: int, s_k: int, diagonal: Optional[int] = 0) -> int:
 
 def _bound(func: Any, args: tuple, kwargs: dict) -> dict:
     """An op's arguments by the names of its schema."""
-    names = [a.name for a in func._schema.arguments]
-    return {**dict(zip(names, args)), **kwargs}
+    return {**dict(zip(argument_names(func), args)), **kwargs}
 
 
 def _causal_mask_diagonal(mask: Any, s_q: int, s_k: int) -> Optional[int]:

@@ -277,14 +277,15 @@ class OpCounter(dispatch_mode_base()):
             flops = rule.formula(*args, **kwargs, out_val=out) if rule.formula is not None else 0
         except Exception:  # noqa: BLE001 - a formula that cannot read these arguments: FLOPs unknown
             flops = None
-        label = str(func.overloadpacket)
         if flops:
             where = (outputs or inputs)[0].device.type if (outputs or inputs) else "cpu"
             kind = precision(func, inputs, where == "cuda", self.tf32)
             counts.flops[(where, kind)] = counts.flops.get((where, kind), 0) + flops
         elif (flops is None or rule.matmul) and inputs:
+            label = str(func.overloadpacket)
             counts.unknown[label] = counts.unknown.get(label, 0) + 1
         elif rule.named and inputs:
+            label = str(func.overloadpacket)
             counts.uncounted[label] = counts.uncounted.get(label, 0) + 1
         if rule.free:
             return

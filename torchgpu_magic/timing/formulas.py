@@ -75,9 +75,10 @@ def _bound(func: Any, args: tuple, kwargs: dict) -> dict:
     return {**dict(zip(argument_names(func), args)), **kwargs}
 
 
-def _causal_mask_diagonal(mask: Any, s_q: int, s_k: int) -> Optional[int]:
+def _causal_mask_diagonal(mask: Any, s_q: int, s_k: int, triangles: dict) -> Optional[int]:
     """0 where ``mask`` (boolean: True attends; or additive) is torch's causal triangle for every batch and
-    head, else None. Reads its values: a mask without any (a fake or meta tensor) is not recognised."""
+    head, else None. Reads its values: a mask without any (a fake or meta tensor) is not recognised.
+    ``triangles`` keeps the triangle each shape and device was compared with, for the run."""
     import torch
 
     try:
@@ -88,8 +89,10 @@ def _causal_mask_diagonal(mask: Any, s_q: int, s_k: int) -> Optional[int]:
                 keep = mask
             else:
                 keep = mask > torch.finfo(mask.dtype).min / 2  # -inf, or transformers' finfo.min
-            triangle = torch.ones(s_q, s_k, dtype=torch.bool, device=mask.device).tril()
-            return 0 if bool(torch.equal(keep, triangle.expand_as(keep))) else None
+            where = ("triangle", s_q, s_k, mask.device)
+            if where not in triangles:
+                triangles[where] = torch.ones(s_q, s_k, dtype=torch.bool, device=mask.device).tril()
+            return 0 if bool(torch.equal(keep, triangles[where].expand_as(keep))) else None
     except Exception:  # noqa: BLE001 - no values to read (fake, meta), or an odd mask: counted full
         return None
 
@@ -98,7 +101,9 @@ def _causal(name: str, base: Callable[..., int], masks: dict, causal: Counter) -
     """torch's attention formula ``base`` for op ``name``, times the share of pairs a causal mask leaves.
     The formula takes the op overload first (:data:`NEEDS_OP`: its schema names the arguments); ``masks``
     keeps what each explicit mask was found to be, for the run (with the mask, so that its id is not
-    reused by another tensor meanwhile); ``causal`` counts the calls counted as causal, by op name."""
+    reused by another tensor meanwhile: a boolean mask, which attention converts to a new additive one at
+    each call, is read at each call) and the triangles compared with; ``causal`` counts the calls counted
+    as causal, by op name."""
     layout = ATTENTION[name]
 
     def formula(func: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
@@ -120,7 +125,7 @@ def _causal(name: str, base: Callable[..., int], masks: dict, causal: Counter) -
             mask = bound.get("attn_mask", bound.get("attn_bias", bound.get("bias")))
             if mask is not None:
                 if id(mask) not in masks:
-                    masks[id(mask)] = (mask, _causal_mask_diagonal(mask, s_q, s_k))
+                    masks[id(mask)] = (mask, _causal_mask_diagonal(mask, s_q, s_k, masks))
                 found = masks[id(mask)][1]
                 diagonal = found if found is not None else False
         if diagonal is False or not s_q or not s_k:

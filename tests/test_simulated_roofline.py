@@ -152,3 +152,23 @@ def test_causal_flash_attention_on_the_simulated_h100_counts_the_attended_pairs(
     assert rl.flops_by_precision == {"bf16": causal}
     assert rl.causal == {"aten._scaled_dot_product_flash_attention": 1}
     assert rl.flops_fraction <= 0.6 and not any("above the FLOP/s peak" in n for n in result.notes)
+
+
+def test_an_fp32_matmul_after_the_new_tf32_setting_keeps_its_roofline_line(ip, gpu):
+    """transformers' TrainingArguments(tf32=True) sets torch.backends.cuda.matmul.fp32_precision; from then
+    on reading allow_tf32 raises, and every fp32 matmul cell lost its roofline to "not counted:
+    RuntimeError" (issue 28, item 2). The matmul counts as TF32, against the H100's TF32 peak."""
+    import simulated_gpu
+    import torch
+
+    for name in ("a", "b"):
+        ip.user_ns[name] = simulated_gpu.cuda_standin(gpu.sim, (N, N), torch.float32, 3e-3)
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        result = run(ip, f"%%cudatime -o -q {FAST}\ny = a @ b")
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = "none"
+    rl = result.roofline
+    assert rl.error is None and rl.flops_by_precision == {"tf32": MATMUL_FLOPS}
+    assert rl.peak_flops == {"tf32": 494.5e12} and "H100 SXM tf32 dense" in _roofline_line(result)
+    assert not any("not counted" in note for note in result.notes)

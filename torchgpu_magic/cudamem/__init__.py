@@ -7,9 +7,11 @@
 - :mod:`.prediction`: ``--predict`` and ``--fit``, the cell run on fake tensors;
 - :mod:`.fakenamespace`: the names a cell uses, and fake copies of them;
 - :mod:`.cudastandin`: fake cpu tensors standing in for CUDA where this torch cannot run fake CUDA
-  tensors, with CUDA's kernel choices where they change what is allocated;
+  tensors (or running them would create a CUDA context);
+- :mod:`.cudakernels`: CUDA's kernel choices where they change what is allocated (autocast's casts,
+  attention, dropout), made in torch's dispatcher for the stand-in;
 - :mod:`.targetdevice`: the target device's facts: where its fake tensors live, its capacity, and the
-  allowances for what fake tensors cannot see (the CUDA context, cuBLAS workspaces);
+  allowances for what fake tensors cannot see (the CUDA context, each thread's cuBLAS workspace);
 - :mod:`.report`: the reports (:class:`CellMemory`, :class:`FitResult`), re-exported here.
 
 torch is imported inside functions only, so importing this package is cheap.

@@ -83,7 +83,7 @@ class CellMemory:
     def verdict(self) -> str:
         """'fits in 80.0 GiB (--capacity), with 78.1 GiB to spare', or how much more it needs."""
         if self.capacity is None:
-            return "capacity unknown (give --capacity SIZE, e.g. --capacity 80GiB)"
+            return "capacity unknown (give --capacity SIZE, e.g. --capacity 79GiB for an H100 80GB)"
         where = f"{fmt_bytes(self.capacity)} ({self.capacity_source})"
         if self.fits:
             return f"fits in {where}, with {fmt_bytes(self.capacity - self.needs)} to spare"

@@ -220,7 +220,7 @@ class Ledger:
     def _record(self, kind: str, category: str, nbytes: int, phase: str, module: Optional[str],
                 source: Optional[str] = None) -> None:
         if self._recording:
-            self.series.record(kind, category, nbytes, (phase, module, *self.context()), source)
+            self.series.record(kind, category, nbytes, phase, module, *self.context(), source)
 
     def stop(self) -> None:
         """The cell has ended: keep the figures as they are now."""

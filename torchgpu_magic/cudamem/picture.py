@@ -351,7 +351,8 @@ class MemoryPicture:
         lines += _wrap([f"{blocks[n]} {n} {fmt_bytes(at_peak[index[n]])}" for n in STACK if self.highest[n]],
                        width - len(indent))
         note = self.capacity_note()
-        lines.append(f"{count - 1:,} events in order (allocations and frees)" + (f"; {note}" if note else ""))
+        words = f"{count - 1:,} events in order (allocations and frees)" + (f"; {note}" if note else "")
+        lines += _wrap(words.split(" "), width - len(indent), " ")
         return "\n".join((indent + line).rstrip() for line in lines)
 
     def _text_marker(self, column: int, offset: int, width: int, fancy: bool) -> str:

@@ -94,8 +94,9 @@ def _define(base: type) -> type:
             self._on_matmul = on_matmul
             self._filename = filename
             self._thread = threading.get_ident()
-            self._op: Optional[str] = None  # the operator running, and the cell line it runs from
+            self._op: Optional[str] = None  # the operator running, its cell line and (phase, module)
             self._line: Optional[int] = None
+            self._place: Optional[tuple] = None
             self._op_names: dict = {}
             self.ledgers: dict = {}
             self.started = False
@@ -116,14 +117,21 @@ def _define(base: type) -> type:
                 ledger.start(self.where, self.context)
 
         def where(self) -> tuple:
-            """(phase, innermost module) now, for the ledger."""
+            """(phase, innermost module) now, for the ledger: found once per operator (modules and
+            phases change between operators, never inside one)."""
+            if self._place is not None:
+                return self._place
             running = self._mod_tracker.parents - {"Global"}
             module = max(running, key=lambda n: (n.count("."), n)) if running else None
             if self._in_opt:
-                return "optimizer step", module
-            if self._mod_tracker.is_bw:
-                return "backward", module
-            return ("forward" if running else "outside modules"), module
+                place = "optimizer step", module
+            elif self._mod_tracker.is_bw:
+                place = "backward", module
+            else:
+                place = ("forward" if running else "outside modules"), module
+            if self._op is not None:
+                self._place = place
+            return place
 
         def context(self) -> tuple:
             """(operator, cell line) now, for the ledger's series: the line is looked up once per
@@ -200,8 +208,8 @@ def _define(base: type) -> type:
                     self._peak_mem_snap[device] = copy.deepcopy(snap)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            outer = self._op, self._line
-            self._op, self._line = self._op_names.get(func) or self._op_name(func), None
+            outer = self._op, self._line, self._place
+            self._op, self._line, self._place = self._op_names.get(func) or self._op_name(func), None, None
             try:
                 out = super().__torch_dispatch__(func, types, args, kwargs)
                 if self._on_matmul is not None and func.overloadpacket.__name__ in _MATMULS:
@@ -209,7 +217,7 @@ def _define(base: type) -> type:
                     if device is not None:
                         self._on_matmul(self.ledger(device))
             finally:
-                self._op, self._line = outer
+                self._op, self._line, self._place = outer
             return out
 
         def _op_name(self, func: Any) -> str:

@@ -61,11 +61,11 @@ class StepSeries:
         self.baseline = [by_category.get(name, 0) for name in self.categories]
         self._bytes[0] = sum(self.baseline)
 
-    def record(self, kind: str, category: str, nbytes: int, where: tuple,
-               source: Optional[str] = None) -> None:
+    def record(self, kind: str, category: str, nbytes: int, phase: str, module: Optional[str],
+               op: Optional[str], line: Optional[int], source: Optional[str] = None) -> None:
         """One event of ``kind`` ('alloc', 'free' or 'recategorize'), ``nbytes`` of ``category`` (moved
-        from ``source`` for 'recategorize'); ``where`` is ``(phase, module, op, line)`` at that moment."""
-        phase, module, op, line = where
+        from ``source`` for 'recategorize'), in ``phase`` and ``module``, during operator ``op``, from
+        ``line`` of the cell (None or 0: unknown)."""
         self._kind.append(_KIND_CODE[kind])
         self._category.append(self._category_code[category])
         self._source.append(self._category_code[source] if source is not None else -1)

@@ -424,7 +424,7 @@ def _ticks(scale: int) -> list:
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
     out, value = [], 0.0
     while value <= scale / unit + 1e-9:
-        out.append((value * unit, f"{value:g} {name}"))
+        out.append((value * unit, f"{value:g} {name}" if value else "0 B"))
         value += step
     return out
 

@@ -97,6 +97,7 @@ def _define(base: type) -> type:
             self._op: Optional[str] = None  # the operator running, its cell line and (phase, module)
             self._line: Optional[int] = None
             self._place: Optional[tuple] = None
+            self._caller: Any = None  # the Python frame that called the operator, while it runs
             self._op_names: dict = {}
             self.ledgers: dict = {}
             self.started = False
@@ -144,13 +145,16 @@ def _define(base: type) -> type:
             return self._op, line
 
         def _cell_line(self) -> int:
-            """The line of the cell's innermost frame: on this thread, or, on another (the autograd
-            engine's device threads), on the thread that runs the cell, which waits in ``backward``."""
+            """The line of the cell's innermost frame: on this thread, from the frame that called the
+            operator running (the tracker's own frames below it are never the cell's), or, on another
+            thread (the autograd engine's device threads), on the thread that runs the cell, which waits
+            in ``backward``."""
             if self._filename is None:
                 return 0
-            frame = sys._getframe()
             if threading.get_ident() != self._thread:
                 frame = sys._current_frames().get(self._thread)
+            else:
+                frame = self._caller if self._caller is not None else sys._getframe()
             while frame is not None:
                 if frame.f_code.co_filename == self._filename:
                     return frame.f_lineno
@@ -208,8 +212,9 @@ def _define(base: type) -> type:
                     self._peak_mem_snap[device] = copy.deepcopy(snap)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            outer = self._op, self._line, self._place
+            outer = self._op, self._line, self._place, self._caller
             self._op, self._line, self._place = self._op_names.get(func) or self._op_name(func), None, None
+            self._caller = sys._getframe(1)
             try:
                 out = super().__torch_dispatch__(func, types, args, kwargs)
                 if self._on_matmul is not None and func.overloadpacket.__name__ in _MATMULS:
@@ -217,7 +222,7 @@ def _define(base: type) -> type:
                     if device is not None:
                         self._on_matmul(self.ledger(device))
             finally:
-                self._op, self._line, self._place = outer
+                self._op, self._line, self._place, self._caller = outer
             return out
 
         def _op_name(self, func: Any) -> str:

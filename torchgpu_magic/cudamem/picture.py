@@ -36,7 +36,7 @@ SHORT = {"before the cell": "before", "forward": "fwd", "outside modules": "out"
 BLOCKS = {"parameters": "█", "buffers": "#", "optimizer state": "▓", "workspaces": "+", "other": "=",
           "gradients": "▒", "activations": "░", "temporaries": ":"}
 ASCII_BLOCKS = {"parameters": "#", "buffers": "B", "optimizer state": "%", "workspaces": "w", "other": "=",
-                "gradients": "*", "activations": "+", "temporaries": "."}
+                "gradients": "*", "activations": "+", "temporaries": ":"}
 _EIGHTHS = "▁▂▃▄▅▆▇█"
 _CHAR_PX = 6.2  # the width of an average character at 11 px sans-serif, for placing labels
 _CAPACITY_ON_SCALE = 2.0  # a capacity above twice the peak is named, not drawn (the curve would flatten)
@@ -118,8 +118,11 @@ class MemoryPicture:
         return rows, tops
 
     def _phase_columns(self, columns: int) -> list:
-        """The phase that holds the most rows of each of ``columns`` equal slices of the series."""
+        """The phase that holds the most rows of each of ``columns`` equal slices of the series (of the
+        row each column shows, where there are fewer rows than columns)."""
         count = len(self.series)
+        if count <= columns:
+            return [self.series.where(column * count // columns)["phase"] for column in range(columns)]
         weights: list = [{} for _ in range(columns)]
         for phase, first, last in self.series.phase_spans():
             for column in range(first * columns // count, last * columns // count + 1):
@@ -127,10 +130,7 @@ class MemoryPicture:
                 overlap = min(hi, last) - max(lo, first) + 1
                 if overlap > 0:
                     weights[column][phase] = weights[column].get(phase, 0) + overlap
-        out: list = []
-        for found in weights:
-            out.append(max(found, key=found.get) if found else (out[-1] if out else self.series.phases[0]))
-        return out
+        return [max(found, key=found.get) for found in weights]
 
     # ---- SVG ----------------------------------------------------------------------------------------
     def svg_height(self, width: int = 760) -> int:
@@ -297,47 +297,20 @@ class MemoryPicture:
     def to_text(self, width: int = 100, indent: str = "") -> str:
         """A few rows of block characters, each column the highest row of its slice of the series (the
         peak's column is the peak), a character per category, the peak marked above and the phases
-        under it; no line longer than ``width`` (``indent`` included)."""
+        under it; no line longer than ``width`` (``indent`` included). ASCII where stdout cannot print
+        the block characters."""
         fancy = can_print("█▓▒░▁▼├┤─│┼╌…")
         blocks = BLOCKS if fancy else ASCII_BLOCKS
         label_w = 9
         columns = max(10, width - len(indent) - label_w - 2)
-        series = self.series
-        count = len(series)
-        picks = []
-        for column in range(columns):
-            if count <= columns:  # a short series: each row over several columns
-                picks.append(column * count // columns)
-                continue
-            lo, hi = column * count // columns, (column + 1) * count // columns
-            chunk = self._totals[lo:hi]
-            picks.append(lo + chunk.index(max(chunk)))
-        peak_column = next((c for c, row in enumerate(picks) if row == series.peak_row),
-                           series.peak_row * columns // count)
-        picks[peak_column] = series.peak_row
-        index = {name: i for i, name in enumerate(series.categories)}
-        live = dict(zip(sorted(set(picks)), series.categories_at(sorted(set(picks)))))
-        grid = [[" "] * columns for _ in range(TEXT_ROWS)]
-        step = self.scale / TEXT_ROWS
-        for column, row in enumerate(picks):
-            values = live[row]
-            stack, bottom = [], 0
-            for name in STACK:
-                stack.append((bottom, bottom + values[index[name]], name))
-                bottom += values[index[name]]
-            total = bottom
-            for level in range(TEXT_ROWS):
-                low, high = level * step, (level + 1) * step
-                if total >= high:
-                    middle = (low + high) / 2
-                    name = next((n for a, b, n in stack if a <= middle < b), stack[-1][2])
-                    grid[level][column] = blocks[name]
-                elif total > low:
-                    eighths = max(1, min(8, round((total - low) / step * 8)))
-                    grid[level][column] = _EIGHTHS[eighths - 1] if fancy else "_" if eighths < 4 else "."
+        picks, peak_column = self._text_picks(columns)
+        index = {name: i for i, name in enumerate(self.series.categories)}
+        rows = sorted(set(picks))
+        live = dict(zip(rows, self.series.categories_at(rows)))
+        grid = self._text_grid([live[row] for row in picks], index, blocks, fancy)
         capacity_level = None
         if self.capacity is not None and self.capacity <= self.scale:
-            capacity_level = min(TEXT_ROWS - 1, int(self.capacity / step))
+            capacity_level = min(TEXT_ROWS - 1, int(self.capacity / self.scale * TEXT_ROWS))
             grid[capacity_level] = [c if c != " " else ("╌" if fancy else "-") for c in grid[capacity_level]]
         lines = [self._text_marker(peak_column, label_w + 2, width - len(indent), fancy)]
         for level in range(TEXT_ROWS - 1, -1, -1):
@@ -347,17 +320,58 @@ class MemoryPicture:
             lines.append(f"{label:>{label_w}} {axis}" + "".join(grid[level]).rstrip())
         lines.append(f"{'0 B':>{label_w}} " + ("┼" + "─" * columns if fancy else "+" + "-" * columns))
         lines.append(" " * (label_w + 2) + _phase_row(self._phase_columns(columns), fancy))
-        at_peak = live[series.peak_row]
+        at_peak = live[self.series.peak_row]
         lines += _wrap([f"{blocks[n]} {n} {fmt_bytes(at_peak[index[n]])}" for n in STACK if self.highest[n]],
                        width - len(indent))
         note = self.capacity_note()
-        words = f"{count - 1:,} events in order (allocations and frees)" + (f"; {note}" if note else "")
+        words = f"{len(self.series) - 1:,} events in order (allocations and frees)"
+        words += f"; {note}" if note else ""
         lines += _wrap(words.split(" "), width - len(indent), " ")
         return "\n".join((indent + line).rstrip() for line in lines)
 
+    def _text_picks(self, columns: int) -> tuple:
+        """(the row each of ``columns`` shows: its slice's highest, or, for fewer rows than columns, the
+        row under it; the peak's column)."""
+        count, peak = len(self.series), self.series.peak_row
+        picks = []
+        for column in range(columns):
+            if count <= columns:
+                picks.append(column * count // columns)
+                continue
+            lo, hi = column * count // columns, (column + 1) * count // columns
+            chunk = self._totals[lo:hi]
+            picks.append(lo + chunk.index(max(chunk)))
+        peak_column = next((c for c, row in enumerate(picks) if row == peak), peak * columns // count)
+        picks[peak_column] = peak
+        return picks, peak_column
+
+    def _text_grid(self, columns: list, index: dict, blocks: dict, fancy: bool) -> list:
+        """:data:`TEXT_ROWS` rows (the bottom first) of one character per column (its bytes by category):
+        a cell the stack covers shows the category at its middle, the cell the stack ends in an eighth
+        block as high as the stack reaches into it."""
+        grid = [[" "] * len(columns) for _ in range(TEXT_ROWS)]
+        step = self.scale / TEXT_ROWS
+        for column, values in enumerate(columns):
+            stack, top = [], 0
+            for name in STACK:
+                stack.append((top, top + values[index[name]], name))
+                top += values[index[name]]
+            for level in range(TEXT_ROWS):
+                low, high = level * step, (level + 1) * step
+                if top >= high:
+                    middle = (low + high) / 2
+                    name = next((n for a, b, n in stack if a <= middle < b), stack[-1][2])
+                    grid[level][column] = blocks[name]
+                elif top > low:
+                    eighths = max(1, min(8, round((top - low) / step * 8)))
+                    grid[level][column] = _EIGHTHS[eighths - 1] if fancy else "_" if eighths < 4 else "."
+        return grid
+
     def _text_marker(self, column: int, offset: int, width: int, fancy: bool) -> str:
         mark = "▼" if fancy else "v"
-        label = self.peak_label() if fancy else self.peak_label().replace("·", "|").replace("…", "...")
+        label = self.peak_label()
+        if not fancy:
+            label = label.replace("·", "|").replace("…", "...").encode("ascii", "replace").decode()
         at = offset + column
         if at + 2 + len(label) <= width:
             return " " * at + f"{mark} {label}"

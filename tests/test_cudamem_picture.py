@@ -372,3 +372,19 @@ def test_the_chart_in_a_real_terminal_ipython():
     assert any("┼──" in line for line in lines) and any("├" in line and "backward" in line for line in lines)
     chart = [line for line in lines if "┤" in line or "│" in line or "▼" in line]
     assert chart and max(len(line) for line in chart) <= 100
+
+
+@pytest.mark.gpu
+def test_a_cuda_backward_on_the_engines_threads_names_the_cells_line(ip):
+    """On a GPU the autograd engine runs the backward on a device thread of its own, where no frame of
+    the cell is: each backward event must still name the line that called ``backward()``, and the
+    series must equal the report's table there too."""
+    run(ip, "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), "
+            "torch.nn.Linear(1024, 1024)).cuda()\nopt = torch.optim.AdamW(model.parameters())\n"
+            "x = torch.randn(256, 1024, device='cuda')")
+    report = run(ip, f"%%cudamem cuda -o -q\n{STEP}")
+    rows = report.series.to_dict()
+    backward = [i for i, phase in enumerate(rows["phase"]) if phase == "backward"]
+    assert backward and {rows["line"][i] for i in backward} == {2}
+    assert report.series.totals()[report.series.peak_row] == report.peak
+    assert report.series.phase_peaks() == report.phase_peaks

@@ -214,7 +214,7 @@ def _define(base: type) -> type:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             outer = self._op, self._line, self._place, self._caller
             self._op, self._line, self._place = self._op_names.get(func) or self._op_name(func), None, None
-            self._caller = sys._getframe(1)
+            self._caller = sys._getframe().f_back  # None where C++ called in with no Python below
             try:
                 out = super().__torch_dispatch__(func, types, args, kwargs)
                 if self._on_matmul is not None and func.overloadpacket.__name__ in _MATMULS:

@@ -16,17 +16,21 @@
    CPU time (``time.process_time``: all its threads, none of the other processes that share this
    machine). Target (issue 33): the curve adds at most 10 % to `%%cudamem`'s own time. On the measured
    step the step's own arithmetic (tens of seconds on 2 cores) dwarfs both arms' bookkeeping; on the
-   predicted one (fake tensors: no arithmetic) the time is all `%%cudamem`'s own.
-2. Drawing. A synthetic step of 100,000 events (forward allocations, a backward that frees them and
-   allocates gradients, an optimizer step, in ten repeats) recorded through a real Ledger, then the
-   picture drawn as SVG and as text (the sampling included), best of 5. Target: under a second. Also the
-   encoder step's own picture, and the SVG's size.
+   predicted one (fake tensors: no arithmetic) the time is all `%%cudamem`'s own. After the set-up,
+   ``gc.freeze()`` (as the test suite does): else a full collection, which walks torch's million
+   objects (about 0.2 s here, once in some ten runs, in either arm), lands on one arm at random and
+   swamps a difference of a few percent.
+2. Drawing. A synthetic step of exactly 100,000 events (forward allocations, a backward that frees them
+   while it allocates and frees temporaries, an optimizer step, repeated) recorded through a real
+   Ledger, then the picture drawn as SVG and as text (the sampling included), best of 5. Target: under
+   a second. Also the encoder step's own picture, and the SVG's size.
 
 Run: `python benchmarks/bench_cudamem_picture.py [--rounds 15] [--measured-rounds 5]`.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
@@ -52,6 +56,8 @@ def _shell() -> Any:
     shell.run_line_magic("load_ext", "torchgpu_magic")
     result = shell.run_cell(SETUP)
     result.raise_error()
+    gc.collect()
+    gc.freeze()
     return shell
 
 
@@ -118,45 +124,44 @@ def recording(shell: Any, line: str, rounds: int) -> dict:
 
 
 def synthetic_series(events: int, seed: int = 0) -> Any:
-    """A series of about ``events`` events recorded through a real Ledger: ten steps of a forward that
-    allocates activations, a backward that frees them and allocates gradients and temporaries, and an
-    optimizer step."""
+    """A series of exactly ``events`` events recorded through a real Ledger: steps of a forward that
+    allocates activations, a backward that frees them while it allocates and frees temporaries, and an
+    optimizer step that allocates and frees its own, planned one event at a time and cut at ``events``."""
     from torchgpu_magic.cudamem.allocator import Ledger
 
     rng = random.Random(seed)
+    plan: list = []  # (phase, module, op, line, key, bytes and category to allocate, or None to free)
+    key = 0
+    while len(plan) < events:
+        module = f"model.layers.{rng.randrange(6)}"
+        live = []
+        for _ in range(events // 25):
+            key += 1
+            live.append(key)
+            size = rng.randrange(1 << 16, 1 << 22)
+            plan.append(("forward", module, "aten.mm", 1, key, (size, "activations")))
+        while live:
+            plan.append(("backward", module, "aten.mm", 2, live.pop(), None))
+            if rng.random() < 0.5:
+                key += 1
+                plan.append(("backward", module, "aten.mul", 2, key, (rng.randrange(1 << 12, 1 << 20),
+                                                                      "temporaries")))
+                plan.append(("backward", module, "aten.mul", 2, key, None))
+        for _ in range(events // 200):
+            key += 1
+            plan.append(("optimizer step", None, "aten._foreach_add", 3, key, (1 << 20, "optimizer state")))
+            plan.append(("optimizer step", None, "aten._foreach_add", 3, key, None))
     ledger = Ledger()
     for i in range(50):
         ledger.add(("param", i), 4 << 20, "parameters")
-    where = ["forward", "model.layers.0"]
-    context = ["aten.mm", 1]
-    ledger.start(lambda: tuple(where), lambda: tuple(context))
-    per_step = events // 10
-    key = 0
-    for step in range(10):
-        live: list = []
-        where[:] = ["forward", f"model.layers.{step % 6}"]
-        context[:] = ["aten.mm", 1]
-        for _ in range(per_step * 2 // 5):
-            key += 1
-            ledger.add(key, rng.randrange(1 << 16, 1 << 22), "activations")
-            live.append(key)
-        where[:] = ["backward", "model.layers.0"]
-        context[:] = ["aten.mm", 2]
-        for _ in range(per_step * 2 // 5):
-            if live and rng.random() < 0.55:
-                ledger.remove(live.pop())
-            else:
-                key += 1
-                ledger.add(key, rng.randrange(1 << 12, 1 << 20), "temporaries")
-                ledger.remove(key)
-        for k in live:
-            ledger.remove(k)
-        where[:] = ["optimizer step", None]
-        context[:] = ["aten._foreach_add", 3]
-        for _ in range(per_step // 10):
-            key += 1
-            ledger.add(key, 1 << 20, "optimizer state")
-            ledger.remove(key)
+    now: list = [plan[0]]
+    ledger.start(lambda: now[0][:2], lambda: now[0][2:4])
+    for step in plan[:events]:
+        now[0] = step
+        if step[5] is None:
+            ledger.remove(step[4])
+        else:
+            ledger.add(step[4], *step[5])
     ledger.stop()
     return ledger.series
 

@@ -19,7 +19,9 @@
    predicted one (fake tensors: no arithmetic) the time is all `%%cudamem`'s own. After the set-up,
    ``gc.freeze()`` (as the test suite does): else a full collection, which walks torch's million
    objects (about 0.2 s here, once in some ten runs, in either arm), lands on one arm at random and
-   swamps a difference of a few percent.
+   swamps a difference of a few percent. OpenMP's threads wait passively (``OMP_WAIT_POLICY=PASSIVE``,
+   set before torch is imported, unless set already): spinning threads of a contended machine would
+   otherwise count their spinning as the measured step's CPU time.
 2. Drawing. A synthetic step of exactly 100,000 events (forward allocations, a backward that frees them
    while it allocates and frees temporaries, an optimizer step, repeated) recorded through a real
    Ledger, then the picture drawn as SVG and as text (the sampling included), best of 5. Target: under
@@ -36,6 +38,8 @@ import random
 import statistics
 import time
 from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SETUP = """
 import torch
@@ -191,7 +195,8 @@ def main(argv: list | None = None) -> int:
     import torch
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads (OMP_WAIT_POLICY "
+          f"{os.environ['OMP_WAIT_POLICY']}), load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     shell = _shell()
     for label, line, rounds in (("predicted, %%cudamem --predict cuda", "--predict cuda", args.rounds),

@@ -94,10 +94,9 @@ def _define(base: type) -> type:
             self._on_matmul = on_matmul
             self._filename = filename
             self._thread = threading.get_ident()
-            self._op: Optional[str] = None  # the operator running, its cell line and (phase, module)
-            self._line: Optional[int] = None
-            self._place: Optional[tuple] = None
-            self._caller: Any = None  # the Python frame that called the operator, while it runs
+            # the operator running: [its name, its cell line, (phase, module), the Python frame that
+            # called it], the last three found when first asked; all None between operators
+            self._now: list = [None, None, None, None]
             self._op_names: dict = {}
             self.ledgers: dict = {}
             self.started = False
@@ -120,8 +119,9 @@ def _define(base: type) -> type:
         def where(self) -> tuple:
             """(phase, innermost module) now, for the ledger: found once per operator (modules and
             phases change between operators, never inside one)."""
-            if self._place is not None:
-                return self._place
+            now = self._now
+            if now[2] is not None:
+                return now[2]
             running = self._mod_tracker.parents - {"Global"}
             module = max(running, key=lambda n: (n.count("."), n)) if running else None
             if self._in_opt:
@@ -130,23 +130,25 @@ def _define(base: type) -> type:
                 place = "backward", module
             else:
                 place = ("forward" if running else "outside modules"), module
-            if self._op is not None:
-                self._place = place
+            if now[0] is not None:
+                now[2] = place
             return place
 
         def context(self) -> tuple:
             """(operator, cell line) now, for the ledger's series: the line is looked up once per
             operator (0 when the run is not a cell's, or no frame of the cell is running)."""
-            line = self._line
+            now = self._now
+            line = now[1]
             if line is None:
-                line = self._cell_line()
-                if self._op is not None:
-                    self._line = line
-            return self._op, line
+                line = self._cell_line(now[3])
+                if now[0] is not None:
+                    now[1] = line
+            return now[0], line
 
-        def _cell_line(self) -> int:
-            """The line of the cell's innermost frame: on this thread, from the frame that called the
-            operator running (the tracker's own frames below it are never the cell's), or, on another
+        def _cell_line(self, caller: Any) -> int:
+            """The line of the cell's innermost frame: on this thread, from ``caller``, the frame that
+            called the operator running (the tracker's own frames below it are never the cell's, and
+            Python would build each of them anew at every operator to walk them), or, on another
             thread (the autograd engine's device threads), on the thread that runs the cell, which waits
             in ``backward``."""
             if self._filename is None:
@@ -154,7 +156,7 @@ def _define(base: type) -> type:
             if threading.get_ident() != self._thread:
                 frame = sys._current_frames().get(self._thread)
             else:
-                frame = self._caller if self._caller is not None else sys._getframe()
+                frame = caller if caller is not None else sys._getframe()
             while frame is not None:
                 if frame.f_code.co_filename == self._filename:
                     return frame.f_lineno
@@ -212,9 +214,12 @@ def _define(base: type) -> type:
                     self._peak_mem_snap[device] = copy.deepcopy(snap)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            outer = self._op, self._line, self._place, self._caller
-            self._op, self._line, self._place = self._op_names.get(func) or self._op_name(func), None, None
-            self._caller = sys._getframe().f_back  # None where C++ called in with no Python below
+            outer = self._now
+            try:
+                caller = sys._getframe(1)
+            except ValueError:  # a device thread of the autograd engine: no Python frame below
+                caller = None
+            self._now = [self._op_names.get(func) or self._op_name(func), None, None, caller]
             try:
                 out = super().__torch_dispatch__(func, types, args, kwargs)
                 if self._on_matmul is not None and func.overloadpacket.__name__ in _MATMULS:
@@ -222,7 +227,7 @@ def _define(base: type) -> type:
                     if device is not None:
                         self._on_matmul(self.ledger(device))
             finally:
-                self._op, self._line, self._place, self._caller = outer
+                self._now = outer
             return out
 
         def _op_name(self, func: Any) -> str:

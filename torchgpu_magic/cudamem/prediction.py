@@ -180,7 +180,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
             try:
                 with fake_mode, rules, _fake_module_moves():
                     result = run_tracked(lambda: exec(code, fake_ns), objects, _ledger_for(target),
-                                         on_matmul if target.kind == "cuda" else None)
+                                         on_matmul if target.kind == "cuda" else None, filename)
             except StrayDeviceError as exc:
                 raise PredictionError(f"--predict stopped this cell: {exc}") from None
             except MagicInputError:

@@ -188,7 +188,7 @@ def test_report_rows_largest_first_the_rest_among_them():
 def test_report_cuts_to_the_top_rows():
     ns = {f"t{i}": torch.ones(i + 1) for i in range(40)}
     section = holdersreport.holders_report(ns, "cpu").section("cpu")
-    lines = section.table_text()
+    lines = section.table().to_text().splitlines()
     assert len(lines) == 2 + holdersreport.TOP + 1 and "... and" in lines[-1]
 
 
@@ -197,7 +197,7 @@ def test_the_largest_row_is_never_folded_away():
     beyond the holders: hundreds of MiB) was appended after the cut and folded into "... and N more"."""
     ns = {f"t{i}": torch.ones(1024) for i in range(40)}
     section = holdersreport.holders_report(ns, "cpu").section("cpu")
-    table = section.table_text()
+    table = section.table().to_text().splitlines()
     assert section.rows[0].name == "the rest of this process"
     assert table[2].split()[:5] == ["the", "rest", "of", "this", "process"], table[:3]
     assert "... and 26 more" in table[-1]

@@ -234,8 +234,9 @@ def _holders_reports(monkeypatch):
     x = torch.ones(256, 1024)
     cpu = report.holders_report({"x": x, "alias": x, "small": torch.ones(4)}, "cpu")
     state = devicestate.DeviceState("cuda:0", total=80 * 1024 * MiB, free=MiB, allocated=60 * MiB,
-                                    reserved=90 * MiB, largest_free_block=MiB, others=((7, "python", 9 * MiB),),
-                                    notes=("no CUDA context on cuda:0 yet",), requested=59 * MiB)
+                                    reserved=90 * MiB, largest_free_block=MiB,
+                                    others=((7, "python", 9 * MiB),), requested=59 * MiB,
+                                    notes=("no CUDA context on cuda:0 yet",))
     gpu = report.device_holders(holdings.Holdings(), "cuda:0", state)
     freed = FreeReport([FreeStep("the failed cell's traceback", ["x", "y"], {"cpu": MiB, "cuda:0": 2 * MiB},
                                  {"cpu": 2 * MiB, "cuda:0": 2 * MiB}),

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from ..accelerators import initialised_cuda
-from ..gpus import processes
+from ..gpus import gpumap, processes
 from ..render import is_na
 from ..torchapi import has_primary_context
 
@@ -127,7 +127,7 @@ def _cuda(device: str, index: Optional[int]) -> DeviceState:
     others: tuple = ()
     foreign: tuple = ()
     unmeasured: tuple = ()
-    target = _nvml_target(index)
+    target = gpumap.nvml_target(index)
     if target is not None:
         nvml_index, mig = target
         _, _, process, _, problems = processes.process_figures(nvml_index, os.getpid(), mig)
@@ -139,19 +139,6 @@ def _cuda(device: str, index: Optional[int]) -> DeviceState:
     return DeviceState(device, total, free, process, allocated, reserved, _largest_free_block(cuda, index),
                        others, tuple(notes), foreign, unmeasured,
                        None if requested is None else int(requested))
-
-
-def _nvml_target(index: int) -> Optional[tuple]:
-    """(NVML index, MIG uuid) of torch's ``cuda:index``, matched by UUID; None where NVML cannot say."""
-    from ..gpus import gpumap, nvml
-
-    if nvml.status() is not None:
-        return None
-    for mapping in gpumap.gpu_map():
-        if mapping.torch_index == index and mapping.nvml_index is not None:
-            mig = getattr(mapping, "mig", None)
-            return mapping.nvml_index, None if is_na(mig) else mig
-    return None
 
 
 def _other_processes(nvml_index: int, mig: Any, reserved: int = 0) -> tuple:

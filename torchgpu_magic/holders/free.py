@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from ..accelerators import initialised_cuda
-from ..gpus import processes
+from ..gpus import gpumap, processes
 from ..host import HostCounters
 from ..render import Lines, Report, Reportable, fmt_bytes
 from .holdings import Released, collect
@@ -174,12 +174,10 @@ def empty_caches() -> list:
 
 def _nvml_process() -> dict:
     """This process's NVML figure per initialised CUDA GPU (for the cache step); {} where NVML cannot say."""
-    from .devicestate import _nvml_target
-
     out = {}
     for index in _cuda_indices():
         try:
-            target = _nvml_target(index)
+            target = gpumap.nvml_target(index)
             if target is not None:
                 process = processes.process_figures(target[0], os.getpid(), target[1])[2]
                 if isinstance(process, int):

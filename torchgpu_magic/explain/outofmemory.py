@@ -152,11 +152,8 @@ def _unknown_processes(state: Any) -> Optional[tuple]:
     device's memory in use beyond torch's reserved memory here (that also holds this process's CUDA
     context). Said with that bound and how to learn more; never "stop them", which may be this kernel."""
     unmeasured = [pid for pid, _ in state.unmeasured]
-    if (len(state.foreign) < 2 and not unmeasured) or state.free is None or state.total is None \
-            or state.reserved is None:
-        return None
-    beyond = state.total - state.free - state.reserved - sum(size for _, _, size in state.others)
-    if beyond <= 0:
+    beyond = state.outside
+    if (len(state.foreign) < 2 and not unmeasured) or (beyond or 0) <= 0:
         return None
     if len(state.foreign) >= 2:
         pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])

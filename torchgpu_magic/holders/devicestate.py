@@ -63,6 +63,15 @@ class DeviceState:
             return None
         return max(0, self.reserved - self.allocated)
 
+    @property
+    def outside(self) -> Optional[int]:
+        """On a GPU, the bytes in use beyond torch's reserved memory and what NVML names other processes
+        hold (this process's CUDA context, libraries' own allocations, processes NVML cannot tell apart);
+        None where it cannot be read."""
+        if self.kind != "cuda" or self.reserved is None or self.free is None or self.total is None:
+            return None
+        return self.total - self.free - self.reserved - sum(size for _, _, size in self.others)
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["others"] = [list(o) for o in self.others]

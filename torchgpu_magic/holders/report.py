@@ -255,7 +255,7 @@ def device_holders(holdings: Any, device: str, state: Optional[devicestate.Devic
     for h in holdings.holders:
         roles = h.counted.get(device) if h.counted else None
         if roles:
-            rows.append(Row(h.name, h.source, sum(roles.values()), h._what, roles,
+            rows.append(Row(h.name, h.source, sum(roles.values()), h.what, roles,
                             tuple(also.get(h.index, ()))))
     rows.extend(_device_rows(state))
     rows.extend(_unreached(state, counted, _workspaces(holdings, device, state)))
@@ -298,10 +298,8 @@ def _outside(state: devicestate.DeviceState) -> Optional[Row]:
     """What the GPU holds beyond torch's reserved memory and the other processes NVML names: this
     process's CUDA context and libraries' own allocations; in a container (NVML listing the host's PIDs)
     also whatever other processes hold, which NVML cannot tell apart from this one there."""
-    if state.kind != "cuda" or state.reserved is None or state.free is None or state.total is None:
-        return None
-    beyond = state.total - state.free - state.reserved - sum(size for _, _, size in state.others)
-    if beyond <= 0:
+    beyond = state.outside
+    if (beyond or 0) <= 0:
         return None
     if state.unmeasured and len(state.foreign) != 1:
         pids = ", ".join(str(pid) for pid, _ in state.unmeasured[:4])

@@ -222,9 +222,11 @@ def test_holder_tables_fit_100_columns_in_the_plain_text_formatter():
     assert report._repr_html_().count(LONG) >= 1  # HTML keeps the whole name
 
 
-def test_gpu_rows_leave_the_allocators_rounding_out_of_no_name_reaches():
+def test_gpu_rows_leave_the_allocators_rounding_out_of_no_name_reaches(monkeypatch):
     """Issue 28 item 11: torch rounds every block up to 512 bytes (allocated counts the rounded sizes,
-    requested what tensors asked): the rounding is torch's, not tensors no name reaches."""
+    requested what tensors asked): the rounding is torch's, not tensors no name reaches. The state is
+    scripted, so no cuBLAS workspace of a GPU used before (a simulated one, under --simulate-gpu) counts."""
+    monkeypatch.setattr("torchgpu_magic.torchapi.cublas_workspace_sizes", frozenset)
     state = devicestate.DeviceState("cuda:0", total=80 * 1024 * MiB, free=70 * 1024 * MiB, allocated=4 * MiB,
                                     reserved=20 * MiB, requested=4 * MiB - 300 * 512)
     section = holdersreport.device_holders(holders.Holdings(), "cuda:0", state)

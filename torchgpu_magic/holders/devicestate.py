@@ -190,21 +190,24 @@ def _told_apart(others: tuple, foreign: tuple) -> str:
             + (f", and {named} {'are' if len(others) != 1 else 'is'} another" if others else ""))
 
 
-def _largest_free_block(cuda: Any, index: int) -> Optional[int]:
-    """The largest free block in torch's cache on ``cuda:index``, from the allocator's segments (torch's
-    ``memory_stats`` counts free split bytes, not their largest piece); None where torch cannot say."""
+def allocator_blocks(cuda: Any, index: int) -> Optional[list]:
+    """The blocks of torch's caching allocator on ``cuda:index`` (its segments' ``blocks``); None where
+    torch keeps no segments (the cudaMallocAsync backend)."""
     try:
         segments = cuda.memory_snapshot()
-    except Exception:  # noqa: BLE001 - another allocator backend (cudaMallocAsync) keeps no segments
+    except Exception:  # noqa: BLE001 - another allocator backend keeps no segments
         return None
-    largest = 0
-    for segment in segments:
-        if segment.get("device") != index:
-            continue
-        for block in segment.get("blocks", ()):
-            if block.get("state") == "inactive":
-                largest = max(largest, int(block.get("size", 0)))
-    return largest
+    return [block for segment in segments if segment.get("device") == index
+            for block in segment.get("blocks", ())]
+
+
+def _largest_free_block(cuda: Any, index: int) -> Optional[int]:
+    """The largest free block in torch's cache on ``cuda:index`` (torch's ``memory_stats`` counts free
+    split bytes, not their largest piece); None where torch cannot say."""
+    blocks = allocator_blocks(cuda, index)
+    if blocks is None:
+        return None
+    return max((int(b.get("size", 0)) for b in blocks if b.get("state") == "inactive"), default=0)
 
 
 def _other_backend(device: str, kind: str, index: int) -> DeviceState:

@@ -337,18 +337,11 @@ def _workspaces(holdings: Any, device: str, state: devicestate.DeviceState) -> i
 
     cuda = initialised_cuda()
     index = int(device.partition(":")[2] or 0)
-    try:
-        segments = cuda.memory_snapshot() if cuda is not None else []
-    except Exception:  # noqa: BLE001 - cudaMallocAsync keeps no segments
-        return 0
     blocks: dict = {}
-    for segment in segments:
-        if segment.get("device") != index:
-            continue
-        for block in segment.get("blocks", ()):
-            size = block.get("requested_size")
-            if block.get("state") == "active_allocated" and size in sizes:
-                blocks[size] = blocks.get(size, 0) + 1
+    for block in (devicestate.allocator_blocks(cuda, index) if cuda is not None else None) or ():
+        size = block.get("requested_size")
+        if block.get("state") == "active_allocated" and size in sizes:
+            blocks[size] = blocks.get(size, 0) + 1
     counted: dict = {}
     for where, size, _, _ in holdings.storages.values():
         if where == device and size in blocks:

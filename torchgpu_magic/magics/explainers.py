@@ -305,7 +305,7 @@ class Tracebacks:
             entry = entry.tb_next
         if explanation is None and not ours:
             return None, False
-        head = [] if explanation is None else ["\n".join(explanation.lines()) + "\n"]
+        head = [] if explanation is None else [explanation.to_text() + "\n"]
         mode = str(getattr(itb, "mode", "Context"))
         if mode in ("Verbose", "Minimal"):
             return head + itb.structured_traceback(etype, value, tb if mode == "Verbose" else None,

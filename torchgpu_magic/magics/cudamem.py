@@ -41,13 +41,11 @@ class CUDAMemMagics(MagicsPart):
     @usage_errors
     @cell_magic
     def cudamem(self, line: str, cell: str) -> Any:
-        """Run the cell once with its memory tracked (torch's MemTracker), or predict it on fake tensors,
-        and show the peak, when it happened (forward, backward, optimizer step; which module), the memory
-        at the peak by category (parameters, buffers, gradients, activations, temporaries, optimizer
-        state, other) and by module, and whether it fits the device.
+        """A training step's memory by category and module, and whether it fits: measured on a real run
+        (torch's MemTracker), or predicted for DEVICE without one (``--predict``, on fake tensors);
+        ``--fit NAME`` finds the largest batch that fits.
 
-        ``%%cudamem`` measures the real run; ``%%cudamem --predict [DEVICE]`` predicts it for DEVICE
-        (default cuda) from fake copies, without a GPU; ``--fit NAME`` finds the largest batch that fits.
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/cudamem.md
         """
         from ..cudamem import prediction, run, targetdevice
 

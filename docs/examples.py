@@ -5,8 +5,8 @@ Every output shown in the README and the reference pages is an example named by 
 line before its fenced block (``<!-- example: readme-gpuinfo -->``). Its inputs are kept here, in
 :data:`SESSIONS`, and nowhere else: each session runs its cells in order in a real ``InteractiveShell``
 with the extension loaded, on the machine as it is (on the CI machine: no GPU, a CPU build of torch; no
-simulated GPU), and the block shows every cell as a terminal shows it (``In [n]:``, then what the cell
-printed, displayed or raised, colours off). A file with examples also carries one ``examples-env``
+simulated GPU), and the block shows every cell as a UTF-8 terminal shows it (``In [n]:``, then what the
+cell printed, displayed or raised, colours off). A file with examples also carries one ``examples-env``
 comment: the machine they were written on.
 
     python docs/examples.py --write    # run every session; rewrite the blocks whose text changed
@@ -313,9 +313,16 @@ def _show(number: Optional[int], cell: str) -> str:
     return "\n".join((prompt if i == 0 else more) + line for i, line in enumerate(cell.splitlines()))
 
 
+class _Terminal(io.StringIO):
+    """What a cell writes, as a UTF-8 terminal takes it (the reports choose ✗ over x, µs over us, by the
+    encoding of the stream they print to)."""
+
+    encoding = "utf-8"
+
+
 def _run_cell(shell: object, cell: str, shown: bool) -> tuple:
     """(what the cell printed, displayed or raised; whether it failed)."""
-    out = io.StringIO()
+    out = _Terminal()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         result = shell.run_cell(cell, store_history=shown)
     text = "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n")

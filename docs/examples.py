@@ -45,12 +45,15 @@ SAME = ("torch", "ipython", "os", "gpu")
 @dataclass(frozen=True)
 class Example:
     """Cells shown together in one block. ``head``: keep only that many lines of the last cell's output
-    (then one line ``…``); ``fails``: the last cell raises on purpose (any other failure stops the run)."""
+    (then one line ``…``); ``fails``: the last cell raises on purpose (any other failure stops the run);
+    ``depends``: what else of the machine (keys of :func:`environment`) its text depends on, beyond
+    :data:`SAME`."""
 
     name: str
     cells: tuple
     head: Optional[int] = None
     fails: bool = False
+    depends: tuple = ()
 
 
 class Quiet(str):
@@ -162,7 +165,9 @@ SESSIONS: dict = {
         Example("clusters-gpuinfo", ("%gpuinfo --cluster",)),
         Example("clusters-whereis", (
             "%px import torch; x = torch.ones(1000); model = torch.nn.Linear(64, 64)", "%whereis --cluster")),
-        Example("clusters-cudatime", ("%%cudatime --cluster -n 10 -r 7 --no-roofline\ny = model(x[:64])",)),
+        Example("clusters-cudatime", (
+            "%px torch.set_num_threads(2)",
+            "%%cudatime --cluster -n 10 -r 7 --no-roofline\ny = model(x[:64])"), depends=("cpus",)),
         Example("clusters-local", ("%ontorch local --cluster",)),
         Example("clusters-busy", (
             "%%px --noblock --targets 1\nimport time\ntime.sleep(8)",
@@ -230,15 +235,20 @@ def environment() -> dict:
     from torchgpu_magic.timing.results import device_name
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
     return {"torch": torch.__version__, "ipython": IPython.version_info[0], "os": platform.system(),
-            "gpu": gpu, "cpu": device_name(torch.device("cpu")), "host": socket.gethostname()}
+            "gpu": gpu, "cpu": device_name(torch.device("cpu")), "cpus": cpus, "host": socket.gethostname()}
 
 
-def differs(written: Optional[dict], here: dict) -> Optional[str]:
-    """Why a run here cannot be compared with examples written on ``written`` (None when it can)."""
+def differs(written: Optional[dict], here: dict, depends: tuple = ()) -> Optional[str]:
+    """Why a run here cannot be compared with examples written on ``written`` (None when it can), for an
+    example whose text also ``depends`` on those keys of the machine."""
     if written is None:
         return "the file has no examples-env comment: run python docs/examples.py --write"
-    changed = [f"{key} {written.get(key)} there, {here.get(key)} here" for key in SAME
+    changed = [f"{key} {written.get(key)} there, {here.get(key)} here" for key in (*SAME, *depends)
                if written.get(key) != here.get(key)]
     return "the examples were written on another machine: " + "; ".join(changed) if changed else None
 
@@ -255,6 +265,7 @@ MASKS = (
     (re.compile(r"\b\d+(\.\d+)?x( slower)?\b"), "<ratio>"),
     (re.compile(r"[-+]?\d[\d,]*(\.\d+)?\s?"
                 r"(ns|µs|us|ms|s|min|h|[KMGTPE]?i?B|[kMGTPE]?FLOP/s|[kMGTPE]?B/s|%)(?![\w/])"), "<n>"),
+    (re.compile(r"\bgave back (<n> on [\w:]+|nothing measurable)"), "gave back <measured>"),
 )
 
 
@@ -267,7 +278,8 @@ def mask(text: str, env: dict) -> str:
     - the machine's CPU model and host name (``env``'s) become ``<cpu>`` and ``<host>``;
     - ``%%cudatime``'s verdicts on its samples (noisy, unreliable, slowest / fastest, under 10 x an empty
       cell, not converged, an engine ``slower`` than the others) and the confidence interval of a fixed
-      ``-r`` count are left out, as are speed ratios (``1.02x``);
+      ``-r`` count are left out, as are speed ratios (``1.02x``) and whether the memory ``%gpumem free``
+      measured coming back was measurable;
     - runs of spaces count as one, and a table's rule of dashes as one dash, so a column widened by a
       longer figure does not count as a change.
 
@@ -380,8 +392,10 @@ def run(names: Optional[set] = None) -> dict:
 
 # ---- writing and checking ----------------------------------------------------------------------------
 def write(outputs: dict, env: dict) -> list:
-    """Put each output into its block (only where the masked text changed, so that a rewrite does not
-    churn every figure), and the environment into each file with examples; the names rewritten."""
+    """Put each output into its block, and the environment into each file with examples; the names
+    rewritten. A block whose masked text did not change is left as it is (so that a rewrite does not churn
+    every figure), unless the file's examples were written on another machine: then all of them are
+    rewritten, so that a file's blocks and its examples-env comment always describe one run."""
     marker = f"<!-- examples-env: {json.dumps(env, ensure_ascii=False)} -->"
     rewritten: list = []
     for path in files():
@@ -391,7 +405,7 @@ def write(outputs: dict, env: dict) -> list:
         for found in MARK.finditer(text):
             name, body = found.group(1), found.group(2)
             new = outputs.get(name)
-            if new is None or (mask(body, old_env) == mask(new, env) and not differs(old_env, env)):
+            if new is None or (mask(body, old_env) == mask(new, env) and old_env == env):
                 continue
             new_text += text[at:found.start(2)] + new
             at, changed = found.end(2), True
@@ -412,7 +426,7 @@ def compare(outputs: dict, env: dict) -> list:
         text = path.read_text(encoding="utf-8")
         written = written_env(text) or {}
         for name, body in blocks(text).items():
-            if name not in outputs:
+            if name not in outputs or differs(written, env, examples()[name][1].depends):
                 continue
             want, got = mask(body, written), mask(outputs[name], env)
             if want != got:

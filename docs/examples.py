@@ -156,7 +156,12 @@ SESSIONS: dict = {
         Quiet("import torch"),
         Example("gpumem-text", ("%gpumem --text", "x = torch.ones(2**25)", "del x")),
         Example("gpumem-growth", ("hist = []",) + ("hist.append(torch.ones(2 ** 24))",) * 4),
-        Example("gpumem-records", ("%gpumem stop", "records = %gpumem --records\nrecords")),
+    ),
+    # docs/gpumem.md: records whose peaks are far apart, so that their order is the same in every run
+    "gpumem-records": (
+        Quiet("import torch"),
+        Example("gpumem-records", ("%gpumem --text", "a = torch.ones(2**24)", "b = torch.ones(2**25)",
+                                   "%gpumem stop", "records = %gpumem --records\nrecords")),
     ),
     # docs/clusters.md: two ipyparallel engines on this machine (started and stopped by the setup cells)
     "clusters": (
@@ -170,7 +175,7 @@ SESSIONS: dict = {
             "%%cudatime --cluster -n 10 -r 7 --no-roofline\ny = model(x[:64])"), depends=("cpus",)),
         Example("clusters-local", ("%ontorch local --cluster",)),
         Example("clusters-busy", (
-            "%%px --noblock --targets 1\nimport time\ntime.sleep(8)",
+            "%%px --noblock --targets 1\nimport time\ntime.sleep(12)",
             Quiet("while not rc.queue_status()[1]['queue']:\n    time.sleep(0.05)"),
             "%gpuinfo --cluster --no-processes")),
         Example("clusters-gpumem", ("%gpumem --cluster --text",)),

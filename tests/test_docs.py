@@ -250,6 +250,10 @@ def test_the_mask_hides_figures_and_keeps_words():
     assert examples.mask(run, env) != examples.mask(run.replace("perf_counter", "CUDA events"), env)
     freed = "the output history (Out[2], _): held 1.00 MiB on cpu; gave back "
     assert examples.mask(freed + "1.00 MiB on cpu", env) == examples.mask(freed + "nothing measurable", env)
+    wrapped = "  rest   390 MiB  -  Python, libraries, and\n                    memory no name here reaches"
+    assert examples.same(wrapped, wrapped.replace("and\n                    memory", "and memory\n         "),
+                         env, env)
+    assert not examples.same(wrapped, wrapped.replace("memory no", "no memory"), env, env)
     table = "engine    host    pid  torch\n--------  ----  -----  -----\nengine 0  vm    12632  2.13\n"
     assert examples.mask(table, env) == examples.mask(table.replace("12632", "  871"), env)
     assert examples.mask(table, env) != examples.mask(table.replace("2.13", "2.14"), env)
@@ -282,7 +286,8 @@ def test_example_matches_a_run(example_run, name):
     why = examples.differs(written, example_run["env"], examples.examples()[name][1].depends)
     if why:
         pytest.skip(why)
-    want = examples.mask(body, written)
-    got = examples.mask(example_run["outputs"][name], example_run["env"])
-    assert want == got, (f"{path.name}'s example {name} no longer matches a run: `python docs/examples.py "
-                         f"--write` rewrites it\n--- {path.name}\n{want}\n--- this run\n{got}")
+    run = example_run["outputs"][name]
+    want, got = examples.mask(body, written), examples.mask(run, example_run["env"])
+    assert examples.same(body, run, written, example_run["env"]), (
+        f"{path.name}'s example {name} no longer matches a run: `python docs/examples.py --write` rewrites "
+        f"it\n--- {path.name}\n{want}\n--- this run\n{got}")

@@ -152,10 +152,10 @@ def test_cpu_and_other_devices_have_no_peak_but_a_hint():
                      "percentage)"]
 
 
-def test_the_readme_lists_every_entry_with_its_source():
+def test_the_docs_list_every_entry_with_its_source():
     from conftest import ROOT
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "cudatime.md").read_text()
     for model in peaks.TABLE:
         assert model.source.split()[0] in readme, model.name
         assert f"{model.flops['fp32'] / 1e12:g}" in readme, model.name

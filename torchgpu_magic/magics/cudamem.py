@@ -56,18 +56,14 @@ class CUDAMemMagics(MagicsPart):
     @usage_errors
     @cell_magic
     def cudamem(self, line: str, cell: str) -> Any:
-        """Run the cell once with its memory tracked (torch's MemTracker), or predict it on fake tensors,
-        and show the peak, when it happened (forward, backward, optimizer step; which module), the memory
-        at the peak by category (parameters, buffers, gradients, activations, temporaries, optimizer
-        state, other) and by module, and whether it fits the device.
+        """A training step's memory by category and module, and whether it fits: measured on a real run
+        (torch's MemTracker), or predicted for DEVICE without one (``--predict``, on fake tensors);
+        ``--fit NAME`` finds the largest batch that fits.
 
-        The memory over the step is drawn too: a stacked area chart by category over the step's
-        allocations and frees, the phases named, the peak marked with its phase, module, operator and
-        cell line (inline SVG in a notebook, block characters in a terminal).
+        The step's memory over its allocations and frees is drawn too (inline SVG in a notebook, block
+        characters in a terminal); ``--compare`` measures and predicts one step side by side.
 
-        ``%%cudamem`` measures the real run; ``%%cudamem --predict [DEVICE]`` predicts it for DEVICE
-        (default cuda) from fake copies, without a GPU; ``--compare`` does both for one step; ``--fit
-        NAME`` finds the largest batch that fits.
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/cudamem.md
         """
         from ..cudamem import StepComparison, prediction, run, targetdevice
 

@@ -62,19 +62,11 @@ class CUDATimeMagics(MagicsPart):
     @usage_errors
     @line_cell_magic
     def cudatime(self, line: str = "", cell: Optional[str] = None) -> Any:
-        """Time a cell (or one statement) correctly on a GPU: CUDA events for device time, host enqueue
-        and synchronized wall time, first run apart, warm-up, auto-ranged loops and samples until the
-        median is known to +-1 %.
+        """Time a cell (``%%cudatime [options] [setup]``) or one statement correctly on a GPU: CUDA events
+        for the device time, beside host enqueue and synchronized wall time; the first run apart, samples
+        until the median is known to +-1 %; FLOP/s and bytes/s against the device's peak (the roofline).
 
-        ``%%cudatime [options] [setup]`` times the cell (the setup statement runs once first, in the same
-        scope, as with ``%%timeit``); ``%cudatime [options] STATEMENT`` times one statement. Without
-        ``--devices`` it times on torch's default device; when that is cpu, where the tensors of the
-        setup and the first run were (on the GPU when they were on it, or when the cell initialised
-        CUDA), however initialised CUDA already was; on cpu the figure is host time, and the report says so.
-        After the samples the cell runs once more, untimed, to count its FLOPs and bytes: the line under
-        the headline gives the achieved FLOP/s and bytes/s, the bound and the percentage of the GPU's
-        peak (``--no-roofline`` skips that run; ``--peak`` gives the peak where the table has none, as on
-        cpu).
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/cudatime.md
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
         from .. import timing

@@ -52,8 +52,10 @@ class WhereIsMagics(MagicsPart):
     @usage_errors
     def whereis(self, line: str = "") -> Any:
         """Where tensors, modules and optimizers live: ``%whereis`` (the whole namespace, by device),
-        ``%whereis NAME [NAME...]`` (one object in detail), ``%whereis --watch on|off``,
-        ``%whereis --repr on|off``. Only reads: never runs forward, never moves anything."""
+        ``%whereis NAME`` (one object in detail), ``--watch on|off``, ``--repr on|off``. It only reads.
+
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/whereis.md
+        """
         from .. import devices, placement
         from ..errors import MagicInputError
 

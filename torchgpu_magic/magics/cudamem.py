@@ -56,12 +56,9 @@ class CUDAMemMagics(MagicsPart):
     @usage_errors
     @cell_magic
     def cudamem(self, line: str, cell: str) -> Any:
-        """A training step's memory by category and module, and whether it fits: measured on a real run
-        (torch's MemTracker), or predicted for DEVICE without one (``--predict``, on fake tensors);
-        ``--fit NAME`` finds the largest batch that fits.
-
-        The step's memory over its allocations and frees is drawn too (inline SVG in a notebook, block
-        characters in a terminal); ``--compare`` measures and predicts one step side by side.
+        """A training step's memory by category and module, drawn over the step, and whether it fits:
+        measured (torch's MemTracker), predicted for DEVICE without one (``--predict``), or both side by
+        side (``--compare``); ``--fit NAME`` finds the largest batch that fits.
 
         Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/cudamem.md
         """

@@ -15,9 +15,12 @@ OLD_VENV := .venv-ipython7
 OLD_IPYTHON := ipython==7.34.0
 # build and twine, in a venv of their own: building the package needs neither torch nor Jupyter
 DIST_VENV := .venv-dist
+# `pip install -e .` makes setuptools print a 9-line "Editable installation" notice (a warning of its
+# InformationOnly kind: nothing to act on) at every install; the installs here leave that one message out.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: venv demo lab test test-ipython7 test-simulated test-simulated-mps test-simulated-xpu test-simulated-rocm \
-  lint browser-deps dist bench clean
+  lint browser-deps dist bench pictures examples clean
 
 # .venv and torch: the torch of $(PYTHON) when it has one (a CUDA build you installed keeps working).
 # Installs for the demo use pip's --no-compile: bytecode is then written on first import for the modules
@@ -33,7 +36,7 @@ $(VENV)/.torch:
 
 # The package, editable, with what the tour needs (the `demo` extra) ...
 $(VENV)/.demo: $(VENV)/.torch pyproject.toml Makefile
-	$(VPY) -m pip install -q --no-compile -e ".[demo]"
+	$(EDITABLE) $(VPY) -m pip install -q --no-compile -e ".[demo]"
 	@touch $@
 
 # ... or with everything the tests need (the `test` extra, which includes `demo`), compiled: the tests
@@ -45,7 +48,7 @@ $(VENV)/.demo: $(VENV)/.torch pyproject.toml Makefile
 # compile_dir's result is not a verdict on the venv.
 NO_BYTECODE := /(sympy|pandas)/|/transformers/models/(?!(auto|bert|gpt2)/)
 $(VENV)/.test: $(VENV)/.torch pyproject.toml Makefile
-	$(VPY) -m pip install -q --no-compile -e ".[test]"
+	$(EDITABLE) $(VPY) -m pip install -q --no-compile -e ".[test]"
 	$(VPY) -c 'import compileall, re, sys, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0, rx=re.compile(sys.argv[1]))' '$(NO_BYTECODE)'
 	@touch $@ $(VENV)/.demo
 
@@ -86,8 +89,10 @@ if [ -n "$$changed" ]; then
 else
   echo "browser-deps: installing Debian's chromium: $$(echo "$$plan" | grep -c '^Inst') new packages, none upgraded"
 fi
-$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null || \
-  say "apt-get install chromium failed"
+# apt and debconf talk on both streams even with -qq (debconf: "delaying package configuration..."): kept,
+# and shown only when the install fails
+log=$$($$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium 2>&1) || \
+  { echo "$$log" | tail -n 20; say "apt-get install chromium failed (its last lines above)"; }
 endef
 export BROWSER_DEPS
 
@@ -95,7 +100,7 @@ browser-deps:
 	@sh -c "$$BROWSER_DEPS"
 
 lint: $(VENV)/.test
-	$(VPY) -m ruff check torchgpu_magic tests benchmarks notebooks
+	$(VPY) -m ruff check torchgpu_magic tests benchmarks notebooks docs
 
 test: $(VENV)/.test browser-deps lint
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
@@ -148,7 +153,7 @@ $(OLD_VENV)/.installed: $(VENV)/.test
 	$(VPY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > \
 	  "$$($(OLD_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/over-venv.pth"
 	mkdir -p $(OLD_VENV)/share && ln -s ../../$(VENV)/share/jupyter $(OLD_VENV)/share/jupyter
-	$(OLD_VENV)/bin/python -m pip install -q "$(OLD_IPYTHON)" -e .
+	$(EDITABLE) $(OLD_VENV)/bin/python -m pip install -q "$(OLD_IPYTHON)" -e .
 	@touch $@
 
 # ---- the CUDA-build leg -------------------------------------------------------------------------
@@ -173,7 +178,7 @@ $(CUDA_VENV)/.installed: $(VENV)/.test
 	  "$$($(CUDA_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/over-venv.pth"
 	mkdir -p $(CUDA_VENV)/share && ln -s "$(abspath $(VENV))/share/jupyter" $(CUDA_VENV)/share/jupyter
 	$(CUDA_VENV)/bin/python -m pip install -q "$(CUDA_TORCH)"
-	$(CUDA_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(EDITABLE) $(CUDA_VENV)/bin/python -m pip install -q --no-deps -e .
 	@touch $@
 
 # On a machine with an NVIDIA driver there is nothing to check here (no GPU is what this leg is about): one
@@ -212,6 +217,14 @@ dist: $(DIST_VENV)/.installed
 
 bench: $(VENV)/.test
 	for b in benchmarks/bench_*.py; do $(VPY) $$b || exit 1; done
+
+# The docs' example outputs, run again and written where their text changed (docs/examples.py), and the
+# docs' pictures taken again from real runs (docs/images/pictures.py); docs/development.md says more.
+examples: $(VENV)/.test
+	$(VPY) docs/examples.py --write
+
+pictures: $(VENV)/.test browser-deps
+	$(VPY) docs/images/pictures.py
 
 # `make gpu-check OUT=dir`: the whole GPU validation in one command (docs/gpu-validation.md): the checks'
 # figures against their references, pytest -m gpu, the benchmarks' GPU modes and the tour, each step under

@@ -154,6 +154,7 @@ def ip(_shell: Any) -> Any:
     import torch
 
     from torchgpu_magic import load_ipython_extension, unload_ipython_extension
+    from torchgpu_magic.magics.shell import release_traceback
 
     before = (torch.get_default_dtype(), torch.get_num_threads(), _default_device())
     load_ipython_extension(_shell)
@@ -161,6 +162,10 @@ def ip(_shell: Any) -> Any:
         yield _shell
     finally:
         unload_ipython_extension(_shell)
+        # What a failed cell of this test left: the traceback Python and IPython keep, and the failed cells'
+        # results their frames keep alive in a cycle (holders/failed.py), which the next test's holders
+        # would otherwise count as its own.
+        release_traceback(_shell)
         _shell.reset(new_session=False)
         after = (torch.get_default_dtype(), torch.get_num_threads(), _default_device())
         assert after == before, f"test left torch state changed: {before} -> {after}"

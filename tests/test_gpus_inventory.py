@@ -250,11 +250,11 @@ def test_real_gpu_report_agrees_with_torch_and_nvml():
     assert len([g for g in report.gpus if g.torch_index is not None]) == torch.cuda.device_count()
 
 
-def test_readme_names_the_pid_as_the_report_does(fake_nvml, fresh_env):
+def test_the_docs_name_the_pid_as_the_report_does(fake_nvml, fresh_env):
     from conftest import ROOT
 
     fake_nvml("no_library")
     text = report_for(inv.TorchView(version="2.13.0+cpu")).to_text()
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "gpuinfo.md").read_text()
     assert "this process's PID" in text and "this process's PID" in readme
     assert "this kernel's PID" not in readme and "<- this kernel" not in readme

@@ -69,7 +69,7 @@ def fmt_bytes(n: Any, signed: bool = False) -> str:
         sign, n = "-", -n
     elif signed:
         sign = "+"
-    value, unit = _scaled(float(n), _BYTE_UNITS, 1024, 1024)
+    value, unit = _scaled(float(n), _BYTE_UNITS, 1024, 1023.5)  # what rounds to 1024 MiB is 1.00 GiB
     if unit == "B":
         return f"{sign}{n} B"
     return f"{sign}{_sig3(value)} {unit}"
@@ -205,13 +205,9 @@ class Table:
         )
 
 
-def html_pre(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> str:
-    """Escape the lines and keep them as one preformatted block, so aligned columns stay aligned."""
-    return f'<pre class="{css_class}">' + html.escape("\n".join(lines)) + "</pre>"
-
-
 def html_lines(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> str:
-    """Escape each line and join them as a block of HTML paragraphs."""
+    """Escape each line and join them as a block of HTML paragraphs (for cudamem/report.py until it
+    renders through the model)."""
     return "".join(f'<div class="{css_class}">{html.escape(line)}</div>' for line in lines)
 
 
@@ -227,8 +223,8 @@ class Part(Protocol):
 
 @dataclass
 class Lines:
-    """Lines of text: one HTML block each, or, with ``pre``, one preformatted block (for lines whose
-    columns are aligned with spaces)."""
+    """Lines of text: one HTML block each, indented as in the text, or, with ``pre``, one preformatted
+    block (for lines whose columns are aligned with spaces)."""
 
     lines: Sequence[str]
     pre: bool = False
@@ -239,7 +235,16 @@ class Lines:
     def to_html(self) -> str:
         if not self.lines:
             return ""
-        return html_pre(self.lines) if self.pre else html_lines(self.lines)
+        if self.pre:
+            return '<pre class="torchgpu-magic-note">' + html.escape("\n".join(self.lines)) + "</pre>"
+        return "".join(f'<div class="torchgpu-magic-note"{_indented(line)}>{html.escape(line.lstrip())}</div>'
+                       for line in self.lines)
+
+
+def _indented(line: str) -> str:
+    """The style attribute that indents a line's HTML block as far as its text is indented ('' for none)."""
+    indent = len(line) - len(line.lstrip(" "))
+    return f' style="padding-left:{indent}ch"' if indent else ""
 
 
 @dataclass
@@ -311,10 +316,3 @@ class Reportable:
 
     def _repr_html_(self) -> str:
         return self.report().to_html()
-
-
-class LinesReport(Reportable):
-    """A report that is its ``lines()``, one per line."""
-
-    def report(self) -> Report:
-        return Report([Lines(self.lines())])  # type: ignore[attr-defined]  # each report defines its lines

@@ -1,9 +1,10 @@
-"""``%%cudamem``'s reports: a cell's memory (:class:`CellMemory`), measured or predicted, and the batch
+"""``%%cudamem``'s reports: a cell's memory (:class:`CellMemory`), measured or predicted, with its picture
+over the step; one step measured and predicted side by side (:class:`StepComparison`); and the batch
 search of ``--fit`` (:class:`FitResult`).
 
-Plain values only (names, strings, numbers): a report never holds a tensor, a module or the tracker.
-Each shows itself as text (``_repr_pretty_``) and HTML (``_repr_html_``) and gives ``to_dict()``.
-Standard library only.
+Plain values only (names, strings, numbers, the recorded series): a report never holds a tensor, a module
+or the tracker. Each shows itself as text (``_repr_pretty_``) and HTML (``_repr_html_``) and gives
+``to_dict()``. Standard library only.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import Any, NamedTuple, Optional
 
 from ..render import Table, fmt_bytes, fmt_percent, fmt_seconds, html_lines
 from .allocator import CATEGORIES, PHASES
+from .picture import MemoryPicture, SideBySide
+from .series import StepSeries
 
 
 def _natural(name: str) -> list:
@@ -42,7 +45,8 @@ class CellMemory:
     memory at that moment by category, and per module. ``mode`` is ``'measured'`` (the real run,
     tracked) or ``'predicted'`` (a run on fake tensors). For a CUDA target ``reserved_peak`` is what the
     caching allocator would have reserved and ``allowances`` what fake tensors cannot see; ``needs`` is
-    the device memory the run asks for, compared with ``capacity`` when known."""
+    the device memory the run asks for, compared with ``capacity`` when known. ``series`` is the memory
+    over the step's events (``series.to_pandas()``, ``series.to_dict()``), drawn by :meth:`picture`."""
 
     mode: str
     device: str
@@ -67,6 +71,15 @@ class CellMemory:
     limits: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     seconds: float = 0.0
+    series: Optional[StepSeries] = None
+
+    def picture(self) -> Optional[MemoryPicture]:
+        """The step's memory drawn from :attr:`series`, with the capacity; None without a series."""
+        if self.series is None:
+            return None
+        verb = "predicted for" if self.mode == "predicted" else "measured on"
+        return MemoryPicture(self.series, f"{verb} {self.device}: memory allocated over the step",
+                             self.capacity, self.capacity_source)
 
     @property
     def needs(self) -> int:
@@ -83,7 +96,7 @@ class CellMemory:
     def verdict(self) -> str:
         """'fits in 80.0 GiB (--capacity), with 78.1 GiB to spare', or how much more it needs."""
         if self.capacity is None:
-            return "capacity unknown (give --capacity SIZE, e.g. --capacity 80GiB)"
+            return "capacity unknown (give --capacity SIZE, e.g. --capacity 79GiB for an H100 80GB)"
         where = f"{fmt_bytes(self.capacity)} ({self.capacity_source})"
         if self.fits:
             return f"fits in {where}, with {fmt_bytes(self.capacity - self.needs)} to spare"
@@ -163,6 +176,9 @@ class CellMemory:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         parts = [self._title()] + ["  " + line for line in self._headline()]
+        picture = self.picture()
+        if picture is not None:
+            parts += ["", picture.to_text(indent="  ")]
         parts += ["", self._category_table().to_text(indent="  ")]
         table = self._module_table()
         if table is not None:
@@ -174,7 +190,9 @@ class CellMemory:
 
     def _repr_html_(self) -> str:
         table = self._module_table()
+        picture = self.picture()
         return (f"<div><b>{html.escape(self._title())}</b>" + html_lines(self._headline())
+                + (picture.to_html() if picture is not None else "")
                 + self._category_table().to_html() + (table.to_html() if table is not None else "")
                 + html_lines(self._footer()) + "</div>")
 
@@ -183,8 +201,62 @@ class CellMemory:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out["modules"] = [row._asdict() for row in self.modules]
         out["allowances"] = [dict(a) for a in self.allowances]
+        out["series"] = self.series.to_dict() if self.series is not None else None
         out.update(needs=self.needs, fits=self.fits)
         return out
+
+
+@dataclass(repr=False)
+class StepComparison:
+    """One step measured and predicted (``--compare``): the prediction first, on fake copies, which
+    changes nothing, then the real run from the same state; their pictures side by side on one scale and
+    their figures in one table."""
+
+    measured: CellMemory
+    predicted: CellMemory
+
+    def picture(self) -> Optional[SideBySide]:
+        """The two pictures, measured on the left; None when either has no series."""
+        pictures = [self.measured.picture(), self.predicted.picture()]
+        return SideBySide(pictures) if all(p is not None for p in pictures) else None
+
+    def _title(self) -> str:
+        return (f"%%cudamem --compare: one step measured on {self.measured.device} and predicted for "
+                f"{self.predicted.device}")
+
+    def _table(self) -> Table:
+        m, p = self.measured, self.predicted
+        rows = [("peak", m.peak, p.peak)]
+        rows += [(f"highest in {phase}", m.phase_peaks.get(phase), p.phase_peaks.get(phase))
+                 for phase in PHASES if phase in m.phase_peaks or phase in p.phase_peaks]
+        rows += [(f"{name} at the peak", m.categories.get(name, 0), p.categories.get(name, 0))
+                 for name in CATEGORIES if m.categories.get(name) or p.categories.get(name)]
+        rows.append(("after the cell", m.after, p.after))
+        table = Table(["", "measured", "predicted", "predicted / measured"], align="lrrr",
+                      title="The step, measured and predicted")
+        for label, a, b in rows:
+            ratio = f"{b / a:.4f}" if a and b is not None else "-"
+            table.add(label, "-" if a is None else fmt_bytes(a), "-" if b is None else fmt_bytes(b), ratio)
+        return table
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        parts = [self._title()]
+        picture = self.picture()
+        if picture is not None:
+            parts += ["", picture.to_text(indent="  ")]
+        parts += ["", self._table().to_text(indent="  "), "",
+                  "  the full reports: .measured and .predicted"]
+        p.text("\n".join(parts))
+
+    def _repr_html_(self) -> str:
+        picture = self.picture()
+        return (f"<div><b>{html.escape(self._title())}</b>"
+                + (picture.to_html() if picture is not None else "") + self._table().to_html()
+                + html_lines(["the full reports: .measured and .predicted"]) + "</div>")
+
+    def to_dict(self) -> dict:
+        """Both reports' plain values."""
+        return {"measured": self.measured.to_dict(), "predicted": self.predicted.to_dict()}
 
 
 @dataclass(repr=False)
@@ -219,9 +291,18 @@ class FitResult:
         return [head]
 
     def _table(self) -> Table:
-        table = Table(["first dimension", "needs", "fits"], align="rrl", title="Predictions, in order")
+        """One row per prediction: what it needs in one unit, the capacity's (a search ends beside the
+        capacity, where '1023 MiB' and '1.00 GiB' would read as one amount), and how far from it."""
+        unit = fmt_bytes(self.capacity).split()[-1]
+        scale = 1024 ** ("B", "KiB", "MiB", "GiB", "TiB", "PiB").index(unit)
+        table = Table(["first dimension", "needs", "vs capacity", "fits"], align="rrrl",
+                      title=f"Predictions, in order (capacity {fmt_bytes(self.capacity)})")
         for size, needs, fits in self.predictions:
-            table.add(size, fmt_bytes(needs), "yes" if fits else "no")
+            value = needs / scale
+            shown = f"{value:.0f}" if unit == "B" or value >= 100 else f"{value:.1f}" if value >= 10 \
+                else f"{value:.2f}"
+            table.add(size, f"{shown} {unit}", fmt_bytes(needs - self.capacity, signed=True),
+                      "yes" if fits else "no")
         return table
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:

@@ -7,6 +7,7 @@ or the objects.
 """
 from __future__ import annotations
 
+import linecache
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -14,7 +15,7 @@ from ..caches import cache
 from ..placement import device_str, devices_of, dtype_str, kind_of, shape_str
 from ..placement.walk import static_attr
 from ..render import Lines, Report, Reportable
-from .failing import cell_frames, source_line
+from .failing import source_line, user_frames
 
 _D = r"([a-z]+(?::\d+)?)"  # a device as torch prints it: cpu, cuda:0, mps:0, meta, xla:0
 _T = r"([\w:.\[\]]+)"  # a legacy type string: torch.cuda.FloatTensor, Variable[...], MPSFloatType, float
@@ -420,8 +421,9 @@ def diagnose(
 ) -> Optional[Diagnosis]:
     """A :class:`Diagnosis` of ``exc`` when it is a device-mismatch error, else None.
 
-    The user's failing line is the outermost traceback frame whose file ``is_cell_file(filename)``
-    accepts (a notebook cell); when the error was raised deeper, in a function or ``forward`` defined in
+    The user's failing line is the line of the user's cell that ran (the outermost traceback frame whose
+    file ``is_cell_file(filename)`` accepts, or inside a cell magic the line of the cell the magic ran:
+    :func:`~.failing.user_frames`); when the error was raised deeper, in a function or ``forward`` defined in
     a cell, the deepest such frame is shown too, in its own terms (``self``, ``x``). Names are resolved
     in each frame's locals and globals (and ``user_ns``), the cell's other names in ``user_ns``. Only
     static lookups: no code is evaluated, nothing is kept.
@@ -429,7 +431,7 @@ def diagnose(
     devices = mismatch_devices(exc)
     if devices is None:
         return None
-    frames = cell_frames(exc.__traceback__, is_cell_file)
+    frames = user_frames(exc.__traceback__, is_cell_file)
 
     def names_on(frame: Any, lineno: int, scopes: list) -> tuple:
         text = source_line(frame, lineno)
@@ -439,28 +441,35 @@ def diagnose(
         return text, found
 
     line, found_line = "", []
+    cell_scopes: list = [user_ns]
     lineno: Optional[int] = None
     inner_line, found_inner = "", []
     inner_lineno: Optional[int] = None
     inner_function = ""
     if frames:
-        outer, lineno = frames[0]
-        line, found_line = names_on(outer, lineno, [outer.f_locals, outer.f_globals, user_ns])
+        outer = frames[0].frame
+        lineno = frames[0].shown
+        cell_scopes = [outer.f_locals, outer.f_globals, user_ns]
+        line, found_line = names_on(outer, frames[0].lineno, cell_scopes)
+        # The code that ran is the cell as its magic compiled it (whose locals, in %%cudatime's loop,
+        # are the cell's names): its text, not the magic's line and options, is the cell's.
+        cell_source = "".join(linecache.getlines(outer.f_code.co_filename)) or cell_source
         if len(frames) > 1:
-            inner, inner_lineno = frames[-1]
+            inner = frames[-1].frame
+            inner_lineno = frames[-1].shown
             inner_function = inner.f_code.co_name
             scopes = [inner.f_locals, inner.f_globals, user_ns]
-            inner_line, found_inner = names_on(inner, inner_lineno, scopes)
-    frames = outer = inner = scopes = None  # drop the frames: the diagnosis keeps strings only
+            inner_line, found_inner = names_on(inner, frames[-1].lineno, scopes)
     found_cell: list = []
     for chain in _name_chains(cell_source):
-        found_cell.extend(_resolve_chain(chain, [user_ns]))
+        found_cell.extend(_resolve_chain(chain, cell_scopes))
+    frames = outer = inner = scopes = cell_scopes = None  # drop the frames: the diagnosis keeps strings only
     culprits = []
     seen: set = set()
     for where, group in (("line", found_line), ("inside", found_inner), ("cell", found_cell)):
         for name, obj in group:
             key = (id(obj), where == "inside")
-            if key in seen or (where == "cell" and (id(obj), False) in seen):
+            if key in seen or (where == "cell" and ((id(obj), False) in seen or (id(obj), True) in seen)):
                 continue
             seen.add(key)
             culprits.append(_culprit(name, obj, where))

@@ -20,6 +20,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from ..caches import cache
+
 _SIZE = r"(\d+(?:\.\d+)?\s*(?:bytes|[KMGTPE]i?B|B))"
 
 
@@ -119,17 +121,15 @@ _DETAILS = [
     ("free", rf"Free \(according to CUDA\)\s*: {_SIZE}"),
     ("limit", rf"PyTorch limit \(set by user-supplied memory fraction\)\s*: {_SIZE}"),
 ]
-_COMPILED: list = []
 _NO_LIMIT = 2 ** 60
 
 
-def _compiled() -> list:
-    if not _COMPILED:
-        _COMPILED.append([(w, re.compile(p), b) for w, p, b in _FORMS])
-        _COMPILED.append([(f, re.compile(p)) for f, p in _DETAILS])
-        _COMPILED.append(re.compile(rf"Process (\d+) has {_SIZE} memory in use"))
-        _COMPILED.append(re.compile(rf"Unable to allocate {_SIZE}"))
-    return _COMPILED
+@cache
+def _compiled() -> tuple:
+    """The wordings, the details, other processes' lines and numpy's size, compiled on the first error."""
+    return ([(w, re.compile(p), b) for w, p, b in _FORMS], [(f, re.compile(p)) for f, p in _DETAILS],
+            re.compile(rf"Process (\d+) has {_SIZE} memory in use"),
+            re.compile(rf"Unable to allocate {_SIZE}"))
 
 
 def _is_torch_oom(exc: BaseException) -> bool:

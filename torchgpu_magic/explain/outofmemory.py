@@ -17,14 +17,14 @@ from ..holders import devicestate
 from ..holders.holdings import Holdings, Released, collect
 from ..holders.report import DeviceHolders, device_holders, fragmented
 from ..host import gc_paused
-from ..render import LinesReport, fmt_bytes, html_lines
+from ..render import Lines, Report, Reportable, fmt_bytes
 from .failing import FailingLine, failing_line
 
 DEL_LINES = 3  # `del` advice for the largest few names; %gpumem holders lists every one
 
 
 @dataclass(repr=False)
-class OOMExplanation(LinesReport):
+class OOMExplanation(Reportable):
     """What an out-of-memory error asked on ``device``, who holds that device's memory (``holders``) and
     the advice, largest first (``advice``: (bytes or None, line)); ``too_big`` when the request alone is
     more than the device has in all. ``facts`` is the message read by
@@ -55,23 +55,14 @@ class OOMExplanation(LinesReport):
             parts.append(f"this process may use {fmt_bytes(facts.limit)}")
         return f"gpumem: out of memory on {self.device}: " + "; ".join(parts)
 
-    def lines(self) -> list:
-        out = [self.headline(), *self.failing.lines(), f"Who holds {self.device} memory, largest first:"]
-        out.extend(self.holders.table_text())
-        out.extend("  " + note for note in self.holders.notes())
-        if self.advice:
-            out.append("What to do, largest first:" if not self.too_big else "What to do:")
-            out.extend(f"  {i}. {line}" for i, (_, line) in enumerate(self.advice, 1))
-        return out
-
-    def _repr_html_(self) -> str:
-        import html
-
-        advice = "".join(f"<li>{html.escape(line)}</li>" for _, line in self.advice)
-        todo = html_lines(["What to do, largest first:"]) + f"<ol>{advice}</ol>" if advice else ""
-        return (f'<div class="torchgpu-magic-oom"><b>{html.escape(self.headline())}</b>'
-                + html_lines([*self.failing.lines(), f"Who holds {self.device} memory, largest first:"])
-                + self.holders.table().to_html() + html_lines(self.holders.notes()) + todo + "</div>")
+    def report(self) -> Report:
+        """The headline, the failing line, who holds the device's memory, the advice numbered."""
+        holders = Report([self.holders.table(), Lines(self.holders.notes())],
+                         title=f"Who holds {self.device} memory, largest first:", indent="  ")
+        advice = Report([Lines([f"{i}. {line}" for i, (_, line) in enumerate(self.advice, 1)])],
+                        title="What to do:" if self.too_big else "What to do, largest first:", indent="  ")
+        return Report([Lines(self.failing.lines()), holders, advice if self.advice else None],
+                      title=self.headline())
 
     def to_dict(self) -> dict:
         return {"device": self.device, "facts": self.facts.to_dict(), "failing": self.failing.to_dict(),
@@ -163,11 +154,8 @@ def _unknown_processes(state: Any) -> Optional[tuple]:
     device's memory in use beyond torch's reserved memory here (that also holds this process's CUDA
     context). Said with that bound and how to learn more; never "stop them", which may be this kernel."""
     unmeasured = [pid for pid, _ in state.unmeasured]
-    if (len(state.foreign) < 2 and not unmeasured) or state.free is None or state.total is None \
-            or state.reserved is None:
-        return None
-    beyond = state.total - state.free - state.reserved - sum(size for _, _, size in state.others)
-    if beyond <= 0:
+    beyond = state.outside
+    if (len(state.foreign) < 2 and not unmeasured) or (beyond or 0) <= 0:
         return None
     if len(state.foreign) >= 2:
         pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])

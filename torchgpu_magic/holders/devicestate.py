@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from .. import accelerators
 from ..accelerators import initialised_cuda
-from ..gpus import processes
+from ..gpus import gpumap, processes
 from ..render import is_na
 from ..torchapi import has_primary_context
 
@@ -62,6 +62,15 @@ class DeviceState:
         if self.allocated is None or self.reserved is None:
             return None
         return max(0, self.reserved - self.allocated)
+
+    @property
+    def outside(self) -> Optional[int]:
+        """On a GPU, the bytes in use beyond torch's reserved memory and what NVML names other processes
+        hold (this process's CUDA context, libraries' own allocations, processes NVML cannot tell apart);
+        None where it cannot be read."""
+        if self.kind != "cuda" or self.reserved is None or self.free is None or self.total is None:
+            return None
+        return self.total - self.free - self.reserved - sum(size for _, _, size in self.others)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -127,7 +136,7 @@ def _cuda(device: str, index: Optional[int]) -> DeviceState:
     others: tuple = ()
     foreign: tuple = ()
     unmeasured: tuple = ()
-    target = _nvml_target(index)
+    target = gpumap.nvml_target(index)
     if target is not None:
         nvml_index, mig = target
         _, _, process, _, problems = processes.process_figures(nvml_index, os.getpid(), mig)
@@ -139,19 +148,6 @@ def _cuda(device: str, index: Optional[int]) -> DeviceState:
     return DeviceState(device, total, free, process, allocated, reserved, _largest_free_block(cuda, index),
                        others, tuple(notes), foreign, unmeasured,
                        None if requested is None else int(requested))
-
-
-def _nvml_target(index: int) -> Optional[tuple]:
-    """(NVML index, MIG uuid) of torch's ``cuda:index``, matched by UUID; None where NVML cannot say."""
-    from ..gpus import gpumap, nvml
-
-    if nvml.status() is not None:
-        return None
-    for mapping in gpumap.gpu_map():
-        if mapping.torch_index == index and mapping.nvml_index is not None:
-            mig = getattr(mapping, "mig", None)
-            return mapping.nvml_index, None if is_na(mig) else mig
-    return None
 
 
 def _other_processes(nvml_index: int, mig: Any, reserved: int = 0) -> tuple:
@@ -194,21 +190,24 @@ def _told_apart(others: tuple, foreign: tuple) -> str:
             + (f", and {named} {'are' if len(others) != 1 else 'is'} another" if others else ""))
 
 
-def _largest_free_block(cuda: Any, index: int) -> Optional[int]:
-    """The largest free block in torch's cache on ``cuda:index``, from the allocator's segments (torch's
-    ``memory_stats`` counts free split bytes, not their largest piece); None where torch cannot say."""
+def allocator_blocks(cuda: Any, index: int) -> Optional[list]:
+    """The blocks of torch's caching allocator on ``cuda:index`` (its segments' ``blocks``); None where
+    torch keeps no segments (the cudaMallocAsync backend)."""
     try:
         segments = cuda.memory_snapshot()
-    except Exception:  # noqa: BLE001 - another allocator backend (cudaMallocAsync) keeps no segments
+    except Exception:  # noqa: BLE001 - another allocator backend keeps no segments
         return None
-    largest = 0
-    for segment in segments:
-        if segment.get("device") != index:
-            continue
-        for block in segment.get("blocks", ()):
-            if block.get("state") == "inactive":
-                largest = max(largest, int(block.get("size", 0)))
-    return largest
+    return [block for segment in segments if segment.get("device") == index
+            for block in segment.get("blocks", ())]
+
+
+def _largest_free_block(cuda: Any, index: int) -> Optional[int]:
+    """The largest free block in torch's cache on ``cuda:index`` (torch's ``memory_stats`` counts free
+    split bytes, not their largest piece); None where torch cannot say."""
+    blocks = allocator_blocks(cuda, index)
+    if blocks is None:
+        return None
+    return max((int(b.get("size", 0)) for b in blocks if b.get("state") == "inactive"), default=0)
 
 
 def _other_backend(device: str, kind: str, index: int) -> DeviceState:

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from .. import accelerators
-from ..gpus import processes
+from ..gpus import gpumap, processes
 from ..host import HostCounters
-from ..render import LinesReport, fmt_bytes, html_lines
+from ..render import Lines, Report, Reportable, fmt_bytes
 from .holdings import Released, collect
 
 KEPT_SHOWN = 10  # names listed as still holding memory
@@ -47,7 +47,7 @@ class FreeStep:
 
 
 @dataclass(repr=False)
-class FreeReport(LinesReport):
+class FreeReport(Reportable):
     """What ``%gpumem free`` gave back, step by step, how it was measured per device (``measured``), what
     each device got back over the whole run (``returned``: the cpu's RSS falls, a GPU's fall in torch's
     reserved memory; ``nvml``: NVML's fall for this process where it could be read), and the user's names
@@ -63,12 +63,13 @@ class FreeReport(LinesReport):
         """{device: bytes given back}: the headline's figures."""
         return dict(self.returned)
 
-    def lines(self) -> list:
+    def report(self) -> Report:
+        """The headline with how it was measured, each step indented under it, the names still holding."""
         total = self.total()
         given = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in total.items() if b) or "nothing measurable"
         how = [f"{d} {how}" for d, how in self.measured.items()]
         how += [f"NVML: this process's {d} figure fell {fmt_bytes(b)}" for d, b in self.nvml.items()]
-        out = [f"%gpumem free: gave back {given} (measured: " + "; ".join(how) + ")"]
+        steps = []
         kept_by_c = False
         for step in self.steps:
             host = step.source == "torch's cache" or all(d == "cpu" for d in step.freed if step.freed[d])
@@ -83,20 +84,18 @@ class FreeReport(LinesReport):
             else:  # a GPU's tensors go to torch's cache: the cache step gives them back
                 result = "; ".join(part for part in (f"gave back {back}" if back else "",
                                                       f"released {released} into torch's cache") if part)
-            out.append(f"  {step.source}{what}: " + (f"held {held}; " if held else "") + result)
+            steps.append(f"{step.source}{what}: " + (f"held {held}; " if held else "") + result)
             kept_by_c = kept_by_c or (step.held.get("cpu", 0) > step.freed.get("cpu", 0))
         if kept_by_c:
-            out.append("  (on the cpu, freed memory the C allocator keeps for reuse does not leave the RSS)")
-        if self.kept:
-            out.append("Your names still hold (not touched):")
-            for name, device, size, fix in self.kept[:KEPT_SHOWN]:
-                out.append(f"  {name}: {fmt_bytes(size)} on {device}; {fix}")
-            if len(self.kept) > KEPT_SHOWN:
-                out.append(f"  ... and {len(self.kept) - KEPT_SHOWN} more: %gpumem holders lists them")
-        return out
-
-    def _repr_html_(self) -> str:
-        return html_lines(self.lines())
+            steps.append("(on the cpu, freed memory the C allocator keeps for reuse does not leave the RSS)")
+        kept = [f"{name}: {fmt_bytes(size)} on {device}; {fix}"
+                for name, device, size, fix in self.kept[:KEPT_SHOWN]]
+        if len(self.kept) > KEPT_SHOWN:
+            kept.append(f"... and {len(self.kept) - KEPT_SHOWN} more: %gpumem holders lists them")
+        return Report([Report([Lines(steps)], indent="  "),
+                       Report([Lines(kept)], title="Your names still hold (not touched):", indent="  ")
+                       if kept else None],
+                      title=f"%gpumem free: gave back {given} (measured: " + "; ".join(how) + ")")
 
     def to_dict(self) -> dict:
         return {"steps": [s.to_dict() for s in self.steps], "measured": dict(self.measured),
@@ -155,12 +154,10 @@ def empty_caches() -> list:
 
 def _nvml_process() -> dict:
     """This process's NVML figure per initialised CUDA GPU (for the cache step); {} where NVML cannot say."""
-    from .devicestate import _nvml_target
-
     out = {}
     for index in _cuda_indices():
         try:
-            target = _nvml_target(index)
+            target = gpumap.nvml_target(index)
             if target is not None:
                 process = processes.process_figures(target[0], os.getpid(), target[1])[2]
                 if isinstance(process, int):

@@ -23,15 +23,13 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from ..host import gc_paused
-from ..placement import account, device_str, dtype_str, kind_of, shape_str, storage_key
+from ..placement import account, device_str, kind_of, storage_key
 from ..placement.kinds import DEVICE_TEXT, device_order
 from ..placement.walk import Walk
 from ..torchapi import STORAGE_ID
 from .failed import last_tracebacks
 from .graphs import GraphWalk
 
-# Sources in the order they claim storages; the release that frees each.
-SOURCES = ("name", "output", "traceback", "graph")
 FRAME_LIMIT = 200  # frames of one traceback looked into
 LOCALS_LIMIT = 1_000  # locals of one frame
 # Devices whose tensors hold no memory of their own: meta has no data, accelerate's 'disk' is a file.
@@ -41,36 +39,24 @@ _MACHINERY = ("IPython", "ipykernel", "torchgpu_magic")
 
 
 class Holder:
-    """One holder: its display ``name``, ``source`` (one of :data:`SOURCES`), ``root`` (the user name,
-    output or frame a graph belongs to; the holder's own name otherwise), what it is, and per device the
+    """One holder: its display ``name``, ``source`` ('name', 'output', 'traceback' or 'graph', in the order
+    they claim storages), ``root`` (the user name, output or frame a graph belongs to; the holder's own
+    name otherwise), ``what`` it is (a tensor's (dtype, shape), formatted only when shown), and per device the
     bytes first counted here, by role (``counted[device][role]``); ``shared[device]`` are bytes it holds
     that an earlier holder counts. A plain slotted class whose dicts are made on first use: a namespace of
     10,000 tensors makes 10,000 of them."""
 
-    __slots__ = ("name", "source", "root", "_what", "counted", "shared", "index", "dtypes", "scalar", "kind",
+    __slots__ = ("name", "source", "root", "what", "counted", "shared", "index", "dtypes", "scalar", "kind",
                  "library")
 
     def __init__(self, name: str, source: str, root: str, what: Any, index: int) -> None:
-        self.name, self.source, self.root, self._what, self.index = name, source, root, what, index
+        self.name, self.source, self.root, self.what, self.index = name, source, root, what, index
         self.scalar = False  # a one-element tensor with a graph: a loss kept (or summed) as a tensor
         self.kind = ""  # 'tensor', 'module', 'optimizer' for one object; 'container' for several
         self.library = False  # a frame of torch's own (a module's _call_impl holding its input as args)
         self.counted: Optional[dict] = None
         self.shared: Optional[dict] = None
         self.dtypes: Optional[dict] = None  # device -> {dtype: bytes} of activations (mixed precision)
-
-    @property
-    def what(self) -> str:
-        """'tensor float32 (1024, 1024)', 'Linear', 'list: 3 tensors': formatted when asked (a tensor's
-        is kept as (dtype, shape) until then)."""
-        what = self._what
-        if isinstance(what, tuple):
-            what = self._what = f"tensor {dtype_str(what[0])} {shape_str(tuple(what[1]))}"
-        return what
-
-    @what.setter
-    def what(self, value: str) -> None:
-        self._what = value
 
     def nbytes(self, device: str) -> int:
         return sum(self.counted.get(device, {}).values()) if self.counted else 0
@@ -93,7 +79,6 @@ class Holdings:
         self.more: dict = {}
         self.holders: list = []
         self.cut: list = []
-        self.graph_nodes = 0
         self.module_frames: list = []  # the traceback's own frames running a module's method ('Net.forward')
 
     def new(self, name: str, source: str, what: Any, root: Optional[str] = None) -> Holder:
@@ -444,7 +429,6 @@ def _graphs(holdings: Holdings, graph_roots: list, limit: int) -> None:
             saved += 1
             _tensor(holdings, holder, tensor, "saved", dtypes=True)
         budget -= walk.nodes
-        holdings.graph_nodes += walk.nodes
         holder.what = f"{saved:,} tensor{'s' if saved != 1 else ''} saved for backward, {walk.nodes:,} nodes"
         if walk.cut:
             holdings.cut.append((holder.name, f"stopped after {walk.nodes:,} nodes"))

@@ -14,14 +14,13 @@ wraps. Reports hold names, strings and numbers.
 """
 from __future__ import annotations
 
-import html
 import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 from ..host import gc_paused
-from ..render import LinesReport, Table, fmt_bytes, html_lines
+from ..render import Lines, Report, Reportable, Table, fmt_bytes
 from . import devicestate
 from .holdings import collect
 
@@ -83,35 +82,44 @@ def what_text(what: Any) -> str:
     return what
 
 
-def fitted(table: Table, indent: str = "  ", width: int = WIDTH) -> list:
-    """``table``'s text (its last column free text) in lines of at most ``width`` columns: cells of the
-    first column longer than :data:`HOLDER_WIDTH` shortened in the middle ('a_very_lo...name'), the last
-    column wrapped under itself."""
-    rows = [[str(c) for c in table.headers]] + [[str(c) for c in row] for row in table.rows]
-    for row in rows[1:]:
-        if len(row[0]) > HOLDER_WIDTH:
-            keep = HOLDER_WIDTH - 3
-            row[0] = row[0][: keep - keep // 3] + "..." + row[0][len(row[0]) - keep // 3:]
-    aligns = table.align or "l" * len(table.headers)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lead = len(indent) + sum(widths) + 2 * len(widths)
-    last = max(20, width - lead)
-    widths.append(min(last, max(len(r[-1]) for r in rows)))
-    out = []
-    for number, row in enumerate(rows):
-        glued = re.sub(r"(\d) (?=(?:[KMGTP]i)?B\b|bytes\b)", "\\1\x00", row[-1])  # '32.0 MiB' stays whole
-        wrapped = [line.replace("\x00", " ")
-                   for line in textwrap.wrap(glued, last, break_on_hyphens=False)] or [""]
-        cells = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row[:-1], widths, aligns)]
-        out.append((indent + "  ".join(cells + [wrapped[0]])).rstrip())
-        out.extend(" " * lead + more for more in wrapped[1:])
-        if number == 0:
-            out.append(indent + "  ".join("-" * w for w in widths))
-    return out
+@dataclass
+class HolderTable(Table):
+    """A holders' table; its text, shown indented by two, fits :data:`WIDTH` columns: cells of the first
+    column longer than :data:`HOLDER_WIDTH` shortened in the middle ('a_very_lo...name'), the last column
+    (free text) wrapped under itself. Its HTML keeps every cell whole."""
+
+    def to_text(self) -> str:  # type: ignore[override]  # never indented by itself: its report indents it
+        rows = [[str(c) for c in self.headers]] + [[str(c) for c in row] for row in self.rows]
+        for row in rows[1:]:
+            if len(row[0]) > HOLDER_WIDTH:
+                keep = HOLDER_WIDTH - 3
+                row[0] = row[0][: keep - keep // 3] + "..." + row[0][len(row[0]) - keep // 3:]
+        aligns = self._aligns()
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        lead = sum(widths) + 2 * len(widths)
+        last = max(20, WIDTH - 2 - lead)
+        widths.append(min(last, max(len(r[-1]) for r in rows)))
+        out = []
+        for number, row in enumerate(rows):
+            # '32.0 MiB' stays whole
+            glued = re.sub(r"(\d) (?=(?:[KMGTP]i)?B\b|bytes\b)", "\\1\x00", row[-1])
+            wrapped = [line.replace("\x00", " ")
+                       for line in textwrap.wrap(glued, last, break_on_hyphens=False)] or [""]
+            cells = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row[:-1], widths, aligns)]
+            out.append("  ".join(cells + [wrapped[0]]).rstrip())
+            out.extend(" " * lead + more for more in wrapped[1:])
+            if number == 0:
+                out.append("  ".join("-" * w for w in widths))
+        return "\n".join(out)
+
+
+def _wrapped(text: str) -> str:
+    """``text`` in lines of at most :data:`WIDTH` columns, the later ones indented by two."""
+    return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False))
 
 
 @dataclass(repr=False)
-class DeviceHolders(LinesReport):
+class DeviceHolders(Reportable):
     """Who holds memory on one device: ``rows`` largest first (the holders, torch's cache, other
     processes; what no name reaches last), ``counted`` the bytes the holders reach there, ``state`` the
     device read live, ``cut`` what the walks left out."""
@@ -146,9 +154,9 @@ class DeviceHolders(LinesReport):
             parts.append(f"{fmt_bytes(s.free)} free of {fmt_bytes(s.total)}")
         return ", ".join(parts)
 
-    def table(self) -> Table:
+    def table(self) -> HolderTable:
         """The rows, largest first, cut to :attr:`top` (the rest in one line); "what" last."""
-        table = Table(["holder", "bytes", "held by", "what"], align="lrll")
+        table = HolderTable(["holder", "bytes", "held by", "what"], align="lrll")
         shown = self.rows if self.top is None else self.rows[: self.top]
         for row in shown:
             label = row.label()
@@ -160,11 +168,6 @@ class DeviceHolders(LinesReport):
             table.add(f"... and {len(rest):,} more", fmt_bytes(sum(r.nbytes for r in rest)), "", "")
         return table
 
-    def table_text(self, indent: str = "  ") -> list:
-        """The table as lines of at most :data:`WIDTH` columns: long holder names shortened in the
-        middle, the "what" column wrapped under itself."""
-        return fitted(self.table(), indent)
-
     def notes(self) -> list:
         lines = list(self.state.notes)
         if self.cut:
@@ -173,15 +176,10 @@ class DeviceHolders(LinesReport):
                                                         else ""))
         return lines
 
-    def lines(self) -> list:
-        head = textwrap.wrap(self.headline(), WIDTH, subsequent_indent="  ", break_on_hyphens=False)
-        notes = [line for note in self.notes()
-                 for line in textwrap.wrap(note, WIDTH, subsequent_indent="  ", break_on_hyphens=False)]
-        return head + self.table_text() + notes
-
-    def _repr_html_(self) -> str:
-        return (f"<div><b>{html.escape(self.headline())}</b>" + self.table().to_html()
-                + html_lines(self.notes()) + "</div>")
+    def report(self) -> Report:
+        """The headline, the table under it indented, the notes; lines wrapped to :data:`WIDTH` in text."""
+        return Report([Report([self.table()], indent="  "), Lines([_wrapped(n) for n in self.notes()])],
+                      title=_wrapped(self.headline()))
 
     def to_dict(self) -> dict:
         return {"device": self.device, "counted": self.counted, "rows": [r.to_dict() for r in self.rows],
@@ -189,7 +187,7 @@ class DeviceHolders(LinesReport):
 
 
 @dataclass(repr=False)
-class HoldersReport:
+class HoldersReport(Reportable):
     """``%gpumem holders``: a :class:`DeviceHolders` per device (``-o`` returns this; ``to_dict()``)."""
 
     devices: list
@@ -197,18 +195,11 @@ class HoldersReport:
     def section(self, device: str) -> Optional[DeviceHolders]:
         return next((d for d in self.devices if d.device == device), None)
 
-    def to_text(self) -> str:
+    def report(self) -> Report:
         if not self.devices:
-            return "%gpumem holders: no tensor, module or optimizer holds memory on any device"
-        return "\n\n".join(d.to_text() for d in self.devices)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
-    def _repr_html_(self) -> str:
-        if not self.devices:
-            return html_lines([self.to_text()])
-        return "".join(d._repr_html_() for d in self.devices)
+            return Report([Lines(["%gpumem holders: no tensor, module or optimizer holds memory on any "
+                                  "device"])])
+        return Report([d.report() for d in self.devices], gap=True)
 
     def to_dict(self) -> dict:
         return {"devices": [d.to_dict() for d in self.devices]}
@@ -264,7 +255,7 @@ def device_holders(holdings: Any, device: str, state: Optional[devicestate.Devic
     for h in holdings.holders:
         roles = h.counted.get(device) if h.counted else None
         if roles:
-            rows.append(Row(h.name, h.source, sum(roles.values()), h._what, roles,
+            rows.append(Row(h.name, h.source, sum(roles.values()), h.what, roles,
                             tuple(also.get(h.index, ()))))
     rows.extend(_device_rows(state))
     rows.extend(_unreached(state, counted, _workspaces(holdings, device, state)))
@@ -307,10 +298,8 @@ def _outside(state: devicestate.DeviceState) -> Optional[Row]:
     """What the GPU holds beyond torch's reserved memory and the other processes NVML names: this
     process's CUDA context and libraries' own allocations; in a container (NVML listing the host's PIDs)
     also whatever other processes hold, which NVML cannot tell apart from this one there."""
-    if state.kind != "cuda" or state.reserved is None or state.free is None or state.total is None:
-        return None
-    beyond = state.total - state.free - state.reserved - sum(size for _, _, size in state.others)
-    if beyond <= 0:
+    beyond = state.outside
+    if (beyond or 0) <= 0:
         return None
     if state.unmeasured and len(state.foreign) != 1:
         pids = ", ".join(str(pid) for pid, _ in state.unmeasured[:4])
@@ -348,18 +337,11 @@ def _workspaces(holdings: Any, device: str, state: devicestate.DeviceState) -> i
 
     cuda = initialised_cuda()
     index = int(device.partition(":")[2] or 0)
-    try:
-        segments = cuda.memory_snapshot() if cuda is not None else []
-    except Exception:  # noqa: BLE001 - cudaMallocAsync keeps no segments
-        return 0
     blocks: dict = {}
-    for segment in segments:
-        if segment.get("device") != index:
-            continue
-        for block in segment.get("blocks", ()):
-            size = block.get("requested_size")
-            if block.get("state") == "active_allocated" and size in sizes:
-                blocks[size] = blocks.get(size, 0) + 1
+    for block in (devicestate.allocator_blocks(cuda, index) if cuda is not None else None) or ():
+        size = block.get("requested_size")
+        if block.get("state") == "active_allocated" and size in sizes:
+            blocks[size] = blocks.get(size, 0) + 1
     counted: dict = {}
     for where, size, _, _ in holdings.storages.values():
         if where == device and size in blocks:

@@ -68,18 +68,11 @@ class OnTorchMagics(MagicsPart):
     @line_cell_magic
     @usage_errors
     def ontorch(self, line: str = "", cell: Optional[str] = None) -> Any:
-        """Run a cell on a chosen device: ``%%ontorch SPEC [--fallback DEVICE] [--dtype NAME]
-        [--move NAME,...] [-q]``.
+        """Run a cell on a chosen device without editing it (``%%ontorch SPEC``), or make SPEC the kernel's
+        default (``%ontorch SPEC``, until ``%ontorch --reset``; ``%ontorch`` alone says what is set). What it
+        changes is put back however the cell ends; a footer names what the cell left on another device.
 
-        The cell runs with SPEC as torch's default device (``torch.set_default_device``), the dtype as
-        default dtype and, for ``cuda:N``, N as the current CUDA device, so ``torch.ones(3)``,
-        ``nn.Linear(4, 4)``, ``.cuda()`` and ``'cuda'`` all mean that device; afterwards all of these
-        are restored exactly, however the cell ended. A footer names the device, and the new or changed
-        tensors and modules that are somewhere else (torch's default device does not reach
-        ``torch.from_numpy``, ``torch.Tensor(...)``, explicit ``device=`` or older objects).
-
-        Line form: ``%ontorch SPEC [options]`` makes SPEC the kernel's default until
-        ``%ontorch --reset`` (or ``%unload_ext``); ``%ontorch`` alone shows the current default.
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/ontorch.md
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
         try:

@@ -14,8 +14,9 @@ import io
 import itertools
 from typing import Any, Callable, Iterator, Optional, Union
 
-_TEMPLATE = """
-def _cudatime_cell():
+# The def on line 1, where the magic's own line is: a traceback reads a function's lines from its first
+# line, which must be within the cell's (a one-line %cudatime STATEMENT has only line 1).
+_TEMPLATE = """def _cudatime_cell():
     setup
     _cudatime_args = yield
     while True:

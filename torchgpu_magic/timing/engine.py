@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional
 
 from .. import accelerators
 from ..caches import table
@@ -174,7 +174,7 @@ def profile_kernels(cell: CompiledCell, device: Any, loops: int,
     on_cuda = getattr(device, "type", None) == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     loops = max(1, min(loops, KERNEL_MAX_LOOPS))
-    with silence(), profile(activities=activities) as prof:
+    with silence(), markers_dropped(), profile(activities=activities) as prof:
         cell.run(loops)
         if on_cuda:
             accelerators.synchronize(device)  # its runtime row shows that CUPTI recorded CUDA activity
@@ -189,6 +189,43 @@ def profile_kernels(cell: CompiledCell, device: Any, loops: int,
              for name, (calls, spent) in rows]
     why = None if rows else empty_kernels_reason(on_cuda, ops, runtime)
     return table, why, (busy / 1e6 / loops if busy else None)
+
+
+KINETO_MARKERS = (b"USDT:",)
+"""How the lines start that torch's profiler (Kineto) writes to the process's stderr at every start and
+stop (``USDT:... profiler_start`` / ``profiler_stop``): markers for tracing tools, not messages."""
+
+
+@contextlib.contextmanager
+def markers_dropped() -> Iterator[None]:
+    """Run the block with the process's stderr (file descriptor 2, where Kineto's C++ logger writes,
+    below Python's ``sys.stderr``) going to a temporary file; afterwards write back every line but
+    Kineto's :data:`KINETO_MARKERS`, so its warnings and errors (and anything else written meanwhile)
+    still reach the terminal, or the notebook (ipykernel forwards file descriptor 2). A file, not a
+    pipe: nothing written meanwhile can block on it."""
+    import os
+    import sys
+    import tempfile
+
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to write to: nothing to drop
+        yield
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()  # what Python wrote before goes out before, not into the file
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().splitlines(keepends=True)
+                    if not line.startswith(KINETO_MARKERS)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def tally(events: Any) -> tuple:

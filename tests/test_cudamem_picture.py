@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 import threading
 import xml.etree.ElementTree as ET
 
@@ -20,7 +21,8 @@ from IPython.core.formatters import PlainTextFormatter
 from torchgpu_magic.cudamem import CellMemory, StepComparison
 from torchgpu_magic.cudamem import picture as picture_module
 from torchgpu_magic.cudamem.allocator import CATEGORIES, PHASES, Ledger
-from torchgpu_magic.cudamem.picture import MemoryPicture, SideBySide
+from torchgpu_magic.cudamem.picture import TEXT_COLUMNS, MemoryPicture, SideBySide
+from torchgpu_magic.cudamem.report import INDENT
 from torchgpu_magic.render import fmt_bytes
 
 MIB = 2**20
@@ -249,7 +251,7 @@ def test_the_capacity_is_a_line_on_the_scale_or_named_above_it(mip, capacity, dr
 def test_the_text_chart_fits_100_columns_with_the_peak_marked_and_the_phases_under_it(mip):
     report = run(mip, f"%%cudamem -o -q\n{STEP}")
     text = PlainTextFormatter()(report)
-    drawn = report.picture().to_text(indent="  ")
+    drawn = textwrap.indent(report.picture(TEXT_COLUMNS - len(INDENT)).to_text(), INDENT)  # as it reports it
     assert drawn in text and max(len(line) for line in drawn.splitlines()) <= 100
     lines = text.splitlines()
     [marker] = [line for line in lines if "▼" in line]
@@ -297,7 +299,7 @@ def test_compare_shows_one_step_measured_and_predicted_side_by_side(mip):
     text = PlainTextFormatter()(result)
     assert text.startswith("%%cudamem --compare: one step measured on cpu and predicted for cpu")
     assert text.count("▼") == 2 and "predicted / measured" in text and "1.0000" in text
-    assert max(len(line) for line in side.to_text(indent="  ").splitlines()) <= 100
+    assert max(len(line) for line in text.splitlines()) <= 100  # both charts, indented in the report
     json.dumps(result.to_dict())
 
 

@@ -131,8 +131,12 @@ class MemoryPicture:
         if count <= columns:
             return [self.series.where(column * count // columns)["phase"] for column in range(columns)]
         weights: list = [{} for _ in range(columns)]
+
+        def column_of(row: int) -> int:  # the slice ``row`` is in: the last whose first row is not past it
+            return ((row + 1) * columns - 1) // count
+
         for phase, first, last in self.series.phase_spans():
-            for column in range(first * columns // count, last * columns // count + 1):
+            for column in range(column_of(first), column_of(last) + 1):
                 lo, hi = column * count // columns, (column + 1) * count // columns - 1
                 overlap = min(hi, last) - max(lo, first) + 1
                 if overlap > 0:
@@ -385,8 +389,12 @@ class MemoryPicture:
             return " " * at + f"{mark} {label}"
         if at - 1 - len(label) >= 0:
             return " " * (at - 1 - len(label)) + f"{label} {mark}"
-        room = max(width - at - 2, 10)
-        return " " * at + f"{mark} {label[:room - 1]}" + ("…" if fancy else "")
+        right, left = width - at - 2, at - 1  # the room beside the mark on each side
+        more = "…" if fancy else "..."
+        if right >= left:
+            return " " * at + f"{mark} {label[:max(right - len(more), 0)]}{more}"
+        shown = label[:max(left - len(more), 0)] + more
+        return " " * (at - 1 - len(shown)) + f"{shown} {mark}"
 
 
 class SideBySide:

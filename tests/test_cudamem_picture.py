@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 import threading
 import xml.etree.ElementTree as ET
 
@@ -20,7 +21,8 @@ from IPython.core.formatters import PlainTextFormatter
 from torchgpu_magic.cudamem import CellMemory, StepComparison
 from torchgpu_magic.cudamem import picture as picture_module
 from torchgpu_magic.cudamem.allocator import CATEGORIES, PHASES, Ledger
-from torchgpu_magic.cudamem.picture import MemoryPicture, SideBySide
+from torchgpu_magic.cudamem.picture import TEXT_COLUMNS, MemoryPicture, SideBySide
+from torchgpu_magic.cudamem.report import INDENT
 from torchgpu_magic.render import fmt_bytes
 
 MIB = 2**20
@@ -215,6 +217,28 @@ def test_a_long_series_is_thinned_to_the_pixels_but_its_peak_stays_exact():
     assert max(len(line) for line in lines) <= 100 and any("peak 300 MiB" in line for line in lines)
 
 
+def _two_phases(events: int, forward: int):
+    """A ledger's series of ``events`` allocations, the first ``forward`` in the forward, the rest in the
+    backward."""
+    ledger = Ledger()
+    where = ["forward", None]
+    ledger.start(lambda: tuple(where))
+    for key in range(events):
+        where[0] = "forward" if key < forward else "backward"
+        ledger.add(key, MIB, "activations")
+    return ledger.series
+
+
+@pytest.mark.parametrize("forward", [1, 3, 40])
+def test_the_phase_row_under_the_text_chart_fits_any_length_of_series(forward):
+    """Between as many rows as columns and twice as many, a column's slice is one or two rows: each column
+    still names the phase of most of its rows (a short phase once left a column with none, and raised)."""
+    for events in range(85, 200):
+        lines = MemoryPicture(_two_phases(events, forward), "short").to_text().splitlines()
+        axis = next(i for i, line in enumerate(lines) if line.lstrip().startswith("0 B"))
+        assert len(lines[axis + 1]) == len(lines[axis]) and "backward" in lines[axis + 1], (events, lines)
+
+
 def test_the_svg_is_one_self_contained_element(mip):
     report = run(mip, f"%%cudamem --predict cuda --capacity 80GiB -o -q\n{STEP}")
     svg = report.picture().to_svg()
@@ -249,8 +273,9 @@ def test_the_capacity_is_a_line_on_the_scale_or_named_above_it(mip, capacity, dr
 def test_the_text_chart_fits_100_columns_with_the_peak_marked_and_the_phases_under_it(mip):
     report = run(mip, f"%%cudamem -o -q\n{STEP}")
     text = PlainTextFormatter()(report)
-    drawn = report.picture().to_text(indent="  ")
+    drawn = textwrap.indent(report.picture(TEXT_COLUMNS - len(INDENT)).to_text(), INDENT)  # as it reports it
     assert drawn in text and max(len(line) for line in drawn.splitlines()) <= 100
+    assert max(len(line) for line in report.picture(60).to_text().splitlines()) <= 60  # narrower, if asked
     lines = text.splitlines()
     [marker] = [line for line in lines if "▼" in line]
     assert "peak" in marker and "optimizer step" in marker and re.search(r"line \d+: opt\.step\(\) ", marker)
@@ -297,7 +322,7 @@ def test_compare_shows_one_step_measured_and_predicted_side_by_side(mip):
     text = PlainTextFormatter()(result)
     assert text.startswith("%%cudamem --compare: one step measured on cpu and predicted for cpu")
     assert text.count("▼") == 2 and "predicted / measured" in text and "1.0000" in text
-    assert max(len(line) for line in side.to_text(indent="  ").splitlines()) <= 100
+    assert max(len(line) for line in text.splitlines()) <= 100  # both charts, indented in the report
     json.dumps(result.to_dict())
 
 

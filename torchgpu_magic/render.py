@@ -165,7 +165,7 @@ class Table:
     def _aligns(self) -> str:
         return self.align or "l" * len(self.headers)
 
-    def to_text(self, indent: str = "") -> str:
+    def to_text(self) -> str:
         """Aligned columns separated by two spaces, with a rule under the header."""
         cells = [[str(c) for c in self.headers]] + [[str(c) for c in row] for row in self.rows]
         widths = [max(len(r[i]) for r in cells) for i in range(len(self.headers))]
@@ -173,13 +173,13 @@ class Table:
 
         def line(row: Sequence[str]) -> str:
             parts = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, aligns)]
-            return (indent + "  ".join(parts)).rstrip()
+            return "  ".join(parts).rstrip()
 
         out = []
         if self.title:
-            out.append(indent + self.title)
+            out.append(self.title)
         out.append(line(cells[0]))
-        out.append(indent + "  ".join("-" * w for w in widths))
+        out.append("  ".join("-" * w for w in widths))
         out.extend(line(r) for r in cells[1:])
         return "\n".join(out)
 
@@ -203,12 +203,6 @@ class Table:
             f'<table class="torchgpu-magic">{caption}<thead><tr>{head}</tr></thead>'
             f"<tbody>{body}</tbody></table>"
         )
-
-
-def html_lines(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> str:
-    """Escape each line and join them as a block of HTML paragraphs (for cudamem/report.py until it
-    renders through the model)."""
-    return "".join(f'<div class="{css_class}">{html.escape(line)}</div>' for line in lines)
 
 
 class Part(Protocol):

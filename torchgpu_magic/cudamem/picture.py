@@ -5,12 +5,14 @@ where it is on the scale.
 :class:`MemoryPicture` draws one :class:`~.series.StepSeries` as inline SVG (``to_svg``, ``to_html``:
 made here, no script, nothing fetched, no plotting library, so it shows wherever HTML output does:
 JupyterLab, Notebook 7, VS Code, Colab, a static export) and as block characters for a terminal
-(``to_text``, at most 100 columns). Each band carries a ``<title>`` naming its category and bytes, which
-browsers show on hover. :class:`SideBySide` puts several pictures on one scale (measured beside
-predicted). A long series is thinned to the pixels it is drawn on (:meth:`~.series.StepSeries.sample`),
-never past its peak, which is drawn from its own row.
+(``to_text``, at most :data:`TEXT_COLUMNS` columns). Each band carries a ``<title>`` naming its category
+and bytes, which browsers show on hover. :class:`SideBySide` puts several pictures on one scale
+(measured beside predicted). A long series is thinned to the pixels it is drawn on
+(:meth:`~.series.StepSeries.sample`), never past its peak, which is drawn from its own row.
 
-Standard library only.
+Both are picture parts of a report (``to_text()`` and ``to_html()``, :class:`~torchgpu_magic.render.Part`):
+they show inside the report that holds them (:class:`~.report.CellMemory`, :class:`~.report.StepComparison`),
+never as reports of their own. Standard library only.
 """
 from __future__ import annotations
 
@@ -41,20 +43,25 @@ _EIGHTHS = "▁▂▃▄▅▆▇█"
 _CHAR_PX = 6.2  # the width of an average character at 11 px sans-serif, for placing labels
 _CAPACITY_ON_SCALE = 2.0  # a capacity above twice the peak is named, not drawn (the curve would flatten)
 TEXT_ROWS = 8
+TEXT_COLUMNS = 100
+"""The widest a text chart draws, its labels and its report's indentation included."""
 _PLOT_BOTTOM = 240  # the chart's baseline in the SVG, 190 pixels below its top
 
 
 class MemoryPicture:
     """One step's memory over its events (see the module's docstring). ``title`` heads the picture;
     ``capacity`` (bytes, from ``capacity_source``) is drawn as a line when it is at most twice the
-    peak, else named; ``scale`` (bytes at the top of the chart) lets pictures share one scale."""
+    peak, else named; ``scale`` (bytes at the top of the chart) lets pictures share one scale;
+    ``columns`` is the width of the text chart (a report that indents it draws it narrower)."""
 
     def __init__(self, series: StepSeries, title: str, capacity: Optional[int] = None,
-                 capacity_source: Optional[str] = None, scale: Optional[int] = None) -> None:
+                 capacity_source: Optional[str] = None, scale: Optional[int] = None,
+                 columns: int = TEXT_COLUMNS) -> None:
         self.series = series
         self.title = title
         self.capacity = capacity
         self.capacity_source = capacity_source
+        self.columns = columns
         self._totals = series.totals()
         self.peak = self._totals[series.peak_row]
         self.scale = scale if scale is not None else self.natural_scale()
@@ -124,8 +131,12 @@ class MemoryPicture:
         if count <= columns:
             return [self.series.where(column * count // columns)["phase"] for column in range(columns)]
         weights: list = [{} for _ in range(columns)]
+
+        def column_of(row: int) -> int:  # the slice ``row`` is in: the last whose first row is not past it
+            return ((row + 1) * columns - 1) // count
+
         for phase, first, last in self.series.phase_spans():
-            for column in range(first * columns // count, last * columns // count + 1):
+            for column in range(column_of(first), column_of(last) + 1):
                 lo, hi = column * count // columns, (column + 1) * count // columns - 1
                 overlap = min(hi, last) - max(lo, first) + 1
                 if overlap > 0:
@@ -294,15 +305,16 @@ class MemoryPicture:
         return f'<div class="torchgpu-magic-picture">{self.to_svg()}</div>'
 
     # ---- text -------------------------------------------------------------------------------------------
-    def to_text(self, width: int = 100, indent: str = "") -> str:
+    def to_text(self) -> str:
         """A few rows of block characters, each column the highest row of its slice of the series (the
         peak's column is the peak), a character per category, the peak marked above and the phases
-        under it; no line longer than ``width`` (``indent`` included). ASCII where stdout cannot print
-        the block characters."""
+        under it; no line longer than :attr:`columns`. ASCII where stdout cannot print the block
+        characters."""
         fancy = can_print("█▓▒░▁▼├┤─│┼╌…")
         blocks = BLOCKS if fancy else ASCII_BLOCKS
         label_w = 9
-        columns = max(10, width - len(indent) - label_w - 2)
+        width = self.columns
+        columns = max(10, width - label_w - 2)
         picks, peak_column = self._text_picks(columns)
         index = {name: i for i, name in enumerate(self.series.categories)}
         rows = sorted(set(picks))
@@ -312,7 +324,7 @@ class MemoryPicture:
         if self.capacity is not None and self.capacity <= self.scale:
             capacity_level = min(TEXT_ROWS - 1, int(self.capacity / self.scale * TEXT_ROWS))
             grid[capacity_level] = [c if c != " " else ("╌" if fancy else "-") for c in grid[capacity_level]]
-        lines = [self._text_marker(peak_column, label_w + 2, width - len(indent), fancy)]
+        lines = [self._text_marker(peak_column, label_w + 2, width, fancy)]
         for level in range(TEXT_ROWS - 1, -1, -1):
             label = fmt_bytes(self.scale) if level == TEXT_ROWS - 1 else \
                 fmt_bytes(self.capacity) if level == capacity_level else ""
@@ -322,12 +334,12 @@ class MemoryPicture:
         lines.append(" " * (label_w + 2) + _phase_row(self._phase_columns(columns), fancy))
         at_peak = live[self.series.peak_row]
         lines += _wrap([f"{blocks[n]} {n} {fmt_bytes(at_peak[index[n]])}" for n in STACK if self.highest[n]],
-                       width - len(indent))
+                       width)
         note = self.capacity_note()
         words = f"{len(self.series) - 1:,} events in order (allocations and frees)"
         words += f"; {note}" if note else ""
-        lines += _wrap(words.split(" "), width - len(indent), " ")
-        return "\n".join((indent + line).rstrip() for line in lines)
+        lines += _wrap(words.split(" "), width, " ")
+        return "\n".join(line.rstrip() for line in lines)
 
     def _text_picks(self, columns: int) -> tuple:
         """(the row each of ``columns`` shows: its slice's highest, or, for fewer rows than columns, the
@@ -377,14 +389,12 @@ class MemoryPicture:
             return " " * at + f"{mark} {label}"
         if at - 1 - len(label) >= 0:
             return " " * (at - 1 - len(label)) + f"{label} {mark}"
-        room = max(width - at - 2, 10)
-        return " " * at + f"{mark} {label[:room - 1]}" + ("…" if fancy else "")
-
-    def _repr_html_(self) -> str:
-        return self.to_html()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
+        right, left = width - at - 2, at - 1  # the room beside the mark on each side
+        more = "…" if fancy else "..."
+        if right >= left:
+            return " " * at + f"{mark} {label[:max(right - len(more), 0)]}{more}"
+        shown = label[:max(left - len(more), 0)] + more
+        return " " * (at - 1 - len(shown)) + f"{shown} {mark}"
 
 
 class SideBySide:
@@ -415,15 +425,9 @@ class SideBySide:
         return (f'<div class="torchgpu-magic-picture" style="display:flex;flex-wrap:wrap;gap:12px">'
                 f"{cells}</div>")
 
-    def to_text(self, width: int = 100, indent: str = "") -> str:
+    def to_text(self) -> str:
         """Each picture under its title, one after the other."""
-        return "\n\n".join(indent + p.title + "\n" + p.to_text(width, indent) for p in self.pictures)
-
-    def _repr_html_(self) -> str:
-        return self.to_html()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
+        return "\n\n".join(p.title + "\n" + p.to_text() for p in self.pictures)
 
 
 def _ticks(scale: int) -> list:

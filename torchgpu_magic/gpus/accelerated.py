@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from .. import accelerators
 from ..errors import MagicInputError
-from ..render import Table, fmt_bytes, fmt_value, html_lines, is_na
+from ..render import Lines, Report, Reportable, Table, can_print, fmt_bytes, fmt_value, is_na
 from ..torchapi import backend_linked
 from . import amdsmi, apple, backendcauses, machine, nvml
 from .snapshots import NA
@@ -54,7 +54,7 @@ class DeviceRow:
 
 
 @dataclass(repr=False)
-class AcceleratorReport:
+class AcceleratorReport(Reportable):
     """What ``%gpuinfo`` shows for these backends: torch's build, the machine, each GPU, why torch cannot
     use one (``diagnosis``), the environment variables that steer the backend, notes."""
 
@@ -117,36 +117,20 @@ class AcceleratorReport:
     def _lines(self) -> list:
         lines = []
         for d in self.diagnosis:
-            lines += [f"x {d.message}", f"  fix: {d.fix}"]
+            lines += [f"✗ {d.message}" if can_print("✗") else f"x {d.message}", f"  fix: {d.fix}"]
         return lines
 
-    def to_text(self) -> str:
-        parts = [self._headline()]
+    def report(self) -> Report:
+        """The headline; why torch cannot use a GPU; the GPUs, their processes; the machine and
+        environment; the notes."""
+        parts: list = []
         if self.diagnosis:
-            parts.append("\n".join(["Why torch cannot use a GPU:"] + ["  " + line for line in self._lines()]))
-        parts += [table.to_text() for table in self._tables()]
+            parts.append(Report([Lines(self._lines())], title="Why torch cannot use a GPU:", indent="  "))
+        parts += self._tables()
         notes = [f"! {w.message} ({w.fix})" for w in self.warnings] + self.notes
         if notes:
-            parts.append("\n".join(["Notes:"] + ["  " + n for n in notes]))
-        return "\n\n".join(parts)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text("AcceleratorReport(...)" if cycle else self.to_text())
-
-    def _repr_html_(self) -> str:
-        import html
-
-        out = [f'<div class="torchgpu-magic"><p><b>{html.escape(self._headline())}</b></p>']
-        if self.diagnosis:
-            out.append("<p><b>Why torch cannot use a GPU:</b></p>" + html_lines(self._lines()))
-        out += [table.to_html() for table in self._tables()]
-        notes = [f"! {w.message} ({w.fix})" for w in self.warnings] + self.notes
-        if notes:
-            out.append("<p><b>Notes:</b></p>" + html_lines(notes))
-        return "".join(out) + "</div>"
-
-    def __repr__(self) -> str:
-        return self.to_text()
+            parts.append(Report([Lines(notes)], title="Notes:", indent="  "))
+        return Report(parts, title=self._headline(), gap=True)
 
 
 def _plain(obj: Any) -> Any:

@@ -93,7 +93,7 @@ SESSIONS: dict = {
     "readme-oom": (
         Example("readme-oom", (
             "import torch\nmodel = torch.nn.Linear(1024, 1024)\nh = torch.randn(8192, 1024)",
-            "distances = (h[:, None] - h[None]).norm(dim=-1)"), head=11, fails=True),
+            "distances = (h[:, None] - h[None]).norm(dim=-1)"), head=10, fails=True),
     ),
     # docs/gpuinfo.md
     "gpuinfo": (
@@ -119,7 +119,7 @@ SESSIONS: dict = {
     "cudatime": (
         Quiet("import torch"),
         Example("cudatime-roofline", ("w = torch.randn(512, 512)",
-                                      "%%cudatime -r 20 --peak 150G,20G\nw @ w")),
+                                      "%%cudatime -r 20 --peak 400G,20G\nw @ w")),
         Example("cudatime-threads", ("%%cudatime -r 10 --threads 1,2 --no-roofline\nw @ w",)),
     ),
     # docs/whereis.md

@@ -161,7 +161,8 @@ def _accelerator_reports():
     gpu_less = DeviceRow(None, "AMD Instinct MI300X")
     rocm = AcceleratorReport("ROCm", "2.13.0+rocm6.4", "ROCm, HIP 6.4", [("AMD GPUs (AMD SMI)", "2")],
                              [mi300x, gpu_less], [], {"HIP_VISIBLE_DEVICES": "0"}, ["a note"],
-                             [Diagnosis("gfx", "gfx942 is not in this build", "install a build for it")], pid=4242)
+                             [Diagnosis("gfx", "gfx942 is not in this build", "install a build for it")],
+                             pid=4242)
     mac = AcceleratorReport("MPS", "2.13.0", "no MPS", [("chip", "Apple M2 Max")], [],
                             [Diagnosis("no_mps", "this torch has no MPS", "pip install torch")],
                             {"PYTORCH_MPS_HIGH_WATERMARK_RATIO": None}, show_processes=False, pid=1)

@@ -225,6 +225,11 @@ class SimulatedGPU:
         before, self.current = self.current, self._index(device)
         return before
 
+    def maybe_exchange_device(self, device: int) -> int:
+        """``_cuda_maybeExchangeDevice``: here as ``exchange_device``, but its own function, as in torch
+        (torch._dynamo keeps one handler per function and refuses the same one twice)."""
+        return self.exchange_device(device)
+
     def work(self) -> None:
         """Anything that runs on the device creates its primary context."""
         if self.current not in self.contexts:
@@ -457,7 +462,7 @@ def install(patch: Any) -> SimulatedGPU:
         "_cuda_getDevice": lambda: sim.current,
         "_cuda_setDevice": sim.set_device,
         "_cuda_exchangeDevice": sim.exchange_device,
-        "_cuda_maybeExchangeDevice": sim.exchange_device,
+        "_cuda_maybeExchangeDevice": sim.maybe_exchange_device,
         "_cuda_synchronize": sim.synchronize,
         "_cuda_sleep": sim.sleep,
         "_cuda_set_sync_debug_mode": sim.set_debug_mode,
@@ -483,7 +488,7 @@ def install(patch: Any) -> SimulatedGPU:
     patch.setattr(cuda, "_device_count_nvml", lambda: -1)
     patch.setattr(cuda, "_get_device_properties", sim.get_properties, raising=False)
     patch.setattr(cuda, "_exchange_device", sim.exchange_device)
-    patch.setattr(cuda, "_maybe_exchange_device", sim.exchange_device)
+    patch.setattr(cuda, "_maybe_exchange_device", sim.maybe_exchange_device)
     patch.setattr(cuda, "default_generators", (torch.Generator(),))
     for module in (cuda, cuda.streams):
         patch.setattr(module, "Event", event_class(sim))

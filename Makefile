@@ -98,7 +98,7 @@ lint: $(VENV)/.test
 
 # `make test` runs every leg in TEST_LEGS in turn, each a make target of its own, and every one of them even
 # when an earlier one failed: one broken leg must not hide what the others would say. It ends with one line
-# per leg (passed or failed, and its minutes) and fails if any leg did. A new leg is a target added to the
+# per leg (passed or failed, and its seconds) and fails if any leg did. A new leg is a target added to the
 # list (`TEST_LEGS += test-xyz`).
 TEST_LEGS := lint test-main test-ipython7 test-simulated
 

@@ -35,6 +35,19 @@ class FakeClock(Clock):
         return Sample(loops, host=total)
 
 
+class ScriptedHostClock(FakeClock):
+    """A :class:`FakeClock` for the shell-level tests of %%cudatime: it runs the cell for real (its side
+    effects happen, as under the host clock) but reports the scripted seconds, and the time budget runs on
+    the same virtual time. Put it in place of the host clock with
+    ``monkeypatch.setattr(engine, "clock_for", lambda device: clock)``."""
+
+    label = "perf_counter (host time)"
+
+    def measure(self, cell, loops, mode):
+        cell.run(loops)
+        return super().measure(cell, loops, mode)
+
+
 def fake_run(clock, **options):
     """``timing.measure`` of an empty cell with ``clock`` and ``Options(**options)``."""
     cell = timing.compile_cell("pass", {})

@@ -38,6 +38,7 @@ ORDER_VAR = "TORCHGPU_MAGIC_LOCAL_RANK"
 """Where ``%ontorch local --cluster`` leaves an engine's order among the engines on its host, for engines
 no launcher gave a local rank."""
 
+_FIXED: dict = {}  # 'cpu' / 'meta' -> their torch.device, once resolved (they exist everywhere)
 _SPEC = re.compile(r"^(?P<kind>[a-z]+)(?::(?P<index>\d+))?$")
 _HINTS = {"gpu": "cuda", "nvidia": "cuda", "cuda0": "cuda:0", "rocm": "cuda", "hip": "cuda", "apple": "mps"}
 
@@ -77,6 +78,9 @@ def resolve(spec: Any) -> Any:
         text = str(spec)
     else:
         text = str(spec).strip().strip("'\"").strip().lower()
+        fixed = _FIXED.get(text)
+        if fixed is not None:  # cpu and meta always exist: no parse, no new torch.device per cell
+            return fixed
         if not text:
             raise MagicInputError(f"no device given. {_here()}")
         if text == "auto":
@@ -91,6 +95,8 @@ def resolve(spec: Any) -> Any:
     if kind in ("cpu", "meta"):
         if index not in (None, 0):
             raise MagicInputError(f"'{shown(text)}': {kind} has no index {index}; use '{kind}'. {_here()}")
+        if index is None and not isinstance(spec, torch.device):
+            _FIXED[text] = torch.device(kind)
         return torch.device(kind)
     if kind == "cuda":
         return _resolve_indexed("cuda", index, _cuda_count(), _cuda_missing)
@@ -202,11 +208,14 @@ def current_state() -> DeviceState:
     already initialised (never initialising one: that would create a CUDA context)."""
     import torch
 
+    # An initialised backend has a device, so is_initialized() alone decides, and it asks nothing else
+    # (counting devices asks NVML before CUDA starts): %%ontorch captures this around every cell.
     current = []
-    if _cuda_count() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
         current.append(("cuda", torch.cuda.current_device()))
-    if _xpu_count() and torch.xpu.is_initialized():
-        current.append(("xpu", torch.xpu.current_device()))
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_initialized():
+        current.append(("xpu", xpu.current_device()))
     return DeviceState(_raw_default_device(), torch.get_default_dtype(), tuple(current))
 
 
@@ -221,7 +230,8 @@ def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:
     """
     import torch
 
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     if device.type in ("cuda", "xpu") and device.index is not None:
         guard = _module(device.type).device(device.index)
         guard.__enter__()
@@ -244,7 +254,8 @@ def use_device(device: Any, dtype: Optional[Any] = None) -> Iterator[Any]:
     ends (exception, ``KeyboardInterrupt``, ``SystemExit``). Nestable. Yields the ``torch.device``."""
     import torch
 
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     saved = current_state()
     try:
         apply(device, dtype, saved)

@@ -118,6 +118,8 @@ def ip(_shell: Any) -> Any:
 
     Default device, dtype and thread count are checked to be restored by the test's end.
     """
+    import gc
+
     import torch
 
     from torchgpu_magic import load_ipython_extension, unload_ipython_extension
@@ -128,7 +130,8 @@ def ip(_shell: Any) -> Any:
         yield _shell
     finally:
         unload_ipython_extension(_shell)
-        _shell.reset(new_session=False)
+        _shell.reset(new_session=False)  # runs a full collection, of what is not frozen
+        gc.freeze()  # what outlived the test (modules it imported, their caches): out of the next walk
         after = (torch.get_default_dtype(), torch.get_num_threads(), _default_device())
         assert after == before, f"test left torch state changed: {before} -> {after}"
 

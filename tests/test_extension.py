@@ -42,6 +42,35 @@ def test_loading_imports_only_the_magics():
     assert out.stdout.strip() == ""
 
 
+def test_each_magics_module_is_imported_at_its_first_use_not_at_load():
+    """`%load_ext` registers a stand-in per magic; a magic's module is compiled and run when the magic is
+    first used or asked about (its help is the real one), and never by `%unload_ext`."""
+    code = (
+        "import sys\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "shell = InteractiveShell.instance()\n"
+        "mods = lambda: sorted(m.rsplit('.', 1)[1] for m in sys.modules\n"
+        "                      if m.startswith('torchgpu_magic.magics.')\n"
+        "                      and m.rsplit('.', 1)[1] not in ('base', 'shell', 'explainers'))\n"
+        "shell.run_line_magic('load_ext', 'torchgpu_magic')\n"
+        "print('loaded', mods())\n"
+        "shell.run_line_magic('unload_ext', 'torchgpu_magic')\n"
+        "print('unloaded', mods())\n"
+        "shell.run_line_magic('load_ext', 'torchgpu_magic')\n"
+        "shell.run_line_magic('ontorch', '')\n"
+        "print('used', mods())\n"
+        "doc = shell.find_cell_magic('cudatime').__doc__\n"
+        "print('help', 'Time a cell (or one statement) correctly' in doc)\n"
+        "print('after', mods(), shell.find_cell_magic('cudatime').__self__.__class__.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "loaded []" and lines[1] == "unloaded []"
+    assert lines[3] == "used ['ontorch']"
+    assert lines[4] == "help True"  # the real docstring
+    assert lines[5] == "after ['cudatime', 'ontorch'] CUDATimeMagics"
+
+
 def test_whereis_help_states_the_default_top():
     from torchgpu_magic.magics.whereis import WhereIsMagics
     from torchgpu_magic.placement import DEFAULT_TOP

@@ -24,6 +24,8 @@ def pytest_addoption(parser: Any) -> None:
 
 def pytest_configure(config: Any) -> None:
     """Under ``--simulate-gpu``, install the simulated H100 before any test (or test module) runs."""
+    config.addinivalue_line("markers", "fresh_process: checks what a new Python process does (a subprocess "
+                                       "runs the whole check): the same in every leg of this interpreter")
     config._simulated_gpu = None
     if not config.getoption("--simulate-gpu"):
         return
@@ -56,9 +58,20 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+OWN_PROCESS_SKIP = ("runs in a process of its own (a fresh interpreter or a Jupyter kernel), which "
+                    "--simulate-gpu does not reach: the same check as in the ordinary leg, which runs it")
+
+
 def pytest_collection_modifyitems(config: Any, items: list) -> None:
-    """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel)."""
+    """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel), and,
+    under ``--simulate-gpu``, the tests whose whole check runs in a process of its own (`notebook`,
+    `fresh_process`): the simulation lives in this process, so there they would repeat the ordinary leg's
+    run exactly, at the price of a torch import or a kernel each."""
     if config._simulated_gpu is not None:
+        own = pytest.mark.skip(reason=OWN_PROCESS_SKIP)
+        for item in items:
+            if "notebook" in item.keywords or "fresh_process" in item.keywords:
+                item.add_marker(own)
         reason = ("needs a real CUDA GPU: --simulate-gpu simulates torch.cuda only up to the first kernel, "
                   "and these tests run kernels")
     elif _has_cuda():

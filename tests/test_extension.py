@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 OUR_MAGICS = {"gpuinfo", "ontorch", "cudatime", "whereis", "gpumem", "cudamem"}
@@ -16,6 +17,7 @@ def _ours(shell):
     return found
 
 
+@pytest.mark.fresh_process
 def test_import_is_light():
     code = (
         "import sys, torchgpu_magic\n"
@@ -26,6 +28,7 @@ def test_import_is_light():
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.fresh_process
 def test_loading_imports_only_the_magics():
     """`%load_ext` registers the magics and nothing else: the core (placement, timing, inventory, memory,
     cluster...), torch, pynvml and ipywidgets wait for a magic's first use, so loading stays cheap."""
@@ -42,6 +45,7 @@ def test_loading_imports_only_the_magics():
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.fresh_process
 def test_each_magics_module_is_imported_at_its_first_use_not_at_load():
     """`%load_ext` registers a stand-in per magic; a magic's module is compiled and run when the magic is
     first used or asked about (its help is the real one), and never by `%unload_ext`."""

@@ -15,8 +15,11 @@ OLD_VENV := .venv-ipython7
 OLD_IPYTHON := ipython==7.34.0
 # build and twine, in a venv of their own: building the package needs neither torch nor Jupyter
 DIST_VENV := .venv-dist
+# `pip install -e .` makes setuptools print a 9-line "Editable installation" notice (a warning of its
+# InformationOnly kind: nothing to act on) at every install; the installs here leave that one message out.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: venv demo lab test test-main test-ipython7 test-simulated lint browser-deps dist bench clean
+.PHONY: venv demo lab test test-main test-ipython7 test-simulated lint browser-deps dist bench pictures examples clean
 
 # .venv and torch: the torch of $(PYTHON) when it has one (a CUDA build you installed keeps working).
 # Installs for the demo use pip's --no-compile: bytecode is then written on first import for the modules
@@ -32,7 +35,7 @@ $(VENV)/.torch:
 
 # The package, editable, with what the tour needs (the `demo` extra) ...
 $(VENV)/.demo: $(VENV)/.torch pyproject.toml Makefile
-	$(VPY) -m pip install -q --no-compile -e ".[demo]"
+	$(EDITABLE) $(VPY) -m pip install -q --no-compile -e ".[demo]"
 	@touch $@
 
 # ... or with everything the tests need (the `test` extra, which includes `demo`), compiled: the tests
@@ -44,7 +47,7 @@ $(VENV)/.demo: $(VENV)/.torch pyproject.toml Makefile
 # compile_dir's result is not a verdict on the venv.
 NO_BYTECODE := /(sympy|pandas)/|/transformers/models/(?!(auto|bert|gpt2)/)
 $(VENV)/.test: $(VENV)/.torch pyproject.toml Makefile
-	$(VPY) -m pip install -q --no-compile -e ".[test]"
+	$(EDITABLE) $(VPY) -m pip install -q --no-compile -e ".[test]"
 	$(VPY) -c 'import compileall, re, sys, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0, rx=re.compile(sys.argv[1]))' '$(NO_BYTECODE)'
 	@touch $@ $(VENV)/.demo
 
@@ -85,8 +88,10 @@ if [ -n "$$changed" ]; then
 else
   echo "browser-deps: installing Debian's chromium: $$(echo "$$plan" | grep -c '^Inst') new packages, none upgraded"
 fi
-$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null || \
-  say "apt-get install chromium failed"
+# apt and debconf talk on both streams even with -qq (debconf: "delaying package configuration..."): kept,
+# and shown only when the install fails
+log=$$($$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium 2>&1) || \
+  { echo "$$log" | tail -n 20; say "apt-get install chromium failed (its last lines above)"; }
 endef
 export BROWSER_DEPS
 
@@ -94,13 +99,13 @@ browser-deps:
 	@sh -c "$$BROWSER_DEPS"
 
 lint: $(VENV)/.test
-	$(VPY) -m ruff check torchgpu_magic tests benchmarks notebooks
+	$(VPY) -m ruff check torchgpu_magic tests benchmarks notebooks docs
 
 # `make test` runs every leg in TEST_LEGS in turn, each a make target of its own, and every one of them even
 # when an earlier one failed: one broken leg must not hide what the others would say. It ends with one line
 # per leg (passed or failed, and its seconds) and fails if any leg did. A new leg is a target added to the
 # list (`TEST_LEGS += test-xyz`).
-TEST_LEGS := lint test-main test-ipython7 test-simulated
+TEST_LEGS := lint test-main test-ipython7 test-simulated test-cudabuild
 
 test: $(VENV)/.test browser-deps
 	@failed=0; summary=; \
@@ -143,8 +148,47 @@ $(OLD_VENV)/.installed: $(VENV)/.test
 	$(VPY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > \
 	  "$$($(OLD_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/over-venv.pth"
 	mkdir -p $(OLD_VENV)/share && ln -s ../../$(VENV)/share/jupyter $(OLD_VENV)/share/jupyter
-	$(OLD_VENV)/bin/python -m pip install -q "$(OLD_IPYTHON)" -e .
+	$(EDITABLE) $(OLD_VENV)/bin/python -m pip install -q "$(OLD_IPYTHON)" -e .
 	@touch $@
+
+# ---- the CUDA-build leg -------------------------------------------------------------------------
+# What a bare `pip install torch` gives a Linux machine without an NVIDIA GPU (or without its driver): a
+# CUDA build of torch, whose torch.cuda.is_available() is False. Every other leg runs on a CPU build (or
+# simulates a GPU over one), so this one runs, on the real CUDA build, the tests marked `cudabuild`: those
+# where the build matters (%gpuinfo's causes, device choice, --predict cuda without the CPU stand-in,
+# load/unload, the tour notebook). Its venv is a layer over .venv as .venv-ipython7 is (a .pth puts .venv's
+# site-packages after its own), holding CUDA_TORCH and the nvidia-* libraries it pulls in, and the package
+# itself again (an editable install's .pth in .venv is not read through the layer). 2.14.1 lies on the CI
+# machines' local disk; pip compiles its bytecode at install, since every test starts interpreters.
+CUDA_VENV := .venv-cudabuild
+CUDA_TORCH := torch==2.14.1
+
+.PHONY: test-cudabuild
+
+$(CUDA_VENV)/.installed: $(VENV)/.test
+	rm -rf $(CUDA_VENV)
+	$(VPY) -m venv --without-pip \
+	  $$(grep -q '^include-system-site-packages = true' $(VENV)/pyvenv.cfg && echo --system-site-packages) $(CUDA_VENV)
+	$(VPY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > \
+	  "$$($(CUDA_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/over-venv.pth"
+	mkdir -p $(CUDA_VENV)/share && ln -s "$(abspath $(VENV))/share/jupyter" $(CUDA_VENV)/share/jupyter
+	$(CUDA_VENV)/bin/python -m pip install -q "$(CUDA_TORCH)"
+	$(EDITABLE) $(CUDA_VENV)/bin/python -m pip install -q --no-deps -e .
+	@touch $@
+
+# On a machine with an NVIDIA driver there is nothing to check here (no GPU is what this leg is about): one
+# line says so, as test-simulated does on a CUDA build, and the layer is not built. Otherwise the layer is
+# checked to hold what the leg is for before its tests run, so that it cannot pass on the wrong torch.
+ifeq ($(wildcard /proc/driver/nvidia/version),)
+test-cudabuild: $(CUDA_VENV)/.installed
+	@$(CUDA_VENV)/bin/python -c 'import sys, torch; sys.exit(None if torch.version.cuda and not \
+	  torch.cuda.is_available() else f"test-cudabuild: needs a CUDA build that finds no GPU, not {torch.__version__}")'
+	@echo "$(CUDA_VENV)/bin/python -m pytest -q -m cudabuild ($(CUDA_TORCH), a CUDA build, no GPU)"
+	@$(CUDA_VENV)/bin/python -m pytest -q -p no:cacheprovider -m cudabuild $(PYTEST_ARGS)
+else
+test-cudabuild:
+	@echo "test-cudabuild: skipped, this machine has an NVIDIA driver: run the gpu-marked tests on its GPU"
+endif
 
 # The sdist and wheel as they would be published (isolated build), failing on any warning the build
 # prints; then twine's metadata and README checks, and a wheel that holds the package and nothing else.
@@ -168,6 +212,24 @@ dist: $(DIST_VENV)/.installed
 
 bench: $(VENV)/.test
 	for b in benchmarks/bench_*.py; do $(VPY) $$b || exit 1; done
+
+# The docs' example outputs, run again and written where their text changed (docs/examples.py), and the
+# docs' pictures taken again from real runs (docs/images/pictures.py); docs/development.md says more.
+examples: $(VENV)/.test
+	$(VPY) docs/examples.py --write
+
+pictures: $(VENV)/.test browser-deps
+	$(VPY) docs/images/pictures.py
+
+# `make gpu-check OUT=dir`: the whole GPU validation in one command (docs/gpu-validation.md): the checks'
+# figures against their references, pytest -m gpu, the benchmarks' GPU modes and the tour, each step under
+# a time limit and all under 450 s; a log per step and dir/summary.md. It runs with $(PYTHON) as it is, not
+# in make test's venvs: a GPU machine has torch and the runtime dependencies, and no package index.
+# GPU_CHECK_ARGS: more options (--only, --skip, --deadline; `$(PYTHON) -m torchgpu_magic.check --help`).
+.PHONY: gpu-check
+OUT ?= test-artifacts/gpu-check
+gpu-check:
+	$(PYTHON) -m torchgpu_magic.check --out "$(OUT)" $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(OLD_VENV) $(DIST_VENV) dist build notebooks/tour.html test-artifacts .pytest_cache .ruff_cache

@@ -12,15 +12,24 @@ changes nothing; then the measured run, which takes the step for real):
   started with, against the process's resident-set high-water mark above its resident set before (Linux
   VmHWM, reset through /proc/self/clear_refs). RSS also holds what kernels allocate outside tensors (the
   cpu BLAS's packing buffers), which no tensor tracker sees;
+- `--predict cuda` (for an H100: `--arch hopper`) against the reference run of tests/cuda_reference.py
+  on the same live objects: the cell run for real on cpu tensors made to take CUDA's kernel choices
+  (fused attention, fused dropout, CUDA's autocast lists, foreach AdamW), through the CUDA caching
+  allocator's model, plus the cuBLAS workspaces of the cell's thread and autograd's: the peers' 6-layer
+  encoder (d_model 512, batch 8 x 256, AdamW) in fp32 and under bf16 autocast, and
+  `nn.MultiheadAttention` (dropout 0.1); predicted over reference, peak allocated and peak reserved
+  (issue 28's target: within 5 %);
 - GPT-2 124M (GPT2Config() built on the meta device), batch 8 x 1024, AdamW: `--predict cuda` on this
   CPU-only torch (fake cpu tensors standing in for cuda), in seconds (target: under 10 s on 2 cores).
 
-Run: `python benchmarks/bench_cudamem.py [--quick]` (`--quick`: fp32 rows only, no 124M row).
+Run: `python benchmarks/bench_cudamem.py [--quick]` (`--quick`: fp32 rows only, the MultiheadAttention
+row of the cuda comparison only, no 124M row).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any
 
@@ -115,16 +124,53 @@ RSS_SETUPS = {
 def rss_rows(shell: Any) -> list:
     """Large allocations, AdamW: the measured peak above what the cell started with, against the
     process's peak RSS above its RSS before; [] where the peak RSS cannot be reset."""
-    from torchgpu_magic.gpumem import figures
+    from torchgpu_magic import host
 
     rows = []
     for label, (setup, loss) in RSS_SETUPS.items():
         _run(shell, f"import torch, transformers\n{setup}\nopt = torch.optim.AdamW(model.parameters())")
-        before = figures.HostCounters().rss()
-        if not figures.reset_peak_rss():
+        before = host.HostCounters().rss()
+        if not host.reset_peak_rss():
             return []
         measured = shell.run_cell_magic("cudamem", "cpu -o -q", _step(loss, False))
-        rows.append((label, measured.peak - measured.before, figures.peak_rss() - before))
+        rows.append((label, measured.peak - measured.before, host.peak_rss() - before))
+    return rows
+
+
+ENCODER = ("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.TransformerEncoder(\n"
+           "    torch.nn.TransformerEncoderLayer(512, 8, batch_first=True), 6)\n"
+           "opt = torch.optim.AdamW(model.parameters())\nxb = torch.randn(8, 256, 512)")
+ENCODER_STEP = ("{head}\n    loss = model(xb).float().square().mean()\n"
+                "loss.backward()\nopt.step()\nopt.zero_grad()")
+CUDA_CASES = {
+    "MultiheadAttention(512, 8, dropout 0.1), batch 8 x 256, fp32": (
+        "import torch\ntorch.manual_seed(0)\n"
+        "mha = torch.nn.MultiheadAttention(512, 8, dropout=0.1, batch_first=True)\n"
+        "x = torch.randn(8, 256, 512)",
+        "out, _ = mha(x, x, x, need_weights=False)\nout.sum().backward()"),
+    "6-layer encoder (d_model 512), batch 8 x 256, AdamW, fp32": (
+        ENCODER, ENCODER_STEP.format(head="if True:")),
+    "6-layer encoder (d_model 512), batch 8 x 256, AdamW, bf16 autocast": (
+        ENCODER, ENCODER_STEP.format(head="with torch.autocast('cuda', dtype=torch.bfloat16):")),
+}
+
+
+def cuda_rows(shell: Any, quick: bool) -> list:
+    """``--predict cuda`` against the reference run on the same live objects (the prediction first: it
+    changes nothing): (label, predicted peak, reference peak, predicted reserved, reference reserved)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import cuda_reference
+
+    rows = []
+    for label, (setup, cell) in list(CUDA_CASES.items())[: 1 if quick else None]:
+        ns: dict = {}
+        exec(setup, ns)
+        shell.user_ns.update({k: v for k, v in ns.items() if not k.startswith("__")})
+        predicted = shell.run_cell_magic("cudamem", "--predict cuda --arch hopper -o -q", cell)
+        real = cuda_reference.measure({k: v for k, v in ns.items() if not k.startswith("__")}, cell)
+        rows.append((label, predicted.peak, real["peak"], predicted.reserved_peak, real["reserved_peak"]))
+        for name in ns:
+            shell.user_ns.pop(name, None)
     return rows
 
 
@@ -169,6 +215,13 @@ def main(argv: list | None = None) -> int:
         print(f"{label}, AdamW: tracked peak above start {fmt_bytes(tracked)}, peak RSS above start "
               f"{fmt_bytes(resident)}: ratio {tracked / resident:.4f} "
               f"({'within' if abs(tracked / resident - 1) <= 0.05 else 'outside'} 5 %)")
+    print("--predict cuda --arch hopper against the reference run (tests/cuda_reference.py), "
+          "same live objects:")
+    for label, peak, real_peak, reserved, real_reserved in cuda_rows(shell, args.quick):
+        worst_cuda = max(abs(peak / real_peak - 1), abs(reserved / real_reserved - 1))
+        print(f"  {label}: peak {fmt_bytes(peak)} / {fmt_bytes(real_peak)} = {peak / real_peak:.4f}, "
+              f"reserved {fmt_bytes(reserved)} / {fmt_bytes(real_reserved)} = {reserved / real_reserved:.4f} "
+              f"({'within' if worst_cuda <= 0.05 else 'OUTSIDE'} 5 %)")
     if not args.quick:
         seconds, report = gpt2_124m_seconds(shell)
         print(f"GPT-2 124M AdamW step, batch 8 x 1024, --predict cuda (fake cpu standing in): "

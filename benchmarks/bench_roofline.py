@@ -5,6 +5,8 @@ against one timed loop; and, in fresh processes, the first call of a process.
   * a small cell (one add on a 64x64 tensor, a few us)
   * a larger cell (an MLP training step: 3 Linear(512, 512) layers, batch 256, SGD, a few ms)
   * many small ops (200 in-place adds on 8-element tensors: the counter's per-op cost shows)
+  * attention with an explicit causal mask (4 calls of scaled_dot_product_attention on (2, 4, 256, 64):
+    the counter recognises the mask from its values, once per mask and counting run)
 Both arms take a fixed 15 samples after 3 warm-up loops, so the stopping rule cannot decide how long a
 call lasts. Arms alternate (with, without, with, without, ...) and each ratio is the median of the
 per-pair ratios, so a busy machine's drift hits both arms alike. The fresh-process part runs `%%cudatime`
@@ -32,12 +34,17 @@ model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn
                             torch.nn.ReLU(), torch.nn.Linear(512, 512))
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 batch = torch.randn(256, 512)
+q = torch.randn(2, 4, 256, 64)
+causal = torch.ones(256, 256, dtype=torch.bool).tril()
 """
 CELLS = {
     "small cell (x + 1, 64x64)": "y = x + 1",
     "larger cell (MLP training step)": ("optimizer.zero_grad()\nmodel(batch).sum().backward()\n"
                                         "optimizer.step()"),
     "many small ops (200 adds)": "for t in small:\n    t.add_(1)",
+    "attention, explicit causal mask (4 calls)": ("for _ in range(4):\n"
+                                                  "    torch.nn.functional.scaled_dot_product_attention("
+                                                  "q, q, q, attn_mask=causal)"),
 }
 OPTIONS = "-o -q -r 15 --warmup 3"  # a fixed sample count: the stopping rule must not set the length
 

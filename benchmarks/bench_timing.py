@@ -179,27 +179,12 @@ def nvml_read_cost(reads: int = 2000) -> bool:
                   "sample, outside the timed span (target <= 2 %)")
 
 
-def _profiled_kernel_seconds(cycles: int, runs: int) -> float:
-    """Mean duration of the _sleep kernel as torch.profiler (CUPTI) records it, independent of our events."""
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            torch.cuda._sleep(cycles)
-        torch.cuda.synchronize()
-    spans = [e.device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA]
-    if not spans:
-        raise RuntimeError("torch.profiler recorded no CUDA kernel (is CUPTI available to this torch?)")
-    return statistics.median(spans) / 1e6
-
-
 def gpu(ip: Any) -> bool:
     import torch
     from torch.utils.benchmark import Timer
 
     from torchgpu_magic import timing
+    from torchgpu_magic.check.timing_checks import profiled_kernel_seconds
 
     device = torch.device("cuda", torch.cuda.current_device())
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
@@ -212,7 +197,7 @@ def gpu(ip: Any) -> bool:
         ip.user_ns.update(torch=torch, cycles=cycles)
         ours = cudatime_median(ip, "torch.cuda._sleep(cycles)", "--max-time 5")
         runs = max(5, min(200, int(0.2 / seconds)))
-        reference = _profiled_kernel_seconds(cycles, runs)
+        reference = profiled_kernel_seconds(cycles, runs)
         points.append((cycles, ours))
         tolerance = max(1e-6, 0.005 * reference)
         ok &= report(f"_sleep {seconds * 1e6:g} us vs torch.profiler", abs(ours - reference) <= tolerance,
@@ -251,7 +236,7 @@ def gpu(ip: Any) -> bool:
                      f"{medians[0] * 1e3:.4f} ms vs {theirs * 1e3:.4f} ms, ratio {medians[0] / theirs:.4f} "
                      "(target 1 +- 0.02)")
     ip.user_ns["cycles"] = max(1, int(per_second * 10e-6))
-    reference = _profiled_kernel_seconds(ip.user_ns["cycles"], 200)
+    reference = profiled_kernel_seconds(ip.user_ns["cycles"], 200)
     cold, flushed = rounds(lambda: cudatime_median(ip, "torch.cuda._sleep(cycles)", "--cold --max-time 5"),
                            lambda: cudatime_median(ip, "torch.cuda._sleep(cycles)",
                                                    "--cold --flush-l2 --max-time 5"))

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import nbformat
 from nbclient import NotebookClient
+from traitlets.config import Config
 
 
 @contextmanager
@@ -45,18 +46,28 @@ def this_python_kernel() -> Iterator[str]:
                 os.environ["JUPYTER_PATH"] = old
 
 
+def kernel_config(folder: str) -> Config:
+    """How a kernel started here talks to this process: over IPC sockets in ``folder`` (files only this
+    user can reach; an absolute path, since the kernel runs in another directory) where the platform has
+    them, not TCP on loopback, which ipykernel warns is unencrypted."""
+    if os.name != "posix":
+        return Config()
+    return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "kernel")}})
+
+
 def execute(path: Path, timeout: int = 600, cwd: Optional[Path] = None) -> Any:
     """Run every cell of the notebook at ``path`` in a fresh kernel; return the executed notebook.
 
     Raises nbclient's ``CellExecutionError`` on an error in a cell not tagged ``raises-exception``.
     """
     nb = nbformat.read(str(path), as_version=4)
-    with this_python_kernel() as kernel:
+    with this_python_kernel() as kernel, tempfile.TemporaryDirectory(prefix="torchgpu-magic-ipc-") as ipc:
         client = NotebookClient(
             nb,
             kernel_name=kernel,
             timeout=timeout,
             resources={"metadata": {"path": str(cwd or path.parent)}},
+            config=kernel_config(ipc),
         )
         client.execute()
     return nb

@@ -62,6 +62,34 @@ OWN_PROCESS_SKIP = ("runs in a process of its own (a fresh interpreter or a Jupy
                     "--simulate-gpu does not reach: the same check as in the ordinary leg, which runs it")
 
 
+# The tests where the build of torch matters, run again by `make test-cudabuild` (`pytest -m cudabuild`) on a
+# CUDA build of torch where CUDA finds no GPU, as `pip install torch` gives a Linux machine without one:
+# %gpuinfo's causes, device choice (auto, --fallback, validation), load/unload, --predict cuda's choice of a
+# stand-in and the reasons it gives, the tour notebook in a kernel on that build.
+CUDABUILD = ("test_gpus_problems.py", "test_gpuinfo.py", "test_gpus_inventory.py", "test_devices.py",
+             "test_ontorch.py", "test_extension.py", "test_cudamem.py", "test_cudamem_targetdevice.py",
+             "test_notebooks.py::test_notebook_runs_without_errors[tour.ipynb]")
+
+
+def _cudabuild_only(config: Any) -> bool:
+    return (config.getoption("markexpr", "") or "").strip() == "cudabuild"
+
+
+def pytest_ignore_collect(collection_path: Any, config: Any) -> Any:
+    """Under `-m cudabuild` alone, leave the other test files unimported: their imports cost the leg time."""
+    name = collection_path.name
+    if _cudabuild_only(config) and name.startswith("test_") and name.endswith(".py"):
+        return True if name not in {entry.split("::")[0] for entry in CUDABUILD} else None
+    return None
+
+
+def pytest_itemcollected(item: Any) -> None:
+    """Mark the tests of :data:`CUDABUILD` `cudabuild` (before `-m` selects)."""
+    name = item.nodeid.split("/")[-1]
+    if name.split("::")[0] in CUDABUILD or name in CUDABUILD:
+        item.add_marker(pytest.mark.cudabuild)
+
+
 def pytest_collection_modifyitems(config: Any, items: list) -> None:
     """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel), and,
     under ``--simulate-gpu``, the tests whose whole check runs in a process of its own (`notebook`,
@@ -91,6 +119,7 @@ def simulated_gpu(request: Any, monkeypatch: Any) -> Any:
     taken out afterwards. Skips on a CUDA build of torch, which has its own CUDA layer."""
     import simulated_gpu
 
+    from torchgpu_magic import caches
     from torchgpu_magic.gpus import nvml
 
     sim = request.config._simulated_gpu
@@ -103,6 +132,8 @@ def simulated_gpu(request: Any, monkeypatch: Any) -> Any:
     nvml.reset()
     yield sim
     nvml.reset()
+    if request.config._simulated_gpu is None:  # what the package remembered of the simulated GPU goes too
+        caches.reset_caches()
 
 
 @pytest.fixture(scope="session")
@@ -136,6 +167,7 @@ def ip(_shell: Any) -> Any:
     import torch
 
     from torchgpu_magic import load_ipython_extension, unload_ipython_extension
+    from torchgpu_magic.magics.shell import release_traceback
 
     before = (torch.get_default_dtype(), torch.get_num_threads(), _default_device())
     load_ipython_extension(_shell)
@@ -143,6 +175,10 @@ def ip(_shell: Any) -> Any:
         yield _shell
     finally:
         unload_ipython_extension(_shell)
+        # What a failed cell of this test left: the traceback Python and IPython keep, and the failed cells'
+        # results their frames keep alive in a cycle (holders/failed.py), which the next test's holders
+        # would otherwise count as its own.
+        release_traceback(_shell)
         _shell.reset(new_session=False)  # runs a full collection, of what is not frozen
         gc.freeze()  # what outlived the test (modules it imported, their caches): out of the next walk
         after = (torch.get_default_dtype(), torch.get_num_threads(), _default_device())

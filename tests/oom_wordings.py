@@ -207,6 +207,14 @@ WORDINGS: list[tuple[str, tuple | None, str]] = [
      "of memory'",
      ("cuda", None),
      "NCCL's own cudaMalloc failing inside ProcessGroupNCCL (the 'Cuda failure' line is NCCL's)"),
+    # ---- Triton's launcher: its own CUDA driver calls (loading a kernel's module, a launch) ----
+    ("Triton Error [CUDA]: out of memory", ("cuda", None),
+     "triton-lang/triton third_party/nvidia/backend/driver.c (gpuAssert: 'Triton Error [CUDA]: ' and "
+     "cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY), which is 'out of memory'; raised as a RuntimeError by a "
+     "torch.compile'd or hand-written Triton kernel)"),
+    ("Triton Error [HIP]:  Code: 2, Messsage: out of memory", ("cuda", None),
+     "triton-lang/triton third_party/amd/backend/driver.py (gpuAssert: '%s Code: %d, Messsage: %s' of the "
+     "prefix 'Triton Error [HIP]: ', hipErrorOutOfMemory = 2 and hipGetErrorString's 'out of memory')"),
     # ---- torch.OutOfMemoryError whatever it says (a library raising torch's type) ----
     # (checked in the tests by type: tests/test_placement_oom.py)
     # ---- MPS ----
@@ -301,6 +309,8 @@ WORDINGS: list[tuple[str, tuple | None, str]] = [
     ("out of resource: shared memory, Required: 98304, Hardware limit: 65536. Reducing block sizes or "
      "`num_stages` may help.", None, "triton's OutOfResources (a kernel's shared memory per block)"),
     ("CUDA error: an illegal memory access was encountered", None, "a bad pointer, not a full device"),
+    ("Triton Error [CUDA]: an illegal memory access was encountered", None,
+     "Triton's launcher reporting a bad pointer (the same driver.c gpuAssert), not a full device"),
     ("mat1 and mat2 shapes cannot be multiplied (64x1024 and 512x10)", None, "a shape error (verified)"),
     ("The size of tensor a (4) must match the size of tensor b (3) at non-singleton dimension 0", None,
      "a broadcasting error (verified)"),

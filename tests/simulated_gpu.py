@@ -19,9 +19,18 @@ waits for the timeline; a host that has queued :data:`QUEUE_DEPTH` unfinished ke
 launch queue does. A real CUDA tensor still fails (the CPU build has no CUDA kernels): a test that reaches
 one took the CUDA path. Where a test needs a CUDA tensor's metadata and its kernels' time but no values
 (the roofline's counts), it makes a :class:`CudaStandIn`.
+
+The GPU allocates (tests/simulated_allocator.py): every stand-in's storage is a block of torch's CUDA
+caching allocator, as the C++ allocator would hand it out, so ``memory_allocated``, ``memory_reserved``,
+``max_memory_allocated``, ``memory_stats``, ``memory_snapshot``, ``mem_get_info`` and ``empty_cache``
+answer through torch's own Python functions, a request the device cannot hold raises
+``torch.OutOfMemoryError`` with torch's message for the figures, a matrix product allocates cuBLAS's
+workspace once per thread, and NVML's used memory and process list follow (this process by its PID, under
+a host PID or not listed, beside other processes, as :meth:`SimulatedGPU.use_scenario` sets).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -32,6 +41,7 @@ from collections import deque
 from typing import Any, Optional
 
 import fake_pynvml
+import simulated_allocator
 import torch
 
 SM_CLOCK_HZ = 1980e6  # an H100 SXM5 at its max SM clock (NVML's max_clocks in the h100 scenario)
@@ -43,6 +53,8 @@ MiB = 2**20
 PROTOTYPE_WARNING = ("Synchronization debug mode is a prototype feature and does not yet detect all "
                      "synchronizing operations")
 SYNC_WARNING = "called a synchronizing CUDA operation"
+# what a matrix product asks of cuBLAS: torch allocates its workspace at the first one on each thread
+MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "addmv", "mv"})
 
 
 class SimulatedTime:
@@ -116,8 +128,9 @@ class Properties:
         self.memory_clock_rate, self.memory_bus_width, self.clock_rate = 2619000, 5120, 1980000
 
     def __repr__(self) -> str:
-        return (f"_CudaDeviceProperties(name='{self.name}', major=9, minor=0, total_memory=81008MB, "
-                f"multi_processor_count=132, uuid={self.uuid}, L2_cache_size=50MB)")
+        return (f"_CudaDeviceProperties(name='{self.name}', major=9, minor=0, "
+                f"total_memory={self.total_memory // MiB}MB, multi_processor_count=132, uuid={self.uuid}, "
+                "L2_cache_size=50MB)")
 
 
 class SimulatedGPU:
@@ -133,6 +146,53 @@ class SimulatedGPU:
         self.current = 0
         self.debug_mode = 0
         self.warned_prototype = False
+        self.workspaces: dict = {}  # thread id -> its cuBLAS workspace's storage
+        self.memory = self._new_memory()
+
+    def _new_memory(self, scenario: Optional[str] = None) -> simulated_allocator.DeviceMemory:
+        chosen = simulated_allocator.SCENARIOS[scenario] if scenario else None
+        self._slice(chosen.mig if chosen else None, chosen.total if chosen else None)
+        return simulated_allocator.DeviceMemory(
+            self.properties.total_memory, lambda: self.current in self.contexts,
+            self.nvml_module.machine.gpus[0], chosen)
+
+    def _slice(self, profile: Optional[str], total: Optional[int]) -> None:
+        """The H100 whole, or in MIG mode with this process's CUDA device one slice of it: torch names it
+        by the slice's profile and UUID and reports the slice's memory; NVML answers for the slice, and
+        refuses the whole GPU's process lists (a user without privileges)."""
+        gpu = self.nvml_module.machine.gpus[0]
+        if profile is None:
+            self.properties = Properties(self.uuid.split("-", 1)[1])
+            gpu.mig_mode, gpu.migs, gpu.parent_errors = (0, 0), [], {}
+            return
+        uuid = fake_pynvml.fake_uuid(f"h100-0-{profile}", "MIG-")
+        name = f"NVIDIA H100 80GB HBM3 MIG {profile}"
+        gpu.mig_mode = (1, 1)
+        gpu.migs = [fake_pynvml.FakeMig(uuid, name, total, 0, gpu_instance_id=1, compute_instance_id=0)]
+        refused = fake_pynvml._real.NVML_ERROR_NO_PERMISSION
+        gpu.parent_errors = {n: refused for n in ("nvmlDeviceGetComputeRunningProcesses",
+                                                  "nvmlDeviceGetGraphicsRunningProcesses")}
+        self.properties = Properties(uuid.split("-", 1)[1])
+        self.properties.name, self.properties.total_memory = name, total
+
+    def use_scenario(self, name: str) -> simulated_allocator.DeviceMemory:
+        """What else is on the GPU and how NVML lists this process (simulated_allocator.SCENARIOS); the
+        memory starts empty."""
+        from torchgpu_magic.gpus import nvml
+
+        self.workspaces.clear()
+        self.memory = self._new_memory(name)
+        nvml.reset()
+        return self.memory
+
+    def cublas_workspace(self) -> None:
+        """A matrix product on this thread: cuBLAS's workspace, allocated through the caching allocator
+        at the first one (at::cuda::getCurrentCUDABlasHandle's workspace, kept until cleared)."""
+        thread = threading.get_ident()
+        if thread not in self.workspaces:
+            self.work()
+            self.workspaces[thread] = simulated_allocator.SimStorage(
+                self.memory.allocator, simulated_allocator.CUBLAS_WORKSPACE_SM90)
 
     def _link_clocks(self, machine: Any) -> None:
         gpu = machine.gpus[0]
@@ -149,6 +209,8 @@ class SimulatedGPU:
         self.current = 0
         self.debug_mode = 0
         self.warned_prototype = False
+        self.workspaces.clear()
+        self.memory = self._new_memory()
 
     # ---- torch._C._cuda_* ------------------------------------------------------------------------
     def device_count(self) -> int:
@@ -186,7 +248,9 @@ class SimulatedGPU:
 
     def work(self) -> None:
         """Anything that runs on the device creates its primary context."""
-        self.contexts.add(self.current)
+        if self.current not in self.contexts:
+            self.contexts.add(self.current)
+            self.memory.changed()
 
     def synchronize(self) -> None:
         self.work()
@@ -214,8 +278,20 @@ class SimulatedGPU:
 
     def memory_stats(self, device: int) -> dict:
         self._index(device)
-        zero = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
-        return {key: {"all": dict(zero)} for key in ("allocated_bytes", "reserved_bytes", "active_bytes")}
+        return self.memory.allocator.memory_stats()
+
+    def reset_peaks(self, device: int) -> None:
+        self._index(device)
+        self.memory.allocator.reset_peaks()
+
+    def empty_cache(self) -> None:
+        self.memory.allocator.release_cached()
+
+    def snapshot(self, *args: Any) -> dict:
+        return {"segments": self.memory.allocator.snapshot(), "device_traces": [[]], "allocator_settings": {}}
+
+    def clear_workspaces(self) -> None:
+        self.workspaces.clear()
 
 
 def event_class(sim: SimulatedGPU) -> type:
@@ -292,27 +368,36 @@ def stream_class(sim: SimulatedGPU) -> type:
 
 class CudaStandIn(torch.Tensor):
     """A tensor on the simulated ``cuda:0`` as far as its metadata goes: device, shape, dtype, strides, and
-    an address of its own (two stand-ins never alias, as two real allocations do not). It holds no data:
-    an op on it works out its result's shape on ``meta``, and launches one kernel of ``op_seconds`` on
-    the simulated GPU's timeline, as the real op would launch its kernel (views and metadata queries
-    launch none). So what needs only shapes, dtypes and devices (which device a cell touched, its FLOPs
-    and bytes as the roofline counts them) and the GPU time of its kernels are there; a value is not
-    (``.item()``, printing, a copy to the host fail, as they would without the data)."""
-
-    _next_address = 0x7F0000000000
+    its storage: a block of the simulated caching allocator (:class:`simulated_allocator.SimStorage`),
+    shared with the tensors viewing it and given back when the last goes, so allocating one moves torch's
+    memory figures and may raise torch's out-of-memory error. It holds no data: an op on it works out its
+    result's shape on ``meta``, and launches one kernel of ``op_seconds`` on the simulated GPU's
+    timeline, as the real op would launch its kernel (views and metadata queries launch none). So what
+    needs only shapes, dtypes and devices (which device a cell touched, its FLOPs and bytes as the
+    roofline counts them), the GPU time of its kernels and the memory they allocate are there; a value is
+    not (``.item()``, printing, a copy to the host fail, as they would without the data)."""
 
     @staticmethod
-    def __new__(cls, meta: torch.Tensor, sim: SimulatedGPU, op_seconds: float) -> CudaStandIn:
+    def __new__(cls, meta: torch.Tensor, sim: SimulatedGPU, op_seconds: float,
+                storage: Optional[simulated_allocator.SimStorage] = None) -> CudaStandIn:
         return torch.Tensor._make_wrapper_subclass(cls, meta.shape, strides=meta.stride(), dtype=meta.dtype,
                                                    device=torch.device("cuda", 0))
 
-    def __init__(self, meta: torch.Tensor, sim: SimulatedGPU, op_seconds: float) -> None:
+    def __init__(self, meta: torch.Tensor, sim: SimulatedGPU, op_seconds: float,
+                 storage: Optional[simulated_allocator.SimStorage] = None) -> None:
+        __tracebackhide__ = True  # noqa: F841 - the C++ allocator's place: no frame of the user's
         self.meta, self.sim, self.op_seconds = meta, sim, op_seconds
-        self.address = CudaStandIn._next_address
-        CudaStandIn._next_address += max(1, meta.untyped_storage().nbytes()) + 512
+        if storage is None:
+            torch.cuda.init()  # a CUDA tensor initialises torch's CUDA state, as a CUDA build's does
+            sim.work()  # cudaMalloc creates the context
+            storage = simulated_allocator.SimStorage(sim.memory.allocator, meta.untyped_storage().nbytes())
+        self.storage = storage
 
     def data_ptr(self) -> int:
-        return self.address
+        return self.storage.data_ptr() + self.meta.storage_offset() * self.meta.element_size()
+
+    def untyped_storage(self) -> simulated_allocator.SimStorage:
+        return self.storage
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -320,6 +405,7 @@ class CudaStandIn(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         from torch.utils._pytree import tree_leaves, tree_map
 
+        __tracebackhide__ = True  # noqa: F841 - a kernel's place: no frame of the user's
         kwargs = kwargs or {}
         leaves = tree_leaves((args, kwargs))
         mine = [t for t in leaves if isinstance(t, CudaStandIn)]
@@ -332,8 +418,20 @@ class CudaStandIn(torch.Tensor):
         sim, seconds = mine[0].sim, mine[0].op_seconds
         if not func.is_view:
             sim.sleep(int(seconds * SM_CLOCK_HZ))
-        return tree_map(lambda t: CudaStandIn(t, sim, seconds)
-                        if isinstance(t, torch.Tensor) and t.device.type == "meta" else t, out)
+        if func.overloadpacket.__name__ in MATMULS:
+            sim.cublas_workspace()
+        # a view or an in-place op's result is the memory of its input; any other result is new memory
+        aliases = func.is_view or any(r.alias_info is not None for r in func._schema.returns)
+        shared = mine[0].storage if aliases else None
+        return tree_map(functools.partial(_wrap, sim=sim, seconds=seconds, shared=shared), out)
+
+
+def _wrap(value: Any, sim: SimulatedGPU, seconds: float, shared: Any) -> Any:
+    """A result of an op on meta as a stand-in (anything else as it is)."""
+    __tracebackhide__ = True  # noqa: F841 - machinery
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        return CudaStandIn(value, sim, seconds, shared)
+    return value
 
 
 def cuda_standin(sim: SimulatedGPU, shape: tuple, dtype: Any, op_seconds: float) -> CudaStandIn:
@@ -348,8 +446,10 @@ class _Cudart:
         self.sim = sim
 
     def cudaMemGetInfo(self, device: int) -> tuple:  # noqa: N802 - CUDA's name
-        total = self.sim.get_properties(device).total_memory
-        return total, total
+        """(free, total) of the device; the call creates the context, as cudaMemGetInfo does."""
+        self.sim.get_properties(device)
+        self.sim.work()
+        return self.sim.memory.mem_get_info()
 
 
 def usable() -> Optional[str]:
@@ -363,9 +463,9 @@ def usable() -> Optional[str]:
 def install(patch: Any) -> SimulatedGPU:
     """Wire a fresh :class:`SimulatedGPU` into torch and NVML with ``patch`` (a ``pytest.MonkeyPatch``,
     whose ``undo()`` takes it all out again). Call only where :func:`usable` says None."""
-    from torchgpu_magic import accelerators
-    from torchgpu_magic.gpus import nvml
-    from torchgpu_magic.timing import clocks, engine
+    from torchgpu_magic import caches
+    from torchgpu_magic.gpus import nvml, processes
+    from torchgpu_magic.timing import clocks
 
     sim = SimulatedGPU()
     C, cuda = torch._C, torch.cuda
@@ -385,9 +485,12 @@ def install(patch: Any) -> SimulatedGPU:
         "_cuda_getCurrentStream": lambda index: (0, sim._index(index), 1),
         "_cuda_getCurrentRawStream": lambda index: 0,  # torch._dynamo imports it from a CUDA build
         "_cuda_memoryStats": sim.memory_stats,
-        "_cuda_resetPeakMemoryStats": lambda device: None,
+        "_cuda_resetPeakMemoryStats": sim.reset_peaks,
         "_cuda_resetAccumulatedMemoryStats": lambda device: None,
-        "_cuda_emptyCache": lambda: None,
+        "_cuda_emptyCache": sim.empty_cache,
+        "_cuda_memorySnapshot": sim.snapshot,
+        "_cuda_getCublasWorkspaceSize": lambda: simulated_allocator.CUBLAS_WORKSPACE_SM90,
+        "_cuda_clearCublasWorkspaces": sim.clear_workspaces,
     }
     for name, function in functions.items():
         patch.setattr(C, name, function, raising=False)
@@ -403,11 +506,15 @@ def install(patch: Any) -> SimulatedGPU:
     for module in (cuda, cuda.streams):
         patch.setattr(module, "Event", event_class(sim))
         patch.setattr(module, "Stream", stream_class(sim))
-    # what this package remembered about the torch it saw before
-    patch.setattr(accelerators, "_CPU_ONLY", None)
-    patch.setattr(engine, "_FLOORS", {})
-    patch.setattr(clocks, "_SPIN_CYCLES", {}, raising=False)
+    caches.reset_caches()  # what this package remembered about the torch it saw before
     patch.setattr(clocks.CudaClock, "host_time", staticmethod(sim.clock.now))
     patch.setitem(sys.modules, "pynvml", sim.nvml_module)
     nvml.reset()
+    # The scenario's host PIDs name processes of the host's PID namespace, not this one's: whether a
+    # process with that number happens to run here (this machine's PIDs go up to its pid_max, 32768 on
+    # some) must not decide what the test sees, so they never exist here, as in the container they stand
+    # for.
+    real_exists = processes._pid_exists
+    patch.setattr(processes, "_pid_exists",
+                  lambda pid: pid not in sim.memory.host_pids() and real_exists(pid))
     return sim

@@ -396,3 +396,134 @@ def test_ctrl_c_in_a_kernel_stops_the_timing_on_the_workers(client):
     assert error["ename"] == "ClusterInterrupted" and len(error["traceback"]) == 1, error
     assert "%%cudatime --cluster interrupted; interrupted it on workers 0, 1 too" in error["traceback"][0]
     assert not any(running.values())  # no worker runs the magic any more
+
+
+def _wait_running(watcher, count: int, seconds: float = 60) -> None:
+    """Until ``count`` workers run a call of ours (a timing sent to the kernel has reached them)."""
+    from torchgpu_magic.cluster import remote
+
+    deadline = time.monotonic() + seconds
+    while sum(map(len, watcher.run(remote.running).values())) < count:
+        assert time.monotonic() < deadline, "the workers never started the timing"
+        time.sleep(0.05)
+
+
+def _text(outputs: list) -> str:
+    return "\n".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") or "\n".join(
+        o.get("traceback", [])) for o in outputs)
+
+
+def test_ctrl_c_leaves_a_kernels_own_local_cluster_alive_and_dead_workers_say_so():
+    """A LocalCluster started by the notebook's kernel: its worker processes share the kernel's process
+    group, to which an interrupt is sent, and Dask's workers die of SIGINT (both did, and the next
+    %%cudatime --cluster printed an empty table, %gpuinfo --cluster '0 engines on 0 hosts'). Interrupting
+    %%cudatime --cluster and %cudatime --cluster now leaves them alive (the same processes answer after),
+    and the line names the form typed. Workers killed by an interrupt outside our calls are rows that
+    say they died and what to do, and doing it brings them back; a client that sees no worker at all
+    says so in one line."""
+    with cluster_processes(), kernel() as (manager, kc):
+        setup = execute(kc, "import distributed\ncluster = distributed.LocalCluster(n_workers=2, "
+                            "threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=40)\n"
+                            "client = distributed.Client(cluster)\n%load_ext torchgpu_magic\n"
+                            "print(cluster.scheduler_address)", timeout=180)
+        assert not errors(setup), setup
+        address = [o["text"] for o in setup if o["msg_type"] == "stream"][-1].strip().splitlines()[-1]
+        watcher = distributed.Client(address, set_as_default=False)
+        try:
+            pids = watcher.run(os.getpid)
+            said = {}
+            for form in ("%%cudatime --cluster client -n 1 -r 400 --warmup 0\nimport time\ntime.sleep(0.05)",
+                         "%cudatime --cluster client -n 1 -r 400 --warmup 0 __import__('time').sleep(0.05)"):
+                msg_id = kc.execute(form)
+                _wait_running(watcher, 2)
+                manager.interrupt_kernel()
+                said[form[:11]] = errors(execute(kc, "", timeout=90, msg_id=msg_id))
+                assert watcher.run(os.getpid) == pids  # the same two worker processes, alive
+            for magic, errs in said.items():
+                (error,) = errs
+                assert error["ename"] == "ClusterInterrupted" and len(error["traceback"]) == 1, error
+                assert error["traceback"][0].startswith(f"KeyboardInterrupt: {magic.split()[0]} --cluster "
+                                                        "interrupted; interrupted it on workers 0, 1 too")
+            after = execute(kc, "%gpuinfo --cluster client", timeout=120)
+            assert not errors(after) and "2 engines on 1 host" in _text(after), _text(after)
+
+            for pid in pids.values():  # an interrupt outside our calls: the workers die of it
+                os.kill(pid, signal.SIGINT)
+            deadline = time.monotonic() + 60
+            while watcher.scheduler_info()["workers"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+            fix = ("start its workers afresh: client.cluster.scale(0), then client.cluster.scale(2) in a "
+                   "cell of its own")
+            gpus = _text(execute(kc, "%gpuinfo --cluster client", timeout=120))
+            assert "2 engines did not report" in gpus and gpus.count("dead: its worker process exited") == 2
+            assert fix in gpus, gpus
+            timed = _text(execute(kc, "%%cudatime --cluster client -n 1 -r 3 --warmup 0\npass", timeout=120))
+            assert "worker 0" in timed and "worker 1" in timed and timed.count("dead: its worker") == 2, timed
+            bare = execute(kc, f"other = distributed.Client({address!r}, set_as_default=False)\n"
+                               "%gpuinfo --cluster other", timeout=120)
+            assert "lists no workers" in _text(bare) and "0 engines" not in _text(bare), _text(bare)
+
+            execute(kc, "other.close()\nclient.cluster.scale(0)")  # the fix, as it says
+            again = execute(kc, "client.cluster.scale(2)\nclient.wait_for_workers(2, timeout=120)\n"
+                                "%gpuinfo --cluster client", timeout=240)
+            assert not errors(again) and "2 engines on 1 host" in _text(again), _text(again)
+        finally:
+            watcher.close()
+            execute(kc, "client.close(); cluster.close()", timeout=120)
+
+
+def test_sigint_is_held_off_only_for_the_notebooks_own_process_group():
+    """On a worker in the caller's process group our calls hold SIGINT off, nested calls sharing one hold
+    and the handler from before coming back with the last; a worker elsewhere keeps its handler."""
+    from torchgpu_magic.cluster import remote
+
+    before = signal.getsignal(signal.SIGINT)
+    host, group = remote.process_group()
+    with remote.sigint_held((host, group)):
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        with remote.sigint_held((host, group)):
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) == before
+    for caller in ((host, group + 1), ("elsewhere", group), None):
+        with remote.sigint_held(caller):
+            assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_an_interrupt_while_torch_imports_is_not_raised_inside_the_import(monkeypatch):
+    """An interrupt landing inside 'import torch' left torch half made in the worker ('duplicate
+    registrations' for every later call): it waits until the import is done, and the call then ends
+    without running; meanwhile the call does not count as running ours."""
+    from torchgpu_magic.cluster import remote
+
+    importing, release, landed, ran = threading.Event(), threading.Event(), [], []
+
+    def slow_import():
+        importing.set()
+        try:
+            release.wait(10)
+        except KeyboardInterrupt:
+            landed.append(True)
+
+    monkeypatch.setattr(remote, "_import_torch", slow_import)
+    monkeypatch.setattr(remote, "call", lambda *args: ran.append(args) or {"ok": True})
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(reply=remote._tracked("cid-1", None, "ping", (), {})))
+    thread.start()
+    assert importing.wait(10)
+    assert remote.running() == ["cid-1"]  # importing, before the call: ours, running
+    assert remote.interrupt("cid-1") == 1 and remote.running() == []  # told: it will not run the call
+    release.set()
+    thread.join(10)
+    assert not landed and not ran and out["reply"]["message"] == "interrupted"
+    assert "cid-1" not in remote._CANCELLED and not remote._ACTIVE
+
+
+def test_the_interrupt_line_names_the_form_typed_and_the_workers_that_died():
+    from torchgpu_magic.cluster.bridge import Bridge
+
+    line = str(Bridge("c", None, magic="%cudatime").interrupted("cudatime", ["worker 0"], [], ["worker 1"],
+                                                                  "start it again"))
+    assert line == ("%cudatime --cluster interrupted; interrupted it on worker 0 too, as %px does; worker 1 "
+                    "died (no longer listed by the cluster): start it again")
+    assert str(Bridge("c", None).interrupted("cudatime", [], [])) == "%%cudatime --cluster interrupted"

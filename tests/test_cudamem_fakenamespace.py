@@ -12,20 +12,20 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from torchgpu_magic.cudamem.fakenamespace import CopyError, cell_names, fake_namespace, mark_target
+from torchgpu_magic.cudamem.fakenamespace import CopyError, fake_namespace, mark_target, names_read
 
 
 def test_cell_names_are_what_the_cell_reads_and_what_its_notebook_functions_read():
     ns: dict = {"model": 1, "x": 2, "opt": 3, "unused": 4, "loss": 5, "lr": 6, "cfg": 7}
     exec("def step(batch):\n    return model(batch) * lr\n", ns)
     code = "loss = step(x)\nloss.backward()\nopt.step()\nfor _ in range(2):\n    cfg += 1\nnew = 1"
-    assert cell_names(ast.parse(code), ns) == ["cfg", "lr", "model", "opt", "step", "x"]
+    assert names_read(ast.parse(code), ns) == ["cfg", "lr", "model", "opt", "step", "x"]
 
 
 def test_a_name_assigned_at_the_top_before_it_is_read_is_not_copied():
     ns = {"x": 1, "y": 2}
-    assert cell_names(ast.parse("x = 3\nprint(x, y)"), ns) == ["y"]
-    assert cell_names(ast.parse("if True:\n    x = 3\nprint(x)"), ns) == ["x"]  # maybe assigned: read
+    assert names_read(ast.parse("x = 3\nprint(x, y)"), ns) == ["y"]
+    assert names_read(ast.parse("if True:\n    x = 3\nprint(x)"), ns) == ["x"]  # maybe assigned: read
 
 
 def _copies(ns: dict, names: list, resize=None) -> tuple:

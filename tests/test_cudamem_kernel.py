@@ -172,4 +172,5 @@ def test_torch_cuda_scripted_as_an_h100_still_predicts_on_cpu_with_its_capacity(
     capacity, fits, workspaces, stand_in = done.stdout.split()[-4:]
     if _cuda_build():
         pytest.skip("a CUDA build may run this natively")
-    assert (capacity, fits, workspaces, stand_in) == ("85520809984", "True", str(33 * 2**20), "True")
+    # the cuBLAS workspaces of the cell's thread and of autograd's, 32 MiB each on sm_90 (issue 28)
+    assert (capacity, fits, workspaces, stand_in) == ("85520809984", "True", str(64 * 2**20), "True")

@@ -3,6 +3,8 @@ and moving objects. Runs on CPU with the `meta` device; CUDA paths are under the
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -145,6 +147,97 @@ def test_parse_dtype_accepts_the_floating_defaults(name):
 def test_parse_dtype_lists_the_valid_names(name):
     with pytest.raises(MagicInputError, match="valid: float16, bfloat16, float32, float64"):
         devices.parse_dtype(name)
+
+
+# ---- every device a magic takes: one function, one wording -----------------------------------------
+# (the magic's line with {spec} for the device, what its error starts with, what the option takes, whether
+# the device must exist here). Every device-taking option of every magic.
+OPTIONS = [
+    ("%%ontorch {spec}\nx = 1", "%%ontorch: ", devices.EVERY, True),
+    ("%ontorch {spec}", "%ontorch: ", devices.EVERY, True),
+    ("%%ontorch cpu --fallback {spec}\nx = 1", "%%ontorch: --fallback: ", devices.EVERY, True),
+    ("%%cudatime -n 1 -r 3 --devices {spec}\nx = 1", "%%cudatime: --devices: ",
+     ("auto", "local", "cpu", "cuda", "mps", "xpu"), True),
+    ("%cudatime -n 1 -r 3 --devices cpu,{spec} x = 1", "%cudatime: --devices: ",
+     ("auto", "local", "cpu", "cuda", "mps", "xpu"), True),
+    ("%%cudatime --cluster nowhere --devices {spec}\nx = 1", "%%cudatime: --devices: ",
+     ("auto", "local", "cpu", "cuda", "mps", "xpu"), False),
+    ("%%cudamem {spec}\nx = 1", "%%cudamem: ", ("cpu", "cuda", "mps", "xpu"), True),
+    ("%%cudamem --predict {spec}\nx = 1", "%%cudamem: --predict: ", ("cpu", "cuda"), False),
+    ("%%cudamem --fit x --capacity 1GiB {spec}\nx = 1", "%%cudamem: --predict: ", ("cpu", "cuda"), False),
+    ("%gpumem holders {spec}", "%gpumem: ", ("cpu", "cuda", "mps", "xpu"), True),
+    ("%whereis --device {spec}", "%whereis: --device: ", devices.KINDS, True),
+]
+BAD = ["gpu", "cpü", "cuda:7", "mps", "zzz", "cpu:1", "meta", "xpu:3"]
+
+
+def _state(ip) -> tuple:
+    """What a refused magic must leave as it was: torch's default device and dtype, the namespace."""
+    return devices._raw_default_device(), torch.get_default_dtype(), dict(ip.user_ns)
+
+
+@pytest.mark.parametrize("line, prefix, takes, exists", OPTIONS, ids=[o[0].split("{")[0] for o in OPTIONS])
+def test_every_device_option_is_checked_by_one_function_with_one_wording(ip, line, prefix, takes, exists):
+    from conftest import run, run_error
+    from IPython.core.error import UsageError
+
+    from torchgpu_magic.magics.cudatime import NOTHING_TO_TIME
+
+    refused = {"meta": NOTHING_TO_TIME} if "cudatime" in line else None  # why --devices refuses meta
+    run(ip, "import torch\nx = torch.ones(3)")
+    for spec in BAD:
+        try:
+            devices.device_option(spec, takes, exists, refused)
+        except MagicInputError as exc:
+            expected = str(exc)
+        else:
+            continue  # a device this machine has (under --simulate-gpu, cuda is one)
+        before = _state(ip)
+        error = run_error(ip, line.format(spec=spec))
+        assert isinstance(error, UsageError), (line, spec, error)
+        message = str(error)
+        assert "\n" not in message and message.startswith(prefix + expected), (message, expected)
+        assert f"'{spec}'" in message and "\\x" not in message  # the user's text as typed
+        assert re.search(r"[.?] (Devices here|It takes): \w", message), message  # what is valid
+        assert _state(ip) == before
+
+
+@pytest.mark.parametrize("line, prefix, takes, exists", OPTIONS, ids=[o[0].split("{")[0] for o in OPTIONS])
+def test_no_device_option_is_checked_anywhere_else(ip, monkeypatch, line, prefix, takes, exists):
+    """Every option's device goes through devices.device_option: replaced by one that refuses everything,
+    every magic says what it says, with its own prefix."""
+    from conftest import run, run_error
+
+    run(ip, "import torch\nx = torch.ones(3)")
+
+    def refuse(spec, *args, **kwargs):
+        raise MagicInputError(f"refused {spec!r} here")
+
+    monkeypatch.setattr(devices, "device_option", refuse)
+    error = run_error(ip, line.format(spec="cpu"))
+    assert str(error).startswith(f"{prefix}refused 'cpu' here"), str(error)
+
+
+def test_cudamem_suggests_a_predict_it_accepts(ip):
+    """%%cudamem DEVICE for a GPU absent here suggests --predict in words --predict takes (cuda, not gpu),
+    and that suggestion then runs."""
+    from conftest import run, run_error
+
+    if devices._cuda_count():
+        pytest.skip("a CUDA GPU is here: %%cudamem gpu measures on it")
+    run(ip, "import torch\nx = torch.ones(3)")
+    for spec, meant in (("gpu", "cuda"), ("cuda:3", "cuda:3"), ("GPU:1", "cuda:1")):
+        message = str(run_error(ip, f"%%cudamem {spec}\ny = x * 2"))
+        assert message.endswith(f"; to predict for it without one, use --predict {meant}"), message
+        run(ip, f"%%cudamem --predict {meant} -q\ny = x * 2")
+    assert "--predict" not in str(run_error(ip, "%%cudamem cpü\ny = x * 2"))  # a typo of cpu, which is here
+
+
+def test_user_text_is_echoed_as_typed_and_control_characters_escaped():
+    assert devices.shown("cpü") == "cpü"
+    assert devices.shown("cp\nu\x1b") == "cp\\nu\\x1b"
+    with pytest.raises(MagicInputError, match="unknown device 'cpü'"):
+        devices.resolve("cpü")
 
 
 # ---- use_device -------------------------------------------------------------------------------------

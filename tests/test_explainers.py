@@ -185,6 +185,68 @@ def test_an_error_inside_a_magic_cell_loses_the_machinery_not_torch(tip):
     assert "interactiveshell.py" not in text and text.strip().endswith("ValueError: boom")
 
 
+# ---- inside every cell magic, and in a function called from one ------------------------------------
+CELL_MAGICS = ["%%ontorch cpu", "%%cudatime -n 1 -r 3 --warmup 0 --no-roofline", "%%cudamem"]
+APPLY = "def apply(a):\n    return model(a)\n"
+# (the cell's last line, the explanation's headline, the failing line, the line inside, its function)
+IN_A_MAGIC = [
+    ("out = model(h)", "whereis: a device mismatch", "On line 3: out = model(h)", "", ""),
+    ("out = apply(h)", "whereis: a device mismatch", "On line 3: out = apply(h)", "return model(a)", "apply"),
+    ("y = torch.empty(2**50, dtype=torch.uint8)", "gpumem: out of memory on cpu",
+     "On line 3: y = torch.empty(2**50, dtype=torch.uint8)", "", ""),
+    ("y = big(h)", "gpumem: out of memory on cpu", "On line 3: y = big(h)", OOM_RAISED, "forward"),
+]
+
+
+def _groups(lines: list) -> dict:
+    """A mismatch diagnosis's culprits by group title ('used there', 'inside', 'elsewhere'): the names."""
+    groups: dict = {}
+    title = None
+    for line in lines:
+        if line.startswith("  ") and not line.startswith("    "):
+            title = line.strip().split(":")[0].split("(")[0].strip()
+            groups[title] = []
+        elif line.startswith("    ") and title is not None:
+            groups[title].append(line.split()[0])
+    return groups
+
+
+@pytest.mark.parametrize("earlier", [None, "1/0", "logits = model(x)"],
+                         ids=["first", "after-an-error", "after-a-mismatch"])
+@pytest.mark.parametrize("last, headline, failing, inner, function", IN_A_MAGIC,
+                         ids=["mismatch", "mismatch-in-a-function", "oom", "oom-in-a-forward"])
+@pytest.mark.parametrize("magic", CELL_MAGICS, ids=["ontorch", "cudatime", "cudamem"])
+def test_explained_inside_a_cell_magic_from_the_users_line(tip, magic, last, headline, failing, inner,
+                                                           function, earlier):
+    """The explanation inside %%ontorch, %%cudatime and %%cudamem quotes the user's line, numbered as the
+    cell shows it, not IPython's get_ipython().run_cell_magic(...) call; the 'used there' names are the
+    line's and are not repeated under 'elsewhere in the cell'; the traceback starts at the cell's own
+    frame. The same after an earlier failed cell."""
+    run(tip, OOM_SETUP)
+    run(tip, APPLY)
+    if earlier is not None:
+        _shown(tip, earlier)
+    text = _shown(tip, f"{magic}\nh = x * 2\n{last}")
+    lines = text.strip().splitlines()
+    assert lines[0].startswith(headline) and text.count(headline) == 1, text
+    assert lines[1] == failing, text
+    explanation = lines[:next(i for i, line in enumerate(lines) if "Traceback (most recent call" in line)]
+    if inner:
+        assert any(line.startswith(f"  inside {function}(), line ") and line.rstrip(":").endswith(inner)
+                   for line in explanation), text
+    assert "run_cell_magic" not in text, text
+    cell_frame = next(i for i, line in enumerate(lines) if "---->" in line and last in line)
+    assert re.search(r"\d+ frames? inside IPython", "\n".join(lines[:cell_frame])), text
+    if headline.startswith("whereis"):
+        fix = next(i for i, line in enumerate(lines) if line.startswith("Fix: "))
+        groups = _groups(lines[1:fix])
+        assert "h" in groups["used there"], text
+        named = [name for names in groups.values() for name in names]
+        assert "elsewhere in the cell" not in groups or not set(groups["elsewhere in the cell"]) & (
+            set(named) - set(groups["elsewhere in the cell"])), text
+        assert len(named) == len(set(named)), text
+
+
 def test_unload_puts_showtraceback_back(ip):
     from torchgpu_magic import unload_ipython_extension
 
@@ -226,7 +288,7 @@ def test_the_diagnosis_as_html_keeps_its_columns(tip):
 @pytest.fixture(scope="module")
 def kernel_cells():
     """One notebook run in a real kernel: a device-mismatch error (cell 2), then an out-of-memory error
-    (cell 4); its executed cells."""
+    (cell 4), then each inside a cell magic (cells 5 and 6); its executed cells."""
     pytest.importorskip("nbclient", reason="needs nbclient and nbformat (the IPython 7 leg has neither)")
     import nbformat
     from nbclient import NotebookClient
@@ -236,7 +298,9 @@ def kernel_cells():
     spec.loader.exec_module(runner)
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s)
-                for s in ("%load_ext torchgpu_magic", SETUP, "y = net(x)", OOM_SETUP, "y = big(x)")]
+                for s in ("%load_ext torchgpu_magic", SETUP, "y = net(x)", OOM_SETUP, "y = big(x)",
+                          "%%ontorch cpu\nh = x * 2\ny = net(h)",
+                          "%%cudatime -n 1 -r 3 --warmup 0 --no-roofline\nh = x * 2\ny = big(h)")]
     with runner.this_python_kernel() as kernel:
         client = NotebookClient(nb, kernel_name=kernel, timeout=180, allow_errors=True,
                                 resources={"metadata": {"path": "."}})
@@ -273,3 +337,20 @@ def test_out_of_memory_traceback_order_in_a_kernels_error_output(kernel_cells):
                                                                                            len(frames[0]))
     assert frames[-1].startswith(OOM_ERROR)
     assert "site-packages" not in text and len(text.splitlines()) < 50, text
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("index, headline, failing, inner", [
+    (5, "whereis: a device mismatch (meta, cpu)", "On line 3: y = net(h)", "inside forward(), line 9"),
+    (6, "gpumem: out of memory on cpu", "On line 3: y = big(h)", "inside forward(), line 4")])
+def test_explained_inside_a_cell_magic_in_a_kernel(kernel_cells, index, headline, failing, inner):
+    """In a real kernel too, inside %%ontorch and %%cudatime, the explanation quotes the cell's line."""
+    (error,) = [o for o in kernel_cells[index].outputs if o.output_type == "error"]
+    frames = [ANSI.sub("", part) for part in error["traceback"]]
+    lines = frames[0].splitlines()
+    assert lines[0].startswith(headline) and lines[1] == failing, frames[0]
+    assert any(line.startswith(f"  {inner}") for line in lines), frames[0]
+    text = "\n".join(frames)
+    number = kernel_cells[index].execution_count
+    assert "run_cell_magic" not in text
+    assert f"Cell In[{number}], line 3" in text or f"<ipython-input-{number}-" in text, text  # IPython 9, 7

@@ -120,10 +120,13 @@ def test_main_in_process(capsys, fake_nvml):
     assert json.loads(capsys.readouterr().out)["environment"]["driver_version"] == "550.163.01"
 
 
-def test_missing_nvml_hint_is_said_once(ip, fake_nvml):
-    from torchgpu_magic.gpus import nvml
+def test_missing_nvml_hint_is_said_once(ip, fake_nvml, monkeypatch, tmp_path):
+    from scripted_machine import linux
 
-    fake_nvml(None)  # `import pynvml` fails, as on a machine without the NVIDIA driver
+    from torchgpu_magic.gpus import machine, nvml
+
+    monkeypatch.setattr(machine, "ROOT", str(linux(tmp_path).nvidia(driver="nvidia").root))  # a GPU is here
+    fake_nvml(None)  # `import pynvml` fails: nothing is known of the driver, and the note says what to do
     hint = nvml.status().hint
     with capture_output() as cap:
         run(ip, "%gpuinfo")

@@ -190,7 +190,7 @@ def test_init_errors_map_to_hints(fake_nvml, scenario, code, words):
 def test_missing_bindings(fake_nvml):
     fake_nvml(None)
     problem = nvml.status()
-    assert problem.code == "library_not_found"
+    assert problem.code == "bindings_missing"  # not "no driver": without pynvml the driver is unknown
     assert "nvidia-ml-py" in problem.hint
 
 

@@ -166,21 +166,23 @@ def test_cpu_state_is_read_live():
         assert devicestate.read("cuda:0").notes and cuda_state() != "initialised"
 
 
-def test_report_rows_largest_first_with_the_rest_last():
+def test_report_rows_largest_first_the_rest_among_them():
     x = torch.ones(256, 1024)
     small = torch.ones(10)
     report = holdersreport.holders_report({"small": small, "x": x, "alias": x}, "cpu")
     section = report.section("cpu")
-    names = [r.name for r in section.rows]
-    assert names[:2] == ["x", "small"] and names[-1] == "the rest of this process"
-    assert section.rows[0].label() == "x (also alias)"
+    rows = section.rows
+    assert [r.nbytes for r in rows] == sorted((r.nbytes for r in rows), reverse=True)
+    names = [r.name for r in rows]
+    assert names.index("x") < names.index("small") and "the rest of this process" in names
+    assert section.rows[names.index("x")].label() == "x (also alias)"
     assert section.counted == MiB + 40
     text = section.to_text()
     assert text.startswith("cpu: 1.00 MiB held by 2 holders") and "x (also alias)" in text
     data = report.to_dict()
-    assert data["devices"][0]["rows"][0] == {"name": "x", "source": "name", "bytes": MiB,
-                                             "what": "tensor float32 (256, 1024)", "parts": {"tensor": MiB},
-                                             "also": ["alias"]}
+    assert next(r for r in data["devices"][0]["rows"] if r["name"] == "x") == {
+        "name": "x", "source": "name", "bytes": MiB, "what": "tensor float32 (256, 1024)",
+        "parts": {"tensor": MiB}, "also": ["alias"]}
 
 
 def test_report_cuts_to_the_top_rows():
@@ -188,6 +190,68 @@ def test_report_cuts_to_the_top_rows():
     section = holdersreport.holders_report(ns, "cpu").section("cpu")
     lines = section.table().to_text().splitlines()
     assert len(lines) == 2 + holdersreport.TOP + 1 and "... and" in lines[-1]
+
+
+def test_the_largest_row_is_never_folded_away():
+    """Issue 29 item 6: with more holders than rows shown, "the rest of this process" (the process's RSS
+    beyond the holders: hundreds of MiB) was appended after the cut and folded into "... and N more"."""
+    ns = {f"t{i}": torch.ones(1024) for i in range(40)}
+    section = holdersreport.holders_report(ns, "cpu").section("cpu")
+    table = section.table().to_text().splitlines()
+    assert section.rows[0].name == "the rest of this process"
+    assert table[2].split()[:5] == ["the", "rest", "of", "this", "process"], table[:3]
+    assert "... and 26 more" in table[-1]
+
+
+LONG = "images_of_the_validation_split_after_augmentation_and_normalisation"
+
+
+def test_holder_tables_fit_100_columns_in_the_plain_text_formatter():
+    """Issue 29 item 11: tables reached 182 columns; a long name is shortened in the middle and the
+    "what" column, last, wraps under itself."""
+    from IPython.core.formatters import PlainTextFormatter
+
+    model, opt = _model_and_opt()
+    ns = {LONG: [torch.ones(64, 64) for _ in range(3)], "model": model, "opt": opt,
+          "also_" + LONG: model, "x": torch.ones(8)}
+    report = holdersreport.holders_report(ns, "cpu")
+    text = PlainTextFormatter()(report)
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+    assert "images_of_the_valida..." in text or "..." in text
+    assert "Sequential: parameters" in text and "gradients" in text  # wrapped, not lost
+    assert report._repr_html_().count(LONG) >= 1  # HTML keeps the whole name
+
+
+def test_gpu_rows_leave_the_allocators_rounding_out_of_no_name_reaches(monkeypatch):
+    """Issue 28 item 11: torch rounds every block up to 512 bytes (allocated counts the rounded sizes,
+    requested what tensors asked): the rounding is torch's, not tensors no name reaches. The state is
+    scripted, so no cuBLAS workspace of a GPU used before (a simulated one, under --simulate-gpu) counts."""
+    monkeypatch.setattr("torchgpu_magic.torchapi.cublas_workspace_sizes", frozenset)
+    state = devicestate.DeviceState("cuda:0", total=80 * 1024 * MiB, free=70 * 1024 * MiB, allocated=4 * MiB,
+                                    reserved=20 * MiB, requested=4 * MiB - 300 * 512)
+    section = holdersreport.device_holders(holders.Holdings(), "cuda:0", state)
+    rows = {r.name: r for r in section.rows}
+    assert rows["torch's rounding"].nbytes == 300 * 512 and rows["torch's rounding"].source == "torch"
+    assert rows["no name reaches"].nbytes == 4 * MiB - 300 * 512
+
+
+def test_in_a_container_no_process_nvml_lists_is_called_another():
+    """Issue 28 item 1: NVML lists the host's PIDs in a container without --pid=host, this process among
+    them: no "another process" row; what is held outside torch says NVML cannot tell them apart."""
+    gib = 1024 * MiB
+    state = devicestate.DeviceState("cuda:0", total=80 * gib, free=2 * gib, allocated=40 * gib,
+                                    reserved=48 * gib, requested=40 * gib,
+                                    foreign=((4190001, "", int(48.5 * gib)), (4190002, "", 29 * gib)))
+    section = holdersreport.device_holders(holders.Holdings(), "cuda:0", state)
+    assert not [r for r in section.rows if r.source == "process"]
+    outside = next(r for r in section.rows if r.name == "outside torch's allocator")
+    assert outside.nbytes == 30 * gib and outside.source == "unknown"
+    assert "cannot tell which is this one" in outside.what and "4190001, 4190002" in outside.what
+    alone = devicestate.DeviceState("cuda:0", total=80 * gib, free=31 * gib, allocated=40 * gib,
+                                    reserved=48 * gib, foreign=((4190001, "", int(48.5 * gib)),))
+    row = next(r for r in holdersreport.device_holders(holders.Holdings(), "cuda:0", alone).rows
+               if r.name == "outside torch's allocator")
+    assert row.source == "outside" and "this one" in row.what
 
 
 @pytest.mark.parametrize("largest, cache, asked, expected", [

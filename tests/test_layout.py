@@ -65,13 +65,25 @@ def test_each_magic_lives_in_the_file_named_after_it(name):
             assert not any(m == other or m.startswith(f"_{other}_") for m in methods), (name, other)
 
 
+# The rooms that may import IPython and the magics: the magics themselves, and the GPU check above them,
+# which drives the extension through a real shell as a user does (nothing in the package imports it).
+TOP_ROOMS = ("torchgpu_magic.magics", "torchgpu_magic.check")
+
+
 def test_nothing_below_the_magics_imports_ipython_or_the_magics():
     for module, imported in GRAPH.items():
-        if module.startswith("torchgpu_magic.magics") or module == "torchgpu_magic":
+        if module.startswith(TOP_ROOMS) or module == "torchgpu_magic":
             continue
         upward = {m for m in imported
                   if m.split(".")[0] == "IPython" or m.startswith("torchgpu_magic.magics")}
         assert not upward, f"{module} imports {sorted(upward)}: core modules never import IPython or magics"
+
+
+def test_nothing_imports_the_gpu_check():
+    """The check is the top room: it imports the magics and the core, and nothing imports it."""
+    for module, imported in GRAPH.items():
+        if not module.startswith("torchgpu_magic.check"):
+            assert not {m for m in imported if m.startswith("torchgpu_magic.check")}, module
 
 
 def test_no_two_modules_of_a_package_import_each_other():
@@ -122,21 +134,21 @@ def test_no_import_circle_between_packages():
 
 
 # The floors of the house, from the top: a room imports only rooms on lower floors (lazy imports count).
-# magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement
-#        -> {gpus, devices, accelerators, host} -> {render, errors, torchapi}
+# check -> magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement
+#        -> {gpus, devices, accelerators, host} -> {render, errors, torchapi, caches}
 FLOORS = {
-    "__main__": 7, "magics": 6, "cluster": 5,
+    "check": 8, "__main__": 7, "magics": 6, "cluster": 5,
     "gpumem": 4, "cudamem": 4, "explain": 4, "timing": 4,
     "holders": 3, "placement": 2,
     "gpus": 1, "devices": 1, "accelerators": 1, "host": 1,
-    "render": 0, "errors": 0, "torchapi": 0,
+    "render": 0, "errors": 0, "torchapi": 0, "caches": 0,
 }
 
 
 def test_every_arrow_between_rooms_points_down_a_floor():
     """magics -> cluster -> {gpumem, cudamem, explain, timing} -> holders -> placement -> {gpus, devices,
-    accelerators, host} -> {render, errors, torchapi}: a reader follows arrows down from the magics and never
-    comes back up, nor sideways (``%gpumem`` loads none of ``%%cudamem``'s code)."""
+    accelerators, host} -> {render, errors, torchapi, caches}: a reader follows arrows down from the magics
+    and never comes back up, nor sideways (``%gpumem`` loads none of ``%%cudamem``'s code)."""
     rooms = {_package_of(m) for m in GRAPH if m != "torchgpu_magic"}
     assert rooms == set(FLOORS), f"rooms without a floor: {sorted(rooms - set(FLOORS))}"
     wrong = []
@@ -157,8 +169,8 @@ def test_each_magic_has_its_core_in_a_package_named_for_it():
     explained errors in ``explain/``; no core module stands loose at the top but the few every room
     shares."""
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "accelerators.py", "devices.py", "errors.py", "host.py",
-                     "render.py", "torchapi.py"], loose
+    assert loose == ["__init__.py", "__main__.py", "accelerators.py", "caches.py", "devices.py", "errors.py",
+                     "host.py", "render.py", "torchapi.py"], loose
     for room in ("gpus", "timing", "placement", "gpumem", "holders", "cudamem", "explain", "cluster",
                  "magics"):
         assert (PACKAGE / room / "__init__.py").exists(), room

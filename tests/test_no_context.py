@@ -21,6 +21,14 @@ STEPS = {
     "%%cudatime on a cpu cell after CUDA was initialised":  # issue 19: initialised is not 'used the GPU'
         "torch.cuda.init()\nr = cell('%cudatime -o -q -r 3 --max-time 1 torch.ones(8) * 2')\n"
         "assert r.device == 'cpu', r.device",
+    # issue 28, item 4: fake CUDA tensors would run torch.empty(1, device='cuda'); the prediction stands in
+    # on cpu, its autocast probe uses CUDA-shaped tensors without data, and it reads the GPU's generation
+    "%%cudamem --predict cuda (autocast, attention, backward)":
+        "cell('m = torch.nn.MultiheadAttention(64, 4, dropout=0.1, batch_first=True)\\n"
+        "x = torch.randn(2, 32, 64)')\n"
+        "r = cell('%%cudamem --predict cuda -o -q\\nwith torch.autocast(\"cuda\", dtype=torch.bfloat16):\\n"
+        "    y, _ = m(x, x, x, need_weights=False)\\ny.float().sum().backward()')\n"
+        "assert not r.how.startswith('FakeTensorMode on fake cuda'), r.how",
 }
 
 

@@ -1,8 +1,9 @@
-"""What would be published: the wheel's contents and metadata, a build without warnings, and a README
-whose links work on a package index page.
+"""What would be published: the wheel's contents and metadata, the sdist's docs, a build without
+warnings, and a README whose links work on a package index page and reach every reference page.
 
-The wheel is built once, by setuptools' own PEP 517 backend (the one pyproject.toml names) in a fresh
-interpreter, from a copy of the source tree, so the repository gets no build/ or egg-info of its own.
+The wheel and the sdist are built once each, by setuptools' own PEP 517 backend (the one pyproject.toml
+names) in a fresh interpreter, from a copy of the source tree, so the repository gets no build/ or
+egg-info of its own.
 ``make dist`` does the full isolated build and ``twine check``; this is the quick guard that runs with
 every ``make test``.
 """
@@ -19,13 +20,16 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from test_docs import markdown_links
 
 SKIP_ANYWHERE = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", ".ipynb_checkpoints"}
 SKIP_AT_TOP = {"build", "dist", ".whl", "test-artifacts"}
+# one build per interpreter: setuptools keeps state between two builds in one process (the second's file
+# is left in a temporary directory)
 BUILD = """
 import sys
 from setuptools import build_meta
-print("WHEEL=" + build_meta.build_wheel(sys.argv[1]))
+print("BUILT=" + getattr(build_meta, sys.argv[2])(sys.argv[1]))
 """
 
 
@@ -38,19 +42,21 @@ def _not_source(directory: str, names: list) -> list:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple:
-    """(the wheel's path, everything the build printed)."""
+    """(the wheel's path, everything the build printed, the sdist's path)."""
     tmp = tmp_path_factory.mktemp("packaging")
     src, out = tmp / "src", tmp / "out"
     shutil.copytree(ROOT, src, ignore=_not_source)
     out.mkdir()
     # a real build byte-compiles; with PYTHONDONTWRITEBYTECODE set, setuptools warns that it does not
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    proc = subprocess.run([sys.executable, "-c", BUILD, str(out)], cwd=src, env=env,
-                          capture_output=True, text=True, timeout=300)
-    printed = proc.stdout + proc.stderr
-    assert proc.returncode == 0, printed[-3000:]
-    name = re.search(r"^WHEEL=(.+)$", proc.stdout, re.M).group(1)
-    return out / name, printed
+    built, printed = [], ""
+    for hook in ("build_wheel", "build_sdist"):
+        proc = subprocess.run([sys.executable, "-c", BUILD, str(out), hook], cwd=src, env=env,
+                              capture_output=True, text=True, timeout=300)
+        printed += proc.stdout + proc.stderr
+        assert proc.returncode == 0, printed[-3000:]
+        built.append(out / re.search(r"^BUILT=(.+)$", proc.stdout, re.M).group(1))
+    return built[0], printed, built[1]
 
 
 @pytest.fixture(scope="module")
@@ -85,26 +91,13 @@ def test_metadata_license_and_description(metadata: email.message.Message) -> No
     assert metadata.get_payload().strip() == (ROOT / "README.md").read_text(encoding="utf-8").strip()
 
 
-def _readme_links(text: str) -> list:
-    """(is_image, target) for every link and picture outside code in a Markdown text."""
-    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
-    text = re.sub(r"`[^`\n]*`", "", text)
-    links = [(bang == "!", target) for bang, target in
-             re.findall(r"(!?)\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text)]
-    links += [(False, target) for target in re.findall(r"^\s{0,3}\[[^\]\n]+\]:\s*<?(\S+?)>?(?:\s|$)",
-                                                        text, flags=re.M)]
-    links += [(tag == "img", target) for tag, target in
-              re.findall(r"<(\w+)[^>]*?\s(?:src|href)=[\"']([^\"']+)", text)]
-    return links
-
-
 def test_readme_links_work_on_a_package_index(metadata: email.message.Message) -> None:
     """Relative links and in-page anchors break on a package index page, and a picture must be the
     raw file, not GitHub's page about it; links into the repository must name files that exist."""
     urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL"))
     repo = urls["Repository"].rstrip("/")
     raw = repo.replace("https://github.com/", "https://raw.githubusercontent.com/", 1) + "/main/"
-    links = _readme_links((ROOT / "README.md").read_text(encoding="utf-8"))
+    links = markdown_links((ROOT / "README.md").read_text(encoding="utf-8"))
     assert any(is_image for is_image, _ in links), "the README shows no picture"
     problems = []
     for is_image, target in links:
@@ -127,9 +120,33 @@ def test_readme_links_work_on_a_package_index(metadata: email.message.Message) -
 
 def test_readme_link_finder() -> None:
     text = ("See [a](https://x/a) and ![p](docs/p.png \"title\").\n"
-            "```\n[not](a-link)\n```\n`[nor](this)`\n[ref]: https://x/ref\n<img src=\"https://x/i.png\">\n")
-    assert _readme_links(text) == [(False, "https://x/a"), (True, "docs/p.png"), (False, "https://x/ref"),
-                                   (True, "https://x/i.png")]
+            "```\n[not](a-link)\n```\n`[nor](this)`\n[ref]: https://x/ref\n<img src=\"https://x/i.png\">\n"
+            "<!-- [nor](a comment) -->\n")
+    assert markdown_links(text) == [(False, "https://x/a"), (True, "docs/p.png"), (False, "https://x/ref"),
+                                    (True, "https://x/i.png")]
+
+
+def test_readme_links_every_reference_page() -> None:
+    """The README is the index: each page of docs/ is one link away, at the address that works on a
+    package index."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = {t.split("#")[0] for _, t in markdown_links(readme)}
+    repo = "https://github.com/torchgpu-magic/torchgpu-magic/blob/main/"
+    missing = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if repo + f"docs/{p.name}" not in targets]
+    assert not missing, f"the README links to no {missing}"
+
+
+def test_sdist_ships_the_docs_and_not_the_tests(built: tuple) -> None:
+    """The README's reference pages link to each other relatively: in an unpacked sdist they must all be
+    there, with their pictures (MANIFEST.in's graft docs); the tests are not (prune tests)."""
+    import tarfile
+
+    with tarfile.open(built[2]) as sdist:
+        names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+    docs = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
+    assert docs <= names, sorted(docs - names)
+    assert not [n for n in names if n.startswith("tests/")]
 
 
 def test_no_tracked_file_is_ignored() -> None:

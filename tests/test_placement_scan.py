@@ -34,10 +34,11 @@ def test_snapshot_holds_no_reference_and_fingerprint_tracks_changes():
     ns = {"x": x, "model": model}
     before = scan.namespace_snapshot(ns)
     ref = weakref.ref(x)
+    replacement = torch.ones(3)  # made while x lives: another object, never x's recycled id
     del ns["x"], x
     gc.collect()
     assert ref() is None, "a snapshot must not keep a tensor alive"
-    ns["x"] = torch.ones(3)  # replaced
+    ns["x"] = replacement
     model.to("meta")  # moved in place
     after = scan.namespace_snapshot(ns)
     names = [p.name for p in scan.changed(before, after)]

@@ -67,7 +67,7 @@ def test_on_the_simulated_h100_the_table_picks_h100_sxm_and_the_report_gives_the
     # preemptions do not move (tests/simulated_gpu.SimulatedTime)
     assert 1.5e-3 <= result.median < 1.5e-3 + result.host
     rl = result.roofline
-    assert (rl.peak_name, rl.clock_scale) == ("H100 SXM", 1.0)  # 1980 MHz: at or above the table's 1830
+    assert (rl.peak_name, rl.clock_scales) == ("H100 SXM", {})  # 1980 MHz: at or above the table's 1830
     assert rl.flops_by_precision == {"bf16": MATMUL_FLOPS} and rl.bytes == MATMUL_BYTES
     assert rl.peak_flops == {"bf16": H100_BF16} and rl.peak_bandwidth == 3.35e12
     assert rl.flops_fraction == pytest.approx(MATMUL_FLOPS / result.median / H100_BF16)
@@ -98,8 +98,9 @@ def test_below_the_tables_clock_the_peak_is_scaled_and_the_scaled_peak_is_said(i
     gpu.takes(4e-3)  # 275 TFLOP/s: possible at 1200 MHz (649 TFLOP/s bf16)
     result = run(ip, f"%%cudatime -o -q {FAST}\ny = a @ b")
     rl = result.roofline
-    assert result.sm_clock["median_mhz"] == 1200 and rl.clock_mhz == 1200 and rl.reference_mhz == 1830
-    assert rl.clock_scale == pytest.approx(1200 / 1830)
+    assert result.sm_clock["median_mhz"] == 1200 and rl.clock_mhz == 1200
+    assert rl.reference_mhz == {"bf16": 1830}
+    assert rl.clock_scales == {"bf16": pytest.approx(1200 / 1830)}
     assert rl.peak_flops["bf16"] == pytest.approx(H100_BF16 * 1200 / 1830)
     assert rl.flops_fraction == pytest.approx(MATMUL_FLOPS / result.median / (H100_BF16 * 1200 / 1830))
     line = _roofline_line(result)
@@ -116,7 +117,7 @@ def test_below_the_max_clock_but_above_the_tables_the_datasheet_peak_holds(ip, g
     _clock_at(gpu, monkeypatch, 1900, "nvmlClocksEventReasonSwPowerCap")
     result = run(ip, f"%%cudatime -o -q {FAST}\ny = a @ b")
     rl = result.roofline
-    assert rl.clock_mhz == 1900 and rl.clock_scale == 1.0 and rl.peak_flops == {"bf16": H100_BF16}
+    assert rl.clock_mhz == 1900 and rl.clock_scales == {} and rl.peak_flops == {"bf16": H100_BF16}
     assert "at 1,900 MHz" not in rl.line() and not any("scaled to the SM clock" in n for n in result.notes)
     assert any(n.startswith("SM clock below its max in 5 of 5 samples (lowest 1900 MHz")
                for n in result.notes)
@@ -134,3 +135,42 @@ def test_a_cpu_cell_after_cuda_was_initialised_gets_no_gpu_peak(ip, gpu):
     assert result.roofline.flops == 2 * 64 ** 3 and "H100" not in result.to_text()
     assert "roofline: no peak figures for cpu (--peak FLOPS[,BYTES_PER_S] sets one, for a percentage)" in \
         result.notes
+
+
+def test_causal_flash_attention_on_the_simulated_h100_counts_the_attended_pairs(ip, gpu):
+    """CUDA's flash kernel, called as SDPA's CUDA path calls it (issue 28, item 6): its FLOPs follow the
+    pairs a causal mask leaves, so a kernel at 60 % of the bf16 peak reads 60 %, not 120 % with a note
+    blaming the clock."""
+    import simulated_gpu
+    import torch
+
+    b, h, s, d = 8, 16, 8192, 128  # a 3.7 ms kernel
+    causal = 4 * b * h * d * (s * (s + 1) // 2)
+    kernel_s = causal / (0.6 * H100_BF16)
+    ip.user_ns["q"] = simulated_gpu.cuda_standin(gpu.sim, (b, h, s, d), torch.bfloat16, kernel_s)
+    result = run(ip, f"%%cudatime -o -q {FAST}\n"
+                     "y = torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, 0.0, True)[0]")
+    rl = result.roofline
+    assert rl.flops_by_precision == {"bf16": causal}
+    assert rl.causal == {"aten._scaled_dot_product_flash_attention": 1}
+    assert rl.flops_fraction <= 0.6 and not any("above the FLOP/s peak" in n for n in result.notes)
+
+
+def test_an_fp32_matmul_after_the_new_tf32_setting_keeps_its_roofline_line(ip, gpu):
+    """transformers' TrainingArguments(tf32=True) sets torch.backends.cuda.matmul.fp32_precision; from then
+    on reading allow_tf32 raises, and every fp32 matmul cell lost its roofline to "not counted:
+    RuntimeError" (issue 28, item 2). The matmul counts as TF32, against the H100's TF32 peak."""
+    import simulated_gpu
+    import torch
+
+    for name in ("a", "b"):
+        ip.user_ns[name] = simulated_gpu.cuda_standin(gpu.sim, (N, N), torch.float32, 3e-3)
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        result = run(ip, f"%%cudatime -o -q {FAST}\ny = a @ b")
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = "none"
+    rl = result.roofline
+    assert rl.error is None and rl.flops_by_precision == {"tf32": MATMUL_FLOPS}
+    assert rl.peak_flops == {"tf32": 494.5e12} and "H100 SXM tf32 dense" in _roofline_line(result)
+    assert not any("not counted" in note for note in result.notes)

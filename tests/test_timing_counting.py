@@ -1,11 +1,12 @@
 """The roofline's counts (timing/counting.py) on real torch ops: FLOPs exact against the analytic figures
-for matmul, bmm, conv2d, linear, scaled_dot_product_attention and a small MLP training step; the byte
-lower bound exact for an elementwise add and a matmul, and the rules behind it (views and allocations
-free, in-place ops, out=, overwrites, indexed writes, broadcasts, one read per tensor per op); the ops
-FlopCounterMode cannot count named; precision per op; torch.compile'd code counted eagerly."""
+for matmul, bmm, conv2d, linear, scaled_dot_product_attention and a small MLP training step; the bytes
+each op reads and writes exact for an elementwise add and a matmul, and the rules behind them (views and
+allocations free, in-place ops, out=, overwrites, indexed writes, broadcasts, one read per tensor per op);
+the ops FlopCounterMode cannot count named; precision per op; torch.compile'd code counted eagerly."""
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import pytest
 import torch
@@ -93,7 +94,7 @@ def test_a_small_mlp_training_step_counts_forward_and_backward():
     assert "aten.relu" in counts.uncounted and "aten.threshold_backward" in counts.uncounted
 
 
-# ---- bytes: the lower bound -----------------------------------------------------------------------------
+# ---- bytes: each op's reads and writes ------------------------------------------------------------------
 def test_elementwise_add_reads_two_and_writes_one():
     n = 10_000
     x, y = torch.randn(n), torch.randn(n)
@@ -210,7 +211,8 @@ def test_the_watch_and_the_counter_share_one_dispatch_base(monkeypatch):
     base = torchapi.dispatch_mode_base()
     assert issubclass(counting.OpCounter, base) and issubclass(observe._mode_class(), base)
     assert not counting.OpCounter._should_skip_dynamo() and not observe._mode_class()._should_skip_dynamo()
-    monkeypatch.setattr(torchapi, "_DISPATCH_BASE", [])
+    fresh = functools.cache(torchapi.dispatch_mode_base.__wrapped__)  # made anew, the session's kept
+    monkeypatch.setattr(torchapi, "dispatch_mode_base", fresh)
     monkeypatch.setattr(torchapi, "dynamo_skip", lambda: None)
     older = torchapi.dispatch_mode_base()
 
@@ -286,3 +288,164 @@ def test_what_the_run_raises_propagates_and_leaves_no_mode_behind():
     with pytest.raises(ValueError, match="boom"):
         count(broken)
     assert _get_current_dispatch_mode_stack() == []
+
+
+@pytest.fixture
+def fp32_settings():
+    """torch's TF32 settings, new and legacy, put back as they were (the new ones to 'none')."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    for holder in (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn,
+                   torch.backends.cudnn, torch.backends):
+        holder.fp32_precision = "none"
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_the_new_fp32_precision_setting_decides_tf32_and_the_legacy_read_is_never_made(fp32_settings):
+    """transformers' ``TrainingArguments(tf32=True)`` sets ``fp32_precision``; from then on torch raises
+    when ``allow_tf32`` is read (issue 28, item 2)."""
+    mm, conv = torch.ops.aten.mm.default, torch.ops.aten.convolution.default
+    a = [torch.randn(2, 2)]
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    with pytest.raises(RuntimeError):
+        _ = torch.backends.cuda.matmul.allow_tf32  # what the roofline used to read
+    assert counting.tf32_allowed() == {"matmul": True, "conv": False, "rnn": True}  # rnn: torch's default
+    assert counting.precision(mm, a, cuda=True) == "tf32"
+    assert counting.precision(conv, a, cuda=True) == "fp32"
+    torch.backends.cuda.matmul.fp32_precision = "none"  # says nothing: then the backend's, generic, legacy
+    torch.backends.cudnn.fp32_precision = "ieee"
+    assert counting.tf32_allowed()["matmul"] is False
+    torch.backends.cudnn.fp32_precision = "none"
+    torch.backends.fp32_precision = "tf32"
+    assert counting.tf32_allowed()["matmul"] is True
+
+
+def test_a_tf32_flag_that_cannot_be_read_costs_nothing(fp32_settings, monkeypatch):
+    class Broken:
+        def __getattr__(self, name):
+            raise RuntimeError("PyTorch is checking whether allow_tf32_new is enabled for cuBlas matmul")
+
+    monkeypatch.setattr(torch.backends.cuda, "matmul", Broken())
+    assert counting.tf32_allowed()["matmul"] is False
+    a = torch.randn(8, 8)
+    assert flops(count(lambda: a @ a)) == 2 * 8 ** 3
+
+
+# ---- causal attention (issue 28, item 6) -----------------------------------------------------------------
+ATTENTION_FULL = 4 * 2 * 4 * 256 * 256 * 64  # (2, 4, 256, 64): q @ k^T and scores @ v, 2 FLOPs per MAC
+CAUSAL_SHARE = (256 * 257 // 2, 256 * 256)  # the pairs a 256 x 256 causal mask leaves
+
+
+@pytest.mark.parametrize("s_q, s_k", [(1, 1), (5, 5), (3, 7), (7, 3), (64, 64), (10, 1)])
+def test_attended_pairs_are_those_the_mask_leaves(s_q, s_k):
+    from torchgpu_magic.timing import formulas
+
+    for diagonal in (0, None):  # torch's is_causal (top-left), the efficient kernel's bottom-right
+        offset = 0 if diagonal == 0 else s_k - s_q
+        mask = torch.ones(s_q, s_k, dtype=torch.bool).tril(offset)
+        assert formulas.attended_pairs(s_q, s_k, diagonal) == int(mask.sum()), (s_q, s_k, diagonal)
+
+
+def test_causal_attention_counts_the_pairs_it_attends_not_the_full_square():
+    """torch's formulas ignore is_causal (torch/utils/flop_counter.py): 134,217,728 FLOPs for (2, 4, 256,
+    64) either way, and past 100 % the roofline blamed the clock."""
+    q = torch.randn(2, 4, 256, 64)
+    assert flops(count(lambda: F.scaled_dot_product_attention(q, q, q))) == ATTENTION_FULL
+    causal = ATTENTION_FULL * CAUSAL_SHARE[0] // CAUSAL_SHARE[1]
+    assert flops(count(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True))) == causal
+    g = q.clone().requires_grad_()
+    backward = count(lambda: F.scaled_dot_product_attention(g, g, g, is_causal=True).sum().backward())
+    assert flops(backward) == causal + causal * 5 // 2  # five products recomputed and propagated
+    assert backward.causal == {"aten._scaled_dot_product_flash_attention_for_cpu": 1,
+                               "aten._scaled_dot_product_flash_attention_for_cpu_backward": 1}
+
+
+@pytest.mark.parametrize("mask", ["bool", "-inf", "finfo.min", "broadcast"])
+def test_an_explicit_causal_mask_is_recognised_from_its_values(mask):
+    q = torch.randn(2, 4, 256, 64)
+    keep = torch.ones(256, 256, dtype=torch.bool).tril()
+    masks = {"bool": keep, "-inf": torch.zeros(256, 256).masked_fill(~keep, float("-inf")),
+             "finfo.min": torch.zeros(256, 256).masked_fill(~keep, torch.finfo(torch.float32).min),
+             "broadcast": keep.expand(2, 1, 256, 256)}  # transformers' (batch, 1, q, k)
+    counts = count(lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=masks[mask]))
+    assert flops(counts) == ATTENTION_FULL * CAUSAL_SHARE[0] // CAUSAL_SHARE[1]
+
+
+def test_a_mask_that_is_not_causal_everywhere_counts_the_full_square():
+    q = torch.randn(2, 4, 256, 64)
+    padded = torch.ones(2, 1, 256, 256, dtype=torch.bool).tril()
+    padded[1, :, :, 200:] = False  # the second sequence is padded: not the causal triangle
+    assert flops(count(lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=padded))) == ATTENTION_FULL
+    ones = torch.ones(256, 256, dtype=torch.bool)
+    assert flops(count(lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=ones))) == ATTENTION_FULL
+
+
+# ---- the fused ops nn modules run in eval mode (issue 28, item 7) ---------------------------------------
+def _mha_flops(batch, q_len, k_len, dim):
+    return 2 * dim * dim * (2 * batch * q_len + 2 * batch * k_len) + 4 * batch * q_len * k_len * dim
+
+
+def test_multihead_attention_on_its_eval_fast_path_counts_projections_and_attention():
+    """nn.MultiheadAttention in eval under no_grad runs one fused op, _native_multi_head_attention, which
+    torch has no formula for: it counted 0 FLOPs ("intensity 0 FLOP/B")."""
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    x = torch.randn(2, 16, 64)
+    with torch.no_grad():
+        counts = count(lambda: mha(x, x, x, need_weights=False))
+    assert counts.flops == {("cpu", "fp32"): _mha_flops(2, 16, 16, 64)}
+    assert not counts.uncounted and not counts.unknown
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_transformer_encoder_layers_on_their_fast_path_dense_and_nested():
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).eval()
+    x = torch.randn(2, 16, 64)
+    ffn = 2 * 2 * 64 * 128
+    with torch.no_grad():
+        assert count(lambda: layer(x)).flops == {("cpu", "fp32"): _mha_flops(2, 16, 16, 64) + 2 * 16 * ffn}
+        encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+        padding = torch.zeros(2, 16, dtype=torch.bool)
+        padding[0, 10:] = True  # sequences of 10 and 16 tokens: the encoder runs them as a nested tensor
+        counts = count(lambda: encoder(x, src_key_padding_mask=padding))
+    per_layer = 2 * 26 * 64 * 256 + 4 * (10 * 10 + 16 * 16) * 64 + 26 * ffn
+    assert counts.flops == {("cpu", "fp32"): 2 * per_layer} and counts.bytes["cpu"] > 0
+    assert "aten._nested_tensor_from_mask" not in counts.uncounted  # a move, not arithmetic
+
+
+def test_an_lstm_on_cpu_counts_its_input_and_recurrent_products():
+    lstm = torch.nn.LSTM(64, 32, num_layers=2).eval()
+    x = torch.randn(5, 3, 64)  # 5 steps, batch 3
+    with torch.no_grad():
+        counts = count(lambda: lstm(x))
+    steps = 5 * 3
+    assert counts.flops == {("cpu", "fp32"): 2 * steps * (4 * 32 * (64 + 32) + 4 * 32 * (32 + 32))}
+
+
+def test_cudnns_fused_rnn_counts_every_layer_direction_and_projection():
+    from torchgpu_magic.timing import formulas
+
+    formula = formulas.registry({})[0][torch.ops.aten._cudnn_rnn]
+    x = torch.empty(7, 3, 16, device="meta")  # 7 steps, batch 3, 16 features
+    lstm = formula(x, [], 0, None, None, None, 2, 32, 0, 2, False, 0.0, False, True, [], None)
+    layer0, layer1 = 4 * 32 * (16 + 32), 4 * 32 * (2 * 32 + 32)
+    assert lstm == 2 * 21 * 2 * (layer0 + layer1)
+    projected = formula(x, [], 0, None, None, None, 2, 32, 8, 1, False, 0.0, False, False, [], None)
+    assert projected == 2 * 21 * (4 * 32 * (16 + 8) + 32 * 8)
+    packed = torch.empty(12, 16, device="meta")  # 12 tokens in all, as batch_sizes say
+    gru = formula(packed, [], 0, None, None, None, 3, 32, 0, 1, False, 0.0, False, False, [5, 4, 3], None)
+    assert gru == 2 * 12 * 3 * 32 * (16 + 32)
+
+
+def test_a_fused_matrix_op_without_a_formula_is_named_and_its_flops_called_not_counted():
+    from torchgpu_magic.timing import roofline
+
+    x = torch.randn(8, 64)
+    weight, scales = torch.randint(-128, 127, (32, 64), dtype=torch.int8), torch.rand(32)
+    counts = count(lambda: (torch._weight_int8pack_mm(x, weight, scales), x @ x.T))
+    assert counts.unknown == {"aten._weight_int8pack_mm": 1} and flops(counts) == 2 * 8 * 64 * 8
+    rl = roofline.analyse(counts, "cpu", 1e-3, None)
+    assert rl.intensity is None and rl.bound is None and rl.bytes > 0
+    assert rl.line().startswith("8.19 MFLOP/s and more not counted (aten._weight_int8pack_mm), ")
+    assert rl.short().startswith("FLOPs not counted, ")
+    assert any("did matrix products whose FLOPs are not counted" in n for n in rl.notes)

@@ -2,6 +2,8 @@
 headline, text, HTML and plain data, the comparison's speed-ups, and the kernel table."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from fake_clock import FakeClock, fake_run
 
@@ -212,3 +214,38 @@ def test_clock_lines_warn_under_75_percent_and_note_anything_below_the_max():
         [], ["SM clock at its max (1980 MHz) in all 2 samples, with clock reasons reported: sync boost"])
     assert throttle.clock_lines(throttle.ClockWatch(None).summary()) == ([], [])
     assert throttle.ClockWatch(None).summary()["median_mhz"] is None
+
+
+# ---- a small result object, as torch's Measurement --------------------------------------------------
+def test_a_result_keeps_raw_samples_and_derives_its_statistics():
+    result = _result()
+    assert result.median == timing.Stats.of(result.samples).median and result.stats is result.stats
+    data = result.to_dict()
+    assert data["median"] == result.median and data["ci95"] == list(result.ci95) and data["converged"] is True
+    raw = timing.TimingResult.__dataclass_fields__
+    rebuilt = timing.TimingResult(**{k: v for k, v in data.items() if k in raw})
+    assert rebuilt.median == result.median and rebuilt.to_text() == result.to_text()
+
+
+def test_the_repr_is_one_short_line_and_ipython_prints_the_report():
+    from IPython.core.formatters import PlainTextFormatter
+
+    result = _result()
+    assert repr(result) == "<TimingResult %%cudatime on cuda:0: 2.00 ms device time per loop, 9 x 1 loops>"
+    assert PlainTextFormatter()(result) == result.to_text() != repr(result)
+
+
+def test_results_go_into_torch_benchmark_compare():
+    from torch.utils.benchmark import Compare
+
+    cell = timing.compile_cell("y = x + 1", {"x": 1}, setup="x = 2")
+    assert (cell.stmt, cell.setup) == ("y = x + 1", "x = 2")
+    fast, slow = _result(1e-3), _result(4e-3)
+    first = fast.to_measurement("add", "x + 1")
+    assert first.median == pytest.approx(1e-3) and first.number_per_run == 1 and len(first.raw_times) == 9
+    assert first.task_spec.description == "cuda:0" and first.task_spec.num_threads == 4
+    compare = Compare([first, slow.to_measurement("add", "x + 1", description="cpu")])
+    lines = str(compare).splitlines()
+    assert lines[0].startswith("[----") and " add " in lines[0]
+    assert re.fullmatch(r"\s*\|\s*cuda:0\s*\|\s*cpu\s*", lines[1]), lines  # a column per description
+    assert re.fullmatch(r"\s*x \+ 1\s*\|\s*1\.0\s*\|\s*4\.0\s*", lines[3]), lines  # the row, in ms

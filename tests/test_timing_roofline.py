@@ -67,7 +67,7 @@ def test_a_precision_the_table_lacks_gets_no_percentage_and_a_note():
 def test_the_peak_follows_the_sm_clock_the_samples_ran_at_and_the_report_says_the_scaled_peak():
     h100 = peaks.resolve(peaks.lookup("NVIDIA H100 80GB HBM3"), "NVIDIA H100 80GB HBM3", 132, 1464.0)
     rl = roofline.analyse(counts(500_000_000, 1_000_000, kind="bf16", where="cuda"), "cuda", 1e-6, h100)
-    assert rl.clock_scale == pytest.approx(0.8)
+    assert rl.clock_scales == {"bf16": pytest.approx(0.8)} and rl.reference_mhz == {"bf16": 1830}
     assert rl.flops_fraction == pytest.approx(500e12 / (989.5e12 * 0.8))
     assert ("roofline: FLOP/s peaks scaled to the SM clock the samples ran at, 1,464 of the 1,830 MHz the "
             "table's figures assume (the median of NVML's readings after each sample): bf16 792 TFLOP/s"
@@ -75,11 +75,24 @@ def test_the_peak_follows_the_sm_clock_the_samples_ran_at_and_the_report_says_th
     assert "(63.2 % of H100 SXM bf16 dense at 1,464 MHz)" in rl.line()
 
 
+def test_a_mix_is_scaled_from_each_precisions_own_clock_and_the_report_says_both():
+    """fp32 figures assume the H100's 1980 MHz, bf16 ones 1830 MHz (issue 28, item 10)."""
+    h100 = peaks.resolve(peaks.lookup("NVIDIA H100 80GB HBM3"), "NVIDIA H100 80GB HBM3", 132, 1464.0)
+    mix = Counts(flops={("cuda", "bf16"): 400_000_000, ("cuda", "fp32"): 10_000_000},
+                          bytes={"cuda": 1_000_000})
+    rl = roofline.analyse(mix, "cuda", 1e-3, h100)
+    assert rl.clock_scales == {"bf16": pytest.approx(1464 / 1830), "fp32": pytest.approx(1464 / 1980)}
+    assert rl.peak_flops["fp32"] == pytest.approx(67e12 * 1464 / 1980)
+    assert rl.compute_time == pytest.approx(4e8 / (989.5e12 * 0.8) + 1e7 / (67e12 * 1464 / 1980))
+    assert any(n.startswith("roofline: FLOP/s peaks scaled to the SM clock the samples ran at, 1,464 of the "
+                            "1,830 (bf16) / 1,980 (fp32) MHz the table's figures assume") for n in rl.notes)
+
+
 def test_a_clock_the_achieved_flops_prove_wrong_is_dropped():
     """A GPU that slowed down between a sample and its reading: 800 TFLOP/s cannot have run at 345 MHz."""
     h100 = peaks.resolve(peaks.lookup("NVIDIA H100 80GB HBM3"), "NVIDIA H100 80GB HBM3", 132, 345.0)
     rl = roofline.analyse(counts(800_000_000, 1_000_000, kind="bf16", where="cuda"), "cuda", 1e-6, h100)
-    assert rl.clock_scale == 1.0 and rl.flops_fraction == pytest.approx(800 / 989.5)
+    assert rl.clock_scales == {} and rl.flops_fraction == pytest.approx(800 / 989.5)
     assert any(n.startswith("roofline: the SM clock NVML read after the samples (345 MHz, their median) is "
                             "below what the achieved") for n in rl.notes)
     assert "(80.8 % of H100 SXM bf16 dense)" in rl.line()
@@ -90,7 +103,9 @@ def test_the_notes_say_what_the_counts_are_and_leave_out():
                                  opaque={"cond": 2}, compiled=True), "cpu", 1e-3, None)
     first = rl.notes[0]
     assert first.startswith("roofline: 1.00 MFLOP and 4.00 kB per loop, counted in one extra untimed run")
-    assert "--no-roofline skips it, for a cell that must not run again" in first and "lower bound" in first
+    assert "--no-roofline skips it, for a cell that must not run again" in first
+    # bytes are each op's reads and writes: less where data stays in L2, so never "a lower bound" (issue 28)
+    assert "lower bound" not in first and "less where data stays in L2 between ops" in first
     assert ("roofline: FLOPs count matmuls, convolutions and attention (torch's FlopCounterMode); not "
             "counted: aten.op7 x7, aten.op6 x6, aten.op5 x5, aten.op4 x4, aten.op3 x3 and 2 more; the FLOP "
             "figure is a lower bound") in rl.notes
@@ -143,3 +158,26 @@ def test_peak_option_values(text, expected):
 def test_bad_peak_values_say_what_is_valid(text):
     with pytest.raises(MagicInputError, match=r"--peak takes FLOPS\[,BYTES_PER_S\]: one or two numbers"):
         roofline.parse_peak(text)
+
+
+def test_causal_attention_is_said_with_its_convention_and_no_longer_passes_the_peak():
+    """Counted as full, a causal attention kernel reached up to 2x its real FLOP/s and, past 100 %, the
+    report blamed the clock (issue 28, item 6)."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    from torchgpu_magic.timing import counting
+
+    q = torch.randn(2, 4, 256, 64)
+    measured = counting.count(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+                              contextlib.nullcontext)
+    causal_work = 4 * 2 * 4 * 64 * (256 * 257 // 2)  # what the kernel does: the attended pairs
+    seconds = causal_work / (0.75 * 1e9)  # a kernel running at 75 % of a 1 GFLOP/s --peak
+    rl = roofline.analyse(measured, "cpu", seconds, peaks.user_peak(1e9, 1e12, None))
+    assert rl.flops_fraction == pytest.approx(0.75)
+    assert not any("above the FLOP/s peak" in n for n in rl.notes)
+    assert any(n.startswith("roofline: causal attention (aten._scaled_dot_product_flash_attention_for_cpu "
+                            "x1) "
+                            "counted by the (query, key) pairs it attends") for n in rl.notes)

@@ -30,6 +30,16 @@ def test_cuda_facts_answer_without_creating_a_context():
         assert isinstance(torchapi.has_primary_context(0), bool)
 
 
+def test_cublas_workspace_sizes_come_from_torch_or_nothing():
+    sizes = torchapi.cublas_workspace_sizes()
+    assert isinstance(sizes, frozenset) and all(isinstance(s, int) and s > 0 for s in sizes)
+    if not hasattr(torch._C, "_cuda_getCublasWorkspaceSize"):  # a CPU build has no getter
+        assert sizes == frozenset()
+    elif torch.cuda.is_available():
+        torch.cuda.init()
+        assert torch._C._cuda_getCublasWorkspaceSize() in torchapi.cublas_workspace_sizes()
+
+
 def test_function_mode_depth_counts_a_device_block():
     depth = torchapi.function_mode_depth()
     with torch.device("meta"):
@@ -162,3 +172,114 @@ def test_gpu_spin_runs_a_kernel_of_known_length():
     end.record()
     end.synchronize()
     assert start.elapsed_time(end) > 1.0  # 5e7 cycles at under 3 GHz: more than 16 ms
+
+
+def test_an_ops_argument_names_come_from_its_schema():
+    assert torchapi.argument_names(torch.ops.aten.softmax.int) == ["self", "dim", "dtype"]
+    names = torchapi.argument_names(torch.ops.aten._scaled_dot_product_flash_attention.default)
+    assert names[:5] == ["query", "key", "value", "dropout_p", "is_causal"]
+
+
+def test_ops_with_a_kernel_of_their_own_for_a_dispatch_key():
+    """The ops CUDA's autocast casts, read from the dispatcher (registered on every build)."""
+    autocast = torchapi.ops_with_kernel("AutocastCUDA")
+    aten = torch.ops.aten
+    cast = {aten.mm.default, aten.pow.Tensor_Scalar, aten.layer_norm.default, aten.softmax.int}
+    assert cast <= set(autocast)
+    assert aten.relu.default not in autocast and aten.gelu.default not in autocast
+
+
+def test_python_kernels_run_only_inside_their_block_and_leave_nothing_behind():
+    import torch.nn.functional as F
+
+    op = torch.ops.aten.dropout.default
+    torchs_own = dict(op.py_kernels)  # torch registers some itself (decompositions): they stay
+    x = torch.ones(8)
+    with torchapi.PythonKernels({(op, "CompositeImplicitAutograd"): lambda t, p, train: t * 0 + 7}):
+        assert F.dropout(x, 0.5, training=True).tolist() == [7.0] * 8
+        with torch.inference_mode():  # also where autograd's keys are skipped
+            assert F.dropout(x, 0.5, training=True).tolist() == [7.0] * 8
+    assert F.dropout(x, 0.0, training=True).tolist() == [1.0] * 8
+    assert op.py_kernels == torchs_own
+
+
+def test_eager_python_kernels_set_torchs_own_decompositions_aside_for_the_block():
+    """torch registers Python decompositions at CompositeImplicitAutograd for its tracing (matmul's among
+    them, once its decompositions are imported); the Python dispatcher would run them instead of the C++
+    kernels eager mode runs."""
+    import torch._decomp  # noqa: F401 - registers them
+
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    matmul = torch.ops.aten.matmul.default
+    assert key in matmul.py_kernels
+    own = matmul.py_kernels[key]
+    with torchapi.PythonKernels({}, eager=True):
+        assert key not in matmul.py_kernels
+        assert (torch.ones(2, 3) @ torch.ones(3, 4)).sum() == 24
+    assert matmul.py_kernels[key] is own
+
+
+def test_dispatch_keys_included_excluded_and_called_directly():
+    aten = torch.ops.aten
+    a = torch.ones(2, 2)
+    seen = []
+
+    def autocast_cuda(x, y):
+        seen.append("AutocastCUDA")
+        with torchapi.dispatch_key_excluded("AutocastCUDA"):
+            return aten.mm.default(x, y)
+
+    with torchapi.PythonKernels({(aten.mm.default, "AutocastCUDA"): autocast_cuda}):
+        torch.mm(a, a)  # cpu tensors: the key is not in their set
+        assert seen == []
+        prev = torch.is_autocast_enabled("cuda")
+        torch.set_autocast_enabled("cuda", True)
+        try:
+            with torchapi.dispatch_key_included("AutocastCUDA"):
+                torch.mm(a, a)
+        finally:
+            torch.set_autocast_enabled("cuda", prev)
+    assert seen == ["AutocastCUDA"]
+    assert torchapi.redispatch(aten.mm.default, "CPU", (a, a), {}).tolist() == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_a_wrapper_tensor_on_a_device_this_process_need_not_have():
+    class Shaped(torch.Tensor):
+        __torch_function__ = torchapi.disabled_torch_function()
+
+        @staticmethod
+        def __new__(cls, meta):
+            return torchapi.wrapper_tensor(cls, meta, torch.device("cuda", 0))
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            raise NotImplementedError(str(func))
+
+    shaped = Shaped(torch.empty(3, 4, dtype=torch.bfloat16, device="meta"))
+    assert (shaped.device, shaped.shape, shaped.dtype) == (torch.device("cuda", 0), (3, 4), torch.bfloat16)
+    leaves, spec = torchapi.tree_flatten(((shaped, [1, shaped]), {"k": 2}))
+    assert len(leaves) == 4 and torchapi.tree_unflatten(leaves, spec)[1] == {"k": 2}
+
+
+def test_outside_modes_sets_aside_function_modes_dispatch_modes_and_the_python_dispatcher():
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Functions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append("function")
+            return func(*args, **(kwargs or {}))
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append("dispatch")
+            return func(*args, **(kwargs or {}))
+
+    with Functions(), Ops():
+        with torchapi.OutsideModes():
+            torch.ones(2) + 1
+        assert seen == []
+        torch.ones(2) + 1
+    assert "function" in seen and "dispatch" in seen

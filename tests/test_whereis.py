@@ -354,7 +354,8 @@ def test_big_namespace_options_through_the_magic(ip):
     assert "more" not in "\n".join(_texts(_cell(ip, "%whereis --top 0")))
     report = ip.run_line_magic("whereis", "-o --device META --sort name")
     assert [r.name for r in report.rows] == ["m"]
-    for bad, match in [("--top -1", "count of rows"), ("--device 'cuda 0'", "takes a device"),
+    for bad, match in [("--top -1", "count of rows"),
+                       ("--device 'cuda 0'", "--device: unknown device 'cuda 0'"),
                        ("m --top 3", "without NAME"), ("--sort size", "invalid choice")]:
         with pytest.raises(UsageError, match=match):
             ip.run_line_magic("whereis", bad)

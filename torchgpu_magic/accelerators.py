@@ -10,7 +10,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-_CPU_ONLY: Any = None  # a torch seen to be built without CUDA or ROCm: its answer never changes
+from .caches import table
+
+_CPU_ONLY = table()  # {torch module: True} for a torch seen to be built without CUDA or ROCm
 
 
 def cuda_state() -> str:
@@ -18,11 +20,10 @@ def cuda_state() -> str:
     "initialised". Asked around every cell, so cheap: ``is_initialized`` first, and a CPU-only build's
     answer remembered (``is_available`` there costs tens of microseconds, a failed attribute lookup in
     ``torch._C``)."""
-    global _CPU_ONLY
     torch = sys.modules.get("torch")
     if torch is None:
         return "not imported"
-    if torch is _CPU_ONLY:
+    if torch in _CPU_ONLY:
         return "no CUDA"
     try:
         if torch.cuda.is_initialized():
@@ -31,7 +32,7 @@ def cuda_state() -> str:
             return "not initialised"
         version = torch.version
         if getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None:
-            _CPU_ONLY = torch
+            _CPU_ONLY[torch] = True
         return "no CUDA"
     except Exception:  # noqa: BLE001 - a half-imported or broken torch: say so, never raise
         return "no CUDA"

@@ -1,11 +1,13 @@
 """Device specs and torch's default device: parse, validate, resolve, switch and restore.
 
-``%%ontorch`` and ``%%cudatime --devices`` both name devices the way a person types them (``auto``,
-``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``xpu``, ``meta``). :func:`resolve` turns such a spec into a
-``torch.device`` without ``eval``, and when the device does not exist here says so in one line that lists
-the devices that do. :func:`use_device` runs a block under torch's default-device mechanism
-(``torch.set_default_device``), a default dtype and, for ``cuda:N``, the current CUDA device, and restores
-all three exactly afterwards, however the block ends.
+Every magic's device option (``%%ontorch SPEC`` and ``--fallback``, ``%%cudatime --devices``, ``%%cudamem
+DEVICE`` and ``--predict``, ``%gpumem holders DEVICE``, ``%whereis --device``) names devices the way a
+person types them (``auto``, ``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``xpu``, ``meta``), and every one is
+checked by :func:`device_option`, with one wording: it turns such a spec into a ``torch.device`` without
+``eval``, and otherwise says in one line what was wrong and what the option takes here.
+:func:`use_device` runs a block under torch's default-device mechanism (``torch.set_default_device``), a
+default dtype and, for ``cuda:N``, the current CUDA device, and restores all three exactly afterwards,
+however the block ends.
 
 torch is imported inside the functions, so importing this module stays cheap.
 """
@@ -20,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .caches import cache, table
 from .errors import MagicInputError
 from .torchapi import cuda_device_counter, function_mode_depth
 
@@ -38,7 +41,7 @@ ORDER_VAR = "TORCHGPU_MAGIC_LOCAL_RANK"
 """Where ``%ontorch local --cluster`` leaves an engine's order among the engines on its host, for engines
 no launcher gave a local rank."""
 
-_FIXED: dict = {}  # 'cpu' / 'meta' -> their torch.device, once resolved (they exist everywhere)
+_FIXED = table()  # 'cpu' / 'meta' -> their torch.device, once resolved (they exist everywhere)
 _SPEC = re.compile(r"^(?P<kind>[a-z]+)(?::(?P<index>\d+))?$")
 _HINTS = {"gpu": "cuda", "nvidia": "cuda", "cuda0": "cuda:0", "rocm": "cuda", "hip": "cuda", "apple": "mps"}
 
@@ -59,57 +62,97 @@ def available_devices() -> list[str]:
     return found
 
 
+EVERY = ("auto", "local") + KINDS
+"""What a device option may take, at most: :data:`KINDS` and the words ``auto`` and ``local``."""
+
+
 def resolve(spec: Any) -> Any:
-    """Turn a device spec into a ``torch.device`` that exists here.
+    """Turn a device spec into a ``torch.device`` that exists here: :func:`device_option` taking every
+    device (``auto``, ``local``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``xpu``, ``xpu:N``, ``meta``)."""
+    return device_option(spec)
 
-    Accepts ``auto`` (the best accelerator: cuda, then xpu, then mps; else cpu), ``local`` (see
-    :func:`local_device`), ``cpu``, ``cuda``,
-    ``cuda:N``, ``mps``, ``xpu``, ``xpu:N``, ``meta`` and ``torch.device`` objects; case, surrounding
-    whitespace and quotes are ignored. ``cuda`` and ``xpu`` resolve to the current device of that kind
-    with its index, ``mps`` to ``mps:0``, so the result names exactly where tensors will go.
 
-    Raises :class:`MagicInputError` (one line, listing the devices that exist and a did-you-mean) for a
-    malformed spec, and its subclass :class:`DeviceUnavailable` for a well-formed one absent here.
+def device_option(spec: Any, takes: tuple = EVERY, exists: bool = True,
+                  refused: Optional[dict] = None) -> Any:
+    """THE check of a device a magic's option names, for every magic and option, with one wording:
+    the ``torch.device`` it means, or a one-line :class:`MagicInputError` that says what was wrong and
+    lists what is valid.
+
+    ``takes``: the kinds (of :data:`KINDS`) and words (``auto``, ``local``) the option takes.
+    ``exists``: the device must exist here (then ``cuda`` and ``xpu`` resolve to the current device of
+    that kind with its index, ``mps`` to ``mps:0``, ``auto`` to the best accelerator, ``local`` to
+    :func:`local_device`'s pick, so the result names exactly where tensors go; the list of valid ones is
+    the devices here); without it only the spelling is checked (a prediction for a GPU you need not
+    have: ``cuda`` stays ``cuda``, and the list is the forms the option takes). ``refused``: why a kind
+    the option does not take is refused, in words (``meta``: nothing to time). Case, surrounding
+    whitespace and quotes are ignored; ``torch.device`` objects are taken too.
+
+    Raises :class:`MagicInputError` for a malformed or misspelt spec (with a did-you-mean among what the
+    option takes, or torch's name for it and why that is not here) and for a kind the option does not
+    take; :class:`DeviceUnavailable`, its subclass, for a well-formed one absent here (``--fallback`` may
+    replace it). The exception's ``meant`` is the spec in torch's words when that is known (``cuda`` for
+    ``gpu``), for a caller that suggests it elsewhere.
     """
     import torch
 
+    # cpu and meta exist everywhere: once resolved, no parse, no list of the devices here, no new
+    # torch.device per cell (%%ontorch cpu asks before every cell)
+    if not isinstance(spec, torch.device):
+        fixed = _FIXED.get(str(spec).strip().strip("'\"").strip().lower())
+        if fixed is not None and fixed.type in takes:
+            return fixed
+    refused = refused or {}
+    valid = _valid(takes, exists)
     if isinstance(spec, torch.device):
         kind, index = spec.type, spec.index
         text = str(spec)
     else:
         text = str(spec).strip().strip("'\"").strip().lower()
-        fixed = _FIXED.get(text)
-        if fixed is not None:  # cpu and meta always exist: no parse, no new torch.device per cell
-            return fixed
         if not text:
-            raise MagicInputError(f"no device given. {_here()}")
-        if text == "auto":
-            return _auto()
-        if text == "local":
-            return local_device()[0]
+            raise MagicInputError(f"no device given. {valid}")
         match = _SPEC.match(text)
-        if match is None or match.group("kind") not in KINDS:
-            raise MagicInputError(_unknown(str(spec).strip()))
-        kind = match.group("kind")
-        index = None if match.group("index") is None else int(match.group("index"))
+        if text in ("auto", "local"):
+            kind, index = text, None
+        elif match is None or match.group("kind") not in KINDS:
+            raise _unknown(str(spec).strip().strip("'\"").strip(), takes, exists, valid)
+        else:
+            kind = match.group("kind")
+            index = None if match.group("index") is None else int(match.group("index"))
+    if kind not in takes:
+        reason = refused.get(kind, "is not a device this takes")
+        raise _meaning(MagicInputError(f"'{shown(text)}' {reason}. {valid}"), None)
+    if kind in ("cpu", "meta") and index not in (None, 0):
+        message = f"'{shown(text)}': {kind} has no index {index}; use '{kind}'. {valid}"
+        raise _meaning(MagicInputError(message), kind)
+    if kind == "mps" and index not in (None, 0):
+        raise _meaning(DeviceUnavailable(f"'{shown(text)}' does not exist: there is one MPS device, 'mps'. "
+                                         f"{valid}"), "mps")
+    if not exists:
+        return torch.device(kind) if kind in ("cpu", "meta", "auto", "local") or index is None \
+            else torch.device(kind, index)
+    if kind == "auto":
+        return _auto()
+    if kind == "local":
+        return local_device()[0]
     if kind in ("cpu", "meta"):
-        if index not in (None, 0):
-            raise MagicInputError(f"'{shown(text)}': {kind} has no index {index}; use '{kind}'. {_here()}")
         if index is None and not isinstance(spec, torch.device):
             _FIXED[text] = torch.device(kind)
         return torch.device(kind)
     if kind == "cuda":
-        return _resolve_indexed("cuda", index, _cuda_count(), _cuda_missing)
+        return _resolve_indexed("cuda", index, _cuda_count(), _cuda_missing, valid)
     if kind == "xpu":
-        return _resolve_indexed("xpu", index, _xpu_count(), lambda: "torch sees no Intel XPU here")
+        return _resolve_indexed("xpu", index, _xpu_count(), lambda: "torch sees no Intel XPU here", valid)
     if kind == "mps":
         if not _mps_available():
-            why = "this torch has no MPS support" if not _mps_built() else "no Apple-silicon GPU is usable"
-            raise DeviceUnavailable(f"'mps' is not available: {why}. {_here()}")
-        if index not in (None, 0):
-            raise DeviceUnavailable(f"'{text}' does not exist: there is one MPS device, 'mps'. {_here()}")
+            raise _meaning(DeviceUnavailable(f"'mps' is not available: {_missing('mps')}. {valid}"), "mps")
         return torch.device("mps", 0)
-    raise MagicInputError(_unknown(text))  # a torch.device of a kind we do not handle (e.g. 'hpu')
+    raise _unknown(text, takes, exists, valid)  # a torch.device of a kind we do not handle (e.g. 'hpu')
+
+
+def option_name(device: Any) -> str:
+    """How a device is written as an option's value: 'cpu', 'cuda:1', 'mps' (the one MPS device)."""
+    text = str(device)
+    return "mps" if text == "mps:0" else text
 
 
 def local_device() -> tuple:
@@ -299,9 +342,6 @@ def _module(kind: str) -> Any:
     return getattr(torch, kind)
 
 
-_CUDA_COUNT: dict = {}  # (is_available, device_count, CUDA_VISIBLE_DEVICES): the count they gave
-
-
 def _cuda_count() -> int:
     """How many CUDA devices torch sees, remembered: ``%%ontorch`` and ``%%cudatime`` ask before every
     cell, and before CUDA is initialised ``torch.cuda.is_available()`` asks NVML each time. Asked again
@@ -310,13 +350,14 @@ def _cuda_count() -> int:
     stand-in for a GPU)."""
     import torch
 
-    key = (torch.cuda.is_available, torch.cuda.device_count, cuda_device_counter(),
-           os.environ.get("CUDA_VISIBLE_DEVICES"))
-    count = _CUDA_COUNT.get(key)
-    if count is None:
-        _CUDA_COUNT.clear()
-        count = _CUDA_COUNT[key] = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return count
+    return _count_of(torch.cuda.is_available, torch.cuda.device_count, cuda_device_counter(),
+                     os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@cache(maxsize=1)
+def _count_of(is_available: Any, device_count: Any, counter: Any, visible: Optional[str]) -> int:
+    """The count those functions give under that ``CUDA_VISIBLE_DEVICES`` (the latest one kept)."""
+    return device_count() if is_available() else 0
 
 
 def _xpu_count() -> int:
@@ -355,19 +396,26 @@ def _auto() -> Any:
     return torch.device("cpu")
 
 
-def _resolve_indexed(kind: str, index: Optional[int], count: int, missing: Any) -> Any:
+def _resolve_indexed(kind: str, index: Optional[int], count: int, missing: Any, valid: str) -> Any:
     import torch
 
+    name = kind if index is None else f"{kind}:{index}"
     if count == 0:
-        raise DeviceUnavailable(f"'{kind if index is None else f'{kind}:{index}'}' is not available: "
-                                f"{missing()}. {_here()}")
+        raise _meaning(DeviceUnavailable(f"'{name}' is not available: {missing()}. {valid}"), name)
     if index is None:
         return torch.device(kind, _current_index(kind))
     if index >= count:
         names = ", ".join(f"{kind}:{i}" for i in range(count))
-        raise DeviceUnavailable(f"'{kind}:{index}' does not exist: torch sees {count} {kind.upper()} "
-                                f"device{'s' if count != 1 else ''} ({names}). {_here()}")
+        message = (f"'{kind}:{index}' does not exist: torch sees {count} {kind.upper()} "
+                   f"device{'s' if count != 1 else ''} ({names}). {valid}")
+        raise _meaning(DeviceUnavailable(message), name)
     return torch.device(kind, index)
+
+
+def _meaning(error: MagicInputError, meant: Optional[str]) -> MagicInputError:
+    """``error`` with ``meant``: the spec in torch's words (``cuda`` for ``gpu``), or None."""
+    error.meant = meant  # type: ignore[attr-defined]
+    return error
 
 
 def _cuda_missing() -> str:
@@ -383,19 +431,23 @@ def _cuda_missing() -> str:
     return "torch sees no CUDA GPU (no NVIDIA driver, or the driver is older than this torch needs)"
 
 
-def _here() -> str:
-    return "Devices here: " + ", ".join(_short(name) for name in available_devices()) + ", auto"
-
-
-def _short(name: str) -> str:
-    return "mps" if name == "mps:0" else name
+def _valid(takes: tuple, exists: bool) -> str:
+    """What an option takes, as its errors end: the devices here of the kinds it takes (and ``auto``), or
+    without ``exists`` the forms it takes."""
+    if exists:
+        here = [option_name(name) for name in available_devices() if name.split(":")[0] in takes]
+        return "Devices here: " + ", ".join(here + ["auto"] * ("auto" in takes))
+    forms = {"cuda": "cuda, cuda:N", "xpu": "xpu, xpu:N"}
+    words = KINDS + ("auto", "local")
+    return "It takes: " + ", ".join(forms.get(kind, kind) for kind in words if kind in takes)
 
 
 def shown(text: str, limit: int = 40) -> str:
-    """User text made safe for a one-line message: escaped control characters, at most ``limit`` long."""
+    """User text made safe for a one-line message, as the user typed it: characters that do not print
+    (newlines, escapes) escaped, at most ``limit`` long; ``cpü`` stays ``cpü``."""
     text = str(text)
     text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return text.encode("unicode_escape").decode("ascii")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def without_device_list(message: str) -> str:
@@ -418,21 +470,23 @@ def _missing(kind: str) -> Optional[str]:
     return None
 
 
-def _unknown(text: str) -> str:
-    """A malformed or misspelt spec: a did-you-mean for a device that exists here; for one that does not
-    (``gpu`` on a machine without CUDA), torch's name for it and why it is not available, so the message
-    suggests nothing that would fail next."""
+def _unknown(text: str, takes: tuple, exists: bool, valid: str) -> MagicInputError:
+    """A malformed or misspelt spec: a did-you-mean for a device the option takes (and, with ``exists``,
+    that exists here); for one that does not exist (``gpu`` on a machine without CUDA), torch's name for
+    it and why it is not available, so the message suggests nothing that would fail next."""
     shown_text = shown(text)
     kind, _, index = text.strip().lower().partition(":")
-    close = difflib.get_close_matches(kind, KINDS + ("auto",), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(kind, [k for k in KINDS + ("auto",) if k in takes], n=1, cutoff=0.5)
     guess = _HINTS.get(kind) or (close[0] if close else None)
     if guess and index.isdigit() and guess in ("cuda", "xpu"):
         guess = f"{guess}:{int(index)}"
-    missing = _missing(guess.split(":")[0]) if guess else None
+    if guess is not None and guess.split(":")[0] not in takes:
+        guess = None
+    missing = _missing(guess.split(":")[0]) if guess and exists else None
     if guess is None:
         hint = "."
     elif missing is None:
         hint = f". Did you mean '{guess}'?"
     else:
         hint = f"; torch calls it '{guess}', which is not available here: {missing}."
-    return f"unknown device '{shown_text}'{hint} {_here()}"
+    return _meaning(MagicInputError(f"unknown device '{shown_text}'{hint} {valid}"), guess)

@@ -1,4 +1,9 @@
-"""Formatting helpers shared by every report: bytes, durations, and tables as text and HTML.
+"""One report model, and the formatting every report shares: bytes, durations, counts.
+
+A report is data plus one :class:`Report` built from it: a title, then parts (:class:`Lines`,
+:class:`Fields`, :class:`Table`, a picture: anything with ``to_text()`` and ``to_html()``, or a nested
+:class:`Report` as a section). The terminal text, IPython's ``_repr_pretty_`` and the notebook's HTML are
+all rendered from that one model (:class:`Reportable`), so they carry the same lines and cannot drift.
 
 Standard library only, so every module (and the terminal entry point) can use it without importing
 torch or IPython.
@@ -9,7 +14,7 @@ import html
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -64,7 +69,7 @@ def fmt_bytes(n: Any, signed: bool = False) -> str:
         sign, n = "-", -n
     elif signed:
         sign = "+"
-    value, unit = _scaled(float(n), _BYTE_UNITS, 1024, 1024)
+    value, unit = _scaled(float(n), _BYTE_UNITS, 1024, 1023.5)  # what rounds to 1024 MiB is 1.00 GiB
     if unit == "B":
         return f"{sign}{n} B"
     return f"{sign}{_sig3(value)} {unit}"
@@ -141,17 +146,6 @@ def fmt_value(value: Any, unit: str = "") -> str:
     return f"{value} {unit}".rstrip() if unit else str(value)
 
 
-class LinesReport:
-    """A report whose text is its ``lines()``, one per line: terminal IPython (``_repr_pretty_``) and
-    ``to_text()`` print exactly those, so every such report reads the same in a terminal."""
-
-    def to_text(self) -> str:
-        return "\n".join(self.lines())  # type: ignore[attr-defined]  # each report defines its lines
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
-
 @dataclass
 class Table:
     """A plain table rendered as aligned text (terminals) or an HTML table (notebooks).
@@ -171,7 +165,7 @@ class Table:
     def _aligns(self) -> str:
         return self.align or "l" * len(self.headers)
 
-    def to_text(self, indent: str = "") -> str:
+    def to_text(self) -> str:
         """Aligned columns separated by two spaces, with a rule under the header."""
         cells = [[str(c) for c in self.headers]] + [[str(c) for c in row] for row in self.rows]
         widths = [max(len(r[i]) for r in cells) for i in range(len(self.headers))]
@@ -179,13 +173,13 @@ class Table:
 
         def line(row: Sequence[str]) -> str:
             parts = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, aligns)]
-            return (indent + "  ".join(parts)).rstrip()
+            return "  ".join(parts).rstrip()
 
         out = []
         if self.title:
-            out.append(indent + self.title)
+            out.append(self.title)
         out.append(line(cells[0]))
-        out.append(indent + "  ".join("-" * w for w in widths))
+        out.append("  ".join("-" * w for w in widths))
         out.extend(line(r) for r in cells[1:])
         return "\n".join(out)
 
@@ -211,11 +205,108 @@ class Table:
         )
 
 
-def html_pre(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> str:
-    """Escape the lines and keep them as one preformatted block, so aligned columns stay aligned."""
-    return f'<pre class="{css_class}">' + html.escape("\n".join(lines)) + "</pre>"
+class Part(Protocol):
+    """What a :class:`Report` is made of: its text (lines, no indentation of its own) and its HTML.
+    :class:`Lines`, :class:`Fields`, :class:`Table` and :class:`Report` are parts; so is a picture (a
+    chart drawn as text for terminals and as markup for notebooks)."""
+
+    def to_text(self) -> str: ...
+
+    def to_html(self) -> str: ...
 
 
-def html_lines(lines: Sequence[str], css_class: str = "torchgpu-magic-note") -> str:
-    """Escape each line and join them as a block of HTML paragraphs."""
-    return "".join(f'<div class="{css_class}">{html.escape(line)}</div>' for line in lines)
+@dataclass
+class Lines:
+    """Lines of text: one HTML block each, indented as in the text, or, with ``pre``, one preformatted
+    block (for lines whose columns are aligned with spaces)."""
+
+    lines: Sequence[str]
+    pre: bool = False
+
+    def to_text(self) -> str:
+        return "\n".join(self.lines)
+
+    def to_html(self) -> str:
+        if not self.lines:
+            return ""
+        if self.pre:
+            return '<pre class="torchgpu-magic-note">' + html.escape("\n".join(self.lines)) + "</pre>"
+        return "".join(f'<div class="torchgpu-magic-note"{_indented(line)}>{html.escape(line.lstrip())}</div>'
+                       for line in self.lines)
+
+
+def _indented(line: str) -> str:
+    """The style attribute that indents a line's HTML block as far as its text is indented ('' for none)."""
+    indent = len(line) - len(line.lstrip(" "))
+    return f' style="padding-left:{indent}ch"' if indent else ""
+
+
+@dataclass
+class Fields:
+    """Labelled figures: ``label: value`` lines in text, a two-column table in HTML."""
+
+    pairs: Sequence[tuple]
+
+    def to_text(self) -> str:
+        return "\n".join(f"{label}: {value}" for label, value in self.pairs)
+
+    def to_html(self) -> str:
+        rows = "".join(f'<tr><th style="text-align:left">{html.escape(label)}:</th>'
+                       f'<td style="text-align:left">{html.escape(str(value))}</td></tr>'
+                       for label, value in self.pairs)
+        return f'<table class="torchgpu-magic"><tbody>{rows}</tbody></table>' if rows else ""
+
+
+@dataclass
+class Report:
+    """A title and its parts. In text the parts follow the title indented by ``indent``, separated by a
+    blank line when ``gap`` (the title too); in HTML the title is bold and the parts follow in order.
+    Empty parts show nothing, and None stands for a part a report leaves out. A report is itself a part:
+    a titled section inside another."""
+
+    parts: Sequence[Optional[Part]]
+    title: str = ""
+    indent: str = ""
+    gap: bool = False
+
+    def to_text(self) -> str:
+        texts = [text for text in (part.to_text() for part in self.parts if part is not None) if text]
+        body = ("\n\n" if self.gap else "\n").join(texts)
+        lines = [self.indent + line if line else "" for line in body.split("\n")] if texts else []
+        if self.title:
+            lines = [self.title] + ([""] if self.gap and lines else []) + lines
+        return "\n".join(lines)
+
+    def to_html(self) -> str:
+        body = "".join(part.to_html() for part in self.parts if part is not None)
+        if not self.title:
+            return body
+        return f'<div class="torchgpu-magic"><div><b>{html.escape(self.title)}</b></div>{body}</div>'
+
+
+class Reportable:
+    """Data that shows itself through its one :meth:`report`: ``to_text()`` (and ``str()``) for code and
+    terminals, ``_repr_pretty_`` for IPython, ``_repr_html_`` for notebooks. A dataclass subclass needs
+    ``repr=False`` (IPython prefers a generated ``__repr__`` to an inherited ``_repr_pretty_``); a class
+    with a ``__repr__`` of its own gets ``_repr_pretty_`` beside it, for the same reason."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__repr__" in cls.__dict__ and "_repr_pretty_" not in cls.__dict__:
+            cls._repr_pretty_ = Reportable._repr_pretty_  # type: ignore[method-assign]
+
+    def report(self) -> Report:
+        """The report model of this object (each report class builds its own)."""
+        raise NotImplementedError(f"{type(self).__name__} builds no report")
+
+    def to_text(self) -> str:
+        return self.report().to_text()
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(f"{type(self).__name__}(...)" if cycle else self.to_text())
+
+    def _repr_html_(self) -> str:
+        return self.report().to_html()

@@ -12,6 +12,7 @@ torch is imported lazily, inside each function: importing this module costs noth
 """
 from __future__ import annotations
 
+import functools
 import operator
 import sys
 import types
@@ -22,8 +23,6 @@ from typing import Any, Callable, Optional
 STORAGE_ID: Callable[[Any], int] = operator.attrgetter("_cdata")
 
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"  # the logger torch's fake tensors warn through
-
-_DISPATCH_BASE: list = []  # the dispatch-mode base class, made once on first use
 
 
 def storage_id(storage: Any) -> int:
@@ -36,6 +35,25 @@ def has_primary_context(index: int) -> bool:
     import torch
 
     return bool(torch._C._cuda_hasPrimaryContext(index))
+
+
+def cublas_workspace_sizes() -> frozenset:
+    """The sizes torch gives the cuBLAS and cuBLASLt workspaces it allocates through its caching
+    allocator (``CUBLAS_WORKSPACE_CONFIG``'s, else the GPU generation's default), read from torch itself;
+    empty where this torch cannot say (a CPU build, a torch without the getters). Call only once CUDA is
+    initialised: torch reads the current GPU's properties."""
+    import torch
+
+    sizes = set()
+    for name in ("_cuda_getCublasWorkspaceSize", "_cuda_getCublasLtWorkspaceSize"):
+        getter = getattr(torch._C, name, None)
+        if getter is None:
+            continue
+        try:
+            sizes.add(int(getter()))
+        except (RuntimeError, TypeError, ValueError):
+            continue
+    return frozenset(size for size in sizes if size > 0)
 
 
 def gpu_spin(cycles: int) -> None:
@@ -99,6 +117,26 @@ def tree_leaves(value: Any) -> list:
     return leaves(value)
 
 
+def argument_names(op: Any) -> list:
+    """The names of an op overload's arguments, in its schema's order (``self``, ``dim``, ``dtype``...)."""
+    return [argument.name for argument in op._schema.arguments]
+
+
+def tree_flatten(value: Any) -> tuple:
+    """``(leaves, spec)`` of a nested list / tuple / dict, as torch's dispatcher flattens an op's
+    arguments; :func:`tree_unflatten` builds it back from (changed) leaves."""
+    from torch.utils._pytree import tree_flatten as flatten
+
+    return flatten(value)
+
+
+def tree_unflatten(leaves: list, spec: Any) -> Any:
+    """The nested value :func:`tree_flatten` took apart, with ``leaves`` in its places."""
+    from torch.utils._pytree import tree_unflatten as unflatten
+
+    return unflatten(leaves, spec)
+
+
 def fake_tensor_class(loaded_only: bool = False) -> Optional[type]:
     """torch's ``FakeTensor`` class; with ``loaded_only``, None unless its module is imported already
     (importing it costs seconds: it pulls in much of ``torch._dynamo``'s machinery)."""
@@ -159,6 +197,7 @@ def dynamo_skip() -> Optional[Callable[[types.CodeType], Any]]:
     return lambda code: set_code_exec_strategy(code, strategy)
 
 
+@functools.cache
 def dispatch_mode_base() -> type:
     """The ``TorchDispatchMode`` base class of every dispatch mode in this package (made once).
 
@@ -167,31 +206,170 @@ def dispatch_mode_base() -> type:
     ``%%cudatime`` would pay. This base marks its subclasses' own code as never compiled through torch's
     C layer instead (:func:`dynamo_skip`); on a torch without that layer torch's wrapper is kept, unless
     the subclass says its runs never compile (``never_compiles``)."""
-    if not _DISPATCH_BASE:
-        from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-        skip = dynamo_skip()
+    skip = dynamo_skip()
 
-        class QuietMode(TorchDispatchMode):
-            """A dispatch mode whose own code ``torch.compile`` never traces, without importing
-            ``torch._dynamo`` to say so."""
+    class QuietMode(TorchDispatchMode):
+        """A dispatch mode whose own code ``torch.compile`` never traces, without importing
+        ``torch._dynamo`` to say so."""
 
-            never_compiles = False
+        never_compiles = False
 
-            @classmethod
-            def _should_skip_dynamo(cls) -> bool:
-                # asked by TorchDispatchMode.__init_subclass__: True wraps __torch_dispatch__ in
-                # torch._disable_dynamo (and imports torch._dynamo at the first op)
-                return skip is None and not cls.never_compiles
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # asked by TorchDispatchMode.__init_subclass__: True wraps __torch_dispatch__ in
+            # torch._disable_dynamo (and imports torch._dynamo at the first op)
+            return skip is None and not cls.never_compiles
 
-            def __init_subclass__(cls, **kwargs: Any) -> None:
-                super().__init_subclass__(**kwargs)
-                if skip is not None:
-                    for value in vars(cls).values():
-                        if isinstance(value, (classmethod, staticmethod)):
-                            value = value.__func__
-                        if isinstance(value, types.FunctionType):
-                            skip(value.__code__)
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            if skip is not None:
+                for value in vars(cls).values():
+                    if isinstance(value, (classmethod, staticmethod)):
+                        value = value.__func__
+                    if isinstance(value, types.FunctionType):
+                        skip(value.__code__)
 
-        _DISPATCH_BASE.append(QuietMode)
-    return _DISPATCH_BASE[0]
+    return QuietMode
+
+
+# ---- the dispatcher, where --predict emulates another device's kernel choices (cudamem/cudakernels.py) --
+@functools.cache
+def _aten_ops() -> tuple:
+    """``(name, op overload)`` of every aten op the dispatcher knows (made once: 70 ms)."""
+    import torch
+
+    found = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        op_name, _, overload = name[len("aten::"):].partition(".")
+        packet = getattr(torch.ops.aten, op_name, None)
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if op is not None:
+            found.append((name, op))
+    return tuple(found)
+
+
+def ops_with_kernel(key: str) -> list:
+    """The aten op overloads that register a kernel of their own for dispatch key ``key`` (for instance
+    'AutocastCUDA': the ops CUDA's autocast casts), read from the dispatcher's registrations."""
+    import torch
+
+    return [op for name, op in _aten_ops() if torch._C._dispatch_has_kernel_for_dispatch_key(name, key)]
+
+
+class PythonKernels:
+    """Python kernels for ``(op overload, dispatch key name)`` pairs, run by torch's Python dispatcher, for
+    the duration of a ``with`` block in this thread: the dispatcher is enabled for the block, each kernel
+    is added to its op's ``py_kernels`` on entry (in place of one torch registered there, which comes
+    back on exit) and taken out on exit, and each op's dispatch cache is cleared both times (what
+    ``OpOverload.py_impl`` does, made undoable). Outside the block, and in other threads, torch's Python
+    dispatcher is off and the kernels are never consulted. With ``eager``, the Python decompositions torch
+    registers for its own tracing (``CompositeImplicitAutograd`` kernels in Python: ``matmul``, ``lstm``,
+    the upsamplings...) are set aside for the block as well, so that every other op runs its C++ kernels,
+    as it does outside the Python dispatcher."""
+
+    def __init__(self, kernels: dict, eager: bool = False) -> None:
+        self.kernels = kernels
+        self.eager = eager
+        self._guard: Any = None
+        self._replaced: dict = {}
+
+    def __enter__(self) -> PythonKernels:
+        import torch
+
+        kernels = dict(self.kernels)
+        if self.eager:
+            composite = torch._C.DispatchKey.CompositeImplicitAutograd
+            for _, op in _aten_ops():
+                if composite in op.py_kernels and (op, "CompositeImplicitAutograd") not in kernels:
+                    kernels[(op, "CompositeImplicitAutograd")] = None
+        self.kernels = kernels
+        for (op, key), fn in kernels.items():
+            dispatch_key = getattr(torch._C.DispatchKey, key)
+            if dispatch_key in op.py_kernels:
+                self._replaced[(op, key)] = op.py_kernels[dispatch_key]
+            if fn is None:  # set aside
+                op.py_kernels.pop(dispatch_key, None)
+            else:
+                op.py_kernels[dispatch_key] = fn
+            op._dispatch_cache.clear()
+        self._guard = torch._C._EnablePythonDispatcher()
+        self._guard.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        try:
+            self._guard.__exit__(*exc)
+        finally:
+            for op, key in self.kernels:
+                dispatch_key = getattr(torch._C.DispatchKey, key)
+                if (op, key) in self._replaced:
+                    op.py_kernels[dispatch_key] = self._replaced.pop((op, key))
+                else:
+                    op.py_kernels.pop(dispatch_key, None)
+                op._dispatch_cache.clear()
+
+
+def dispatch_key_included(key: str) -> Any:
+    """A context in which dispatch key ``key`` joins every op's dispatch key set in this thread (unless it
+    is excluded there: torch's autocast keys stay excluded while autocast is off)."""
+    import torch
+
+    return torch._C._IncludeDispatchKeyGuard(getattr(torch._C.DispatchKey, key))
+
+
+def dispatch_key_excluded(key: str) -> Any:
+    """A context in which dispatch key ``key`` is skipped by every op in this thread (what an autocast
+    kernel does around the op it calls)."""
+    import torch
+
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key)))
+
+
+def redispatch(op: Any, key: str, args: tuple, kwargs: dict) -> Any:
+    """Call ``op``'s kernel for dispatch key ``key`` itself (and the dispatcher from there on)."""
+    import torch
+
+    return op.redispatch(torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key)), *args, **kwargs)
+
+
+def wrapper_tensor(cls: type, meta: Any, device: Any) -> Any:
+    """A tensor of subclass ``cls`` with ``meta``'s shape, strides and dtype on ``device``, holding no data
+    (``Tensor._make_wrapper_subclass``): what an op sees of a tensor on a device this process need not
+    have; creating one touches no device."""
+    import torch
+
+    return torch.Tensor._make_wrapper_subclass(cls, meta.shape, strides=meta.stride(), dtype=meta.dtype,
+                                               device=device)
+
+
+def disabled_torch_function() -> Any:
+    """torch's ``__torch_function__`` that does nothing: a tensor subclass that only works at the dispatch
+    level sets it as its own."""
+    import torch
+
+    return torch._C._disabled_torch_function_impl
+
+
+class OutsideModes:
+    """For the duration: no torch function mode, no dispatch mode and no Python dispatcher in this thread
+    (all restored afterwards), so that ops reach a tensor subclass's own ``__torch_dispatch__``."""
+
+    def __enter__(self) -> OutsideModes:
+        import torch
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        self._stack = [torch._C.DisableTorchFunction(), _disable_current_modes(),
+                       torch._C._DisablePythonDispatcher()]
+        for guard in self._stack:
+            guard.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for guard in reversed(self._stack):
+            guard.__exit__(*exc)

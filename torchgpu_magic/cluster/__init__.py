@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from ..render import Report, Reportable, Table
 from .bridge import DEFAULT_TIMEOUT, PROBLEMS, Bridge, ClusterGone, ClusterInterrupted, Reply
 from .dask_bridge import DaskBridge
 from .find import candidates, close_clients, connect, kind_of
@@ -54,29 +55,21 @@ def time_cell(bridge: Bridge, setup: str, body: str, options: dict, device: Opti
     return timing.build(bridge.run("cudatime", setup, body, options, device, timeout=limit))
 
 
-class LocalAssignment:
+class LocalAssignment(Reportable):
     """``%ontorch local --cluster``: what ``local`` means on each engine, and how it was chosen."""
 
     def __init__(self, rows: list) -> None:
         self.rows = rows  # [(label, host, device or '-', how or problem)]
 
-    def table(self) -> Any:
-        from ..render import Table
-
+    def table(self) -> Table:
         table = Table(["engine", "host", "local device", "how"], align="llll",
                       title="%ontorch local on each engine")
         for row in self.rows:
             table.add(*row)
         return table
 
-    def to_text(self) -> str:
-        return self.table().to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text("LocalAssignment(...)" if cycle else self.to_text())
-
-    def _repr_html_(self) -> str:
-        return self.table().to_html()
+    def report(self) -> Report:
+        return Report([self.table()])
 
     def to_dict(self) -> dict:
         return {"rows": [dict(zip(("engine", "host", "device", "how"), row)) for row in self.rows]}

@@ -167,6 +167,7 @@ class Bridge:
     obj: Any
     kind: str = ""
     labels: dict = field(default_factory=dict)
+    magic: str = ""  # the magic as the user typed it ('%cudatime' or '%%cudatime'), for its one-liners
 
     def engines(self) -> list:
         """The keys of the engines (ipyparallel ids) or workers (addresses) this object reaches now."""
@@ -187,12 +188,17 @@ class Bridge:
         whether they are free (``ok``, value None) or why not (busy, silent, gone)."""
         raise NotImplementedError
 
-    def interrupted(self, target: str, labels: Sequence[str], left: Sequence[str]) -> ClusterInterrupted:
-        """The one line for Ctrl-C: which engines were interrupted, and any still running our call."""
-        magic = MAGICS.get(target, target)
+    def interrupted(self, target: str, labels: Sequence[str], left: Sequence[str],
+                    dead: Sequence[str] = (), fix: str = "") -> ClusterInterrupted:
+        """The one line for Ctrl-C, naming the magic as the user typed it: which engines were
+        interrupted, any still running our call, and any that died meanwhile (with ``fix``)."""
+        magic = self.magic or MAGICS.get(target, target)
         said = f"{magic} --cluster interrupted"
         if labels:
             said += f"; interrupted it on {engine_list(list(labels))} too, as %px does"
         if left:
             said += f"; {engine_list(list(left))} did not stop within {STOP_WAIT:g} s"
+        if dead:
+            said += (f"; {engine_list(list(dead))} died (no longer listed by the cluster)"
+                     + (f": {fix}" if fix else ""))
         return ClusterInterrupted(said)

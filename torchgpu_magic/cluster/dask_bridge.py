@@ -47,14 +47,23 @@ is left out before asking: a worker whose event loop was busy a few seconds (imp
 TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
 
 
-class DaskBridge(Bridge):
-    """A distributed ``Client`` (see the module's docstring)."""
+GONE = "gone:"
+"""The key of a worker of the client's own cluster object that died: this prefix and its name."""
+GONE_MESSAGE = ("its worker process exited, and a LocalCluster does not start it again (an interrupt of "
+                "the kernel that started the cluster, Ctrl-C or the stop button, also reaches its worker "
+                "processes)")
 
-    def __init__(self, name: str, obj: Any) -> None:
+
+class DaskBridge(Bridge):
+    """A distributed ``Client`` (see the module's docstring). ``cluster_ref``: how the user reaches the
+    client's cluster object (its name when ``--cluster`` named it), for the fix when its workers died."""
+
+    def __init__(self, name: str, obj: Any, cluster_ref: str = "") -> None:
         super().__init__(name, obj, "dask")
         self.workers: dict = {}  # address -> the scheduler's record of the worker (identity)
         self._fetched = -REFRESH  # when self.workers was fetched (monotonic)
         self._held: dict = {}  # address -> last heartbeat of a worker left out for holding a call
+        self.cluster_ref = cluster_ref or f"{name}.cluster"
 
     # ---- the scheduler's view ---------------------------------------------------------------------------
     def check(self) -> None:
@@ -91,9 +100,55 @@ class DaskBridge(Bridge):
         return self.workers
 
     def engines(self) -> list:
+        """The workers the scheduler lists, and those of the client's own cluster object that died (keys
+        :data:`GONE` + name: their replies say so, with what to do), by name. None at all is one line."""
         self.check()
         workers = self.workers if time.monotonic() - self._fetched < REFRESH else self.identity()
-        return sorted(workers, key=lambda addr: _order(workers[addr].get("name", addr)))
+        gone = [GONE + str(name) for name in self.gone()]
+        if not workers and not gone:
+            address = getattr(getattr(self.obj, "scheduler", None), "address", "") or "its address"
+            raise ClusterGone(f"--cluster {self.name}: the Dask scheduler at {address} lists no workers "
+                              f"(none started yet, or all stopped); start some (dask worker {address}), or "
+                              "scale your cluster up")
+        return sorted(list(workers) + gone, key=lambda key: _order(self._name(key)))
+
+    def _name(self, key: Any) -> Any:
+        record = self.workers.get(key)
+        if record is not None:
+            return record.get("name", key)
+        return _as_name(key[len(GONE):]) if isinstance(key, str) and key.startswith(GONE) else key
+
+    def label(self, key: Any) -> str:
+        if isinstance(key, str) and key.startswith(GONE):
+            return f"worker {key[len(GONE):]}"
+        return super().label(key)
+
+    def gone(self) -> list:
+        """The names of the workers of the client's own cluster object (a LocalCluster, whose spec
+        names them) that the scheduler no longer lists and that will not come back: their nanny (or
+        in-process worker) is closed. [] for a client of a cluster started elsewhere, which this
+        cannot see."""
+        cluster = getattr(self.obj, "cluster", None)
+        spec, servers = getattr(cluster, "worker_spec", None), getattr(cluster, "workers", None)
+        if not isinstance(spec, dict) or not isinstance(servers, dict):
+            return []
+        listed = {record.get("name") for record in self.workers.values()}
+        out = []
+        for name in spec:
+            status = getattr(getattr(servers.get(name), "status", None), "name", "closed")
+            if name not in listed and status in ("closed", "closing", "failed", "closing_gracefully"):
+                out.append(name)
+        return out
+
+    def dead_fix(self) -> str:
+        """What to do about workers that died: start the cluster's workers afresh, or the worker."""
+        spec = getattr(getattr(self.obj, "cluster", None), "worker_spec", None)
+        if isinstance(spec, dict):
+            ref = self.cluster_ref
+            # scale(0) must have closed them before scale(N): in one cell the two race, and none start
+            return (f"start its workers afresh: {ref}.scale(0), then {ref}.scale({len(spec)}) in a cell of "
+                    "its own (what they held is lost), or start a new cluster")
+        return "restart the worker (its dask worker command, or your launcher); the other rows are current"
 
     def silent(self, strict: bool = False) -> dict:
         """``{address: last heartbeat (epoch)}`` of the workers left out for silence: those whose
@@ -145,8 +200,10 @@ class DaskBridge(Bridge):
         live = []
         for key in keys:
             record = self.workers.get(key)
-            if record is None:
-                replies[key].fail("dead", "the scheduler no longer lists this worker")
+            if isinstance(key, str) and key.startswith(GONE):
+                replies[key].fail("dead", GONE_MESSAGE, fix=self.dead_fix())
+            elif record is None:
+                replies[key].fail("dead", "the scheduler no longer lists this worker", fix=self.dead_fix())
             elif key in silent:
                 replies[key].fail("stuck", f"silent since {when(silent[key])}: no heartbeat since then (its "
                                            "event loop is blocked by a call holding it, or the process is "
@@ -167,14 +224,27 @@ class DaskBridge(Bridge):
         call_id = uuid.uuid4().hex
         deadline = timeout * 0.8 if timeout < 5 else timeout - 1.0  # the workers answer before we give up
         try:
-            return self.obj.run(remote.dask_call, target, args, kwargs, deadline, call_id, workers=keys,
-                                on_error="return", callback_timeout=timeout)
+            return self.obj.run(remote.dask_call, target, args, kwargs, deadline, call_id,
+                                remote.process_group(), workers=keys, on_error="return",
+                                callback_timeout=timeout)
         except TIMEOUTS:
             return None
         except KeyboardInterrupt:
             told, left = self._interrupt(call_id, keys)
+            dead = self._died(left)
             raise self.interrupted(target, [self.label(k) for k in told],
-                                   [self.label(k) for k in left]) from None
+                                   [self.label(k) for k in left if k not in dead],
+                                   [self.label(k) for k in dead], self.dead_fix()) from None
+
+    def _died(self, keys: list) -> list:
+        """Those of ``keys`` the scheduler no longer lists (asked afresh; none when it cannot say)."""
+        if not keys:
+            return []
+        try:
+            listed = self.identity()
+        except (ClusterGone, Exception):  # noqa: BLE001 - then nothing is known to have died
+            return []
+        return [key for key in keys if key not in listed]
 
     def _interrupt(self, call_id: str, keys: list) -> tuple:
         """Stop ``call_id`` on the workers ``keys`` and wait (bounded) until none runs it, telling again
@@ -266,6 +336,11 @@ def _heartbeat(workers: int) -> float:
     except ImportError:
         return 1.0
     return float(heartbeat_interval(workers))
+
+
+def _as_name(text: str) -> Any:
+    """A LocalCluster names its workers 0, 1, ...: the number back from a key's text."""
+    return int(text) if text.isdigit() else text
 
 
 def _order(name: Any) -> tuple:

@@ -134,7 +134,7 @@ def _bridge(name: str, obj: Any, ns: dict) -> Bridge:
         return DaskBridge(name, obj)
     if kind == "ipyparallel cluster":
         return IPyParallelBridge(name, _ipp_client(name, obj, ns))
-    return DaskBridge(name, _dask_client(name, obj, ns))
+    return DaskBridge(name, _dask_client(name, obj, ns), cluster_ref=name)
 
 
 def _owned(obj: Any) -> Any:

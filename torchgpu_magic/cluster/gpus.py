@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..render import Table, fmt_bytes, fmt_value, html_lines
+from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_value
 from .bridge import FIX_PACKAGE, FIX_TORCH, engine_list
 
 FIX_SHARED_IDLE = ("give each engine its own GPU: %ontorch local --cluster (the GPU of each engine's local "
@@ -39,7 +39,7 @@ class Flag:
 
 
 @dataclass(repr=False)
-class ClusterGPUReport:
+class ClusterGPUReport(Reportable):
     """What ``%gpuinfo --cluster`` shows: hosts and their GPUs (one row per physical GPU), engines (their
     torch, which physical GPU each torch device is, the GPU each is on), processes, and :attr:`flags`."""
 
@@ -110,23 +110,10 @@ class ClusterGPUReport:
             lines += [f"x {flag.message}", f"  fix: {flag.fix}"]
         return lines
 
-    def to_text(self) -> str:
-        parts = [self.headline()] + [t.to_text() for t in self.tables()]
-        if self.flags:
-            parts.append("\n".join(["Flags:"] + ["  " + line for line in self.flag_lines()]))
-        return "\n\n".join(parts)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text("ClusterGPUReport(...)" if cycle else self.to_text())
-
-    def _repr_html_(self) -> str:
-        import html
-
-        out = [f'<div class="torchgpu-magic"><p><b>{html.escape(self.headline())}</b></p>']
-        out += [t.to_html() for t in self.tables()]
-        if self.flags:
-            out.append("<p><b>Flags:</b></p>" + html_lines(self.flag_lines()))
-        return "".join(out) + "</div>"
+    def report(self) -> Report:
+        """The headline, the tables, and the flags with their fixes."""
+        flags = Report([Lines(self.flag_lines())], title="Flags:", indent="  ") if self.flags else None
+        return Report([*self.tables(), flags], title=self.headline(), gap=True)
 
 
 def torch_build(env: dict) -> str:

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..render import Table, fmt_bytes, fmt_value, html_lines
+from ..render import Report, Reportable, Table, fmt_bytes, fmt_value
 
 THREAD_NAME = "torchgpu-cluster-gpumem"
 HISTORY = 60  # samples kept per GPU and per engine for their sparklines
@@ -54,7 +54,7 @@ def _bare(uuid: Any) -> str:
 
 
 @dataclass(repr=False)
-class ClusterMemory:
+class ClusterMemory(Reportable):
     """One tick: ``gpus`` (one per GPU, by host and UUID: NVML's used / total / utilisation and the
     engines on it), ``rows`` (one per engine: where it is, torch's figures, process RSS, its status),
     ``cells`` (per-cell peaks per engine, newest last) and ``failed`` (engines without a fresh answer:
@@ -125,20 +125,9 @@ class ClusterMemory:
             table.add(label, *(_peak_text(per.get(e)) for e in engines))
         return table
 
-    def to_text(self) -> str:
-        parts = [self.table().to_text()]
-        cells = self.cell_table()
-        if cells is not None:
-            parts.append(cells.to_text())
-        return "\n\n".join(parts)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text("ClusterMemory(...)" if cycle else self.to_text())
-
-    def _repr_html_(self) -> str:
-        cells = self.cell_table()
-        return self.table().to_html() + (cells.to_html() if cells is not None else "") + html_lines(
-            [f"{label}: {problem}" for label, problem in self.failed])
+    def report(self) -> Report:
+        """The table (an engine without a fresh answer says why in its status), then the cells' peaks."""
+        return Report([self.table(), self.cell_table()], gap=True)
 
     def to_dict(self) -> dict:
         return {"gpus": [{**g, "key": list(g["key"]), "procs": {str(p): v for p, v in g["procs"].items()}}

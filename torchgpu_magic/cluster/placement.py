@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..render import Table, html_lines
+from ..render import Lines, Report, Reportable, Table
 from .bridge import engine_list
 
 
 @dataclass(repr=False)
-class ClusterPlacement:
+class ClusterPlacement(Reportable):
     """``names``: ``{name: {engine label: {'kind', 'devices', 'summary'}}}``; ``missing``: names some
     engines lack; ``failed``: engines that did not report."""
 
@@ -65,14 +65,8 @@ class ClusterPlacement:
             out.append("no tensors, modules or optimizers on the engines")
         return out
 
-    def to_text(self) -> str:
-        return "\n".join([self.table().to_text()] + ["  " + line for line in self.notes()])
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text("ClusterPlacement(...)" if cycle else self.to_text())
-
-    def _repr_html_(self) -> str:
-        return self.table().to_html() + html_lines(self.notes())
+    def report(self) -> Report:
+        return Report([self.table(), Report([Lines(self.notes())], indent="  ")])
 
     def to_dict(self) -> dict:
         return {"names": self.names, "engines": list(self.engines), "missing": self.missing,

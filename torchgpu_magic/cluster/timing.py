@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Sequence
 
-from ..render import Table, fmt_seconds, html_lines
+from ..render import Table, fmt_seconds
 from ..timing import KernelRow, Roofline, TimingComparison, TimingResult
 
 STRAGGLER = 1.10
@@ -19,9 +19,8 @@ synchronous step every engine waits for it."""
 
 
 def result_of(data: dict) -> TimingResult:
-    """A :class:`TimingResult` from its ``to_dict()`` (the fields it has; ``iqr`` is derived)."""
+    """A :class:`TimingResult` from its ``to_dict()`` (the fields it has; the statistics are derived)."""
     fields = {name: data[name] for name in TimingResult.__dataclass_fields__ if name in data}
-    fields["ci95"] = tuple(fields.get("ci95") or (None, None))
     if fields.get("kernels") is not None:
         fields["kernels"] = [KernelRow(**row) for row in fields["kernels"]]
     if fields.get("roofline") is not None:
@@ -106,15 +105,6 @@ class ClusterTiming(TimingComparison):
 
     def notes(self) -> list:
         return [self.summary()] + (super().notes() if self.rows else [])
-
-    def to_text(self) -> str:
-        return "\n".join([self.table().to_text()] + ["  " + line for line in self.notes()])
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text("ClusterTiming(...)" if cycle else self.to_text())
-
-    def _repr_html_(self) -> str:
-        return self.table().to_html() + html_lines(self.notes())
 
     def to_dict(self) -> dict:
         return {"rows": [dict(label=label, engine_host=self.hosts.get(label, ""), **result.to_dict())

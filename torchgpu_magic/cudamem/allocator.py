@@ -17,6 +17,8 @@ from __future__ import annotations
 import bisect
 from typing import Any, Callable, Optional
 
+from .series import StepSeries
+
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
@@ -179,6 +181,10 @@ class Ledger:
     ``allocator`` (a CUDA target) every size is the block the caching allocator would hand out; without,
     the bytes of the storage. :meth:`start` marks the cell's start (what is live then is the baseline);
     :meth:`stop` freezes the ledger, so frees that arrive after the run change nothing.
+
+    From :meth:`start` on, every event is also a row of :attr:`series` (a :class:`~.series.StepSeries`),
+    with the phase, module, operator and cell line then (``context``, given to :meth:`start`, answers
+    ``(op, line)``); the series' ``peak_row`` is the row of the peak.
     """
 
     def __init__(self, allocator: Optional[CachingAllocatorModel] = None) -> None:
@@ -195,30 +201,45 @@ class Ledger:
         self.end = 0
         self.end_categories = dict(self.by_category)
         self.where: Callable[[], tuple] = lambda: (PHASES[0], None)
+        self.context: Callable[[], tuple] = lambda: (None, None)
+        self.series = StepSeries(CATEGORIES, PHASES)
+        self._recording = False
         self._running = True
 
-    def start(self, where: Callable[[], tuple]) -> None:
-        """The cell starts: what is live now is its baseline; ``where`` tells phase and module from now."""
+    def start(self, where: Callable[[], tuple], context: Optional[Callable[[], tuple]] = None) -> None:
+        """The cell starts: what is live now is its baseline and the series' row 0; ``where`` tells phase
+        and module from now, ``context`` operator and cell line."""
         self.baseline = self.total
         self.phase_peaks[PHASES[0]] = self.total
         self.where = where
+        if context is not None:
+            self.context = context
+        self.series.start(self.by_category)
+        self._recording = True
+
+    def _record(self, kind: str, category: str, nbytes: int, phase: str, module: Optional[str],
+                source: Optional[str] = None) -> None:
+        if self._recording:
+            self.series.record(kind, category, nbytes, phase, module, *self.context(), source)
 
     def stop(self) -> None:
         """The cell has ended: keep the figures as they are now."""
         self.end = self.total
         self.end_categories = dict(self.by_category)
-        self._running = False
+        self._running = self._recording = False
 
     def _grow(self, nbytes: int, category: str) -> None:
         self.by_category[category] += nbytes
         self.total += nbytes
         phase, module = self.where()
+        self._record("alloc", category, nbytes, phase, module)
         if self.total > self.phase_peaks.get(phase, -1):
             self.phase_peaks[phase] = self.total
         if self.total > self.peak:
             self.peak = self.total
             self.peak_categories = dict(self.by_category)
             self.peak_phase, self.peak_module = phase, module
+            self.series.peak_row = self.series.events if self._recording else 0
 
     def add(self, key: Any, nbytes: int, category: str) -> None:
         """A storage of ``nbytes`` became live, in ``category``."""
@@ -237,6 +258,8 @@ class Ledger:
             self.allocator.free(key)
         self.by_category[category] -= size
         self.total -= size
+        if self._recording:
+            self._record("free", category, size, *self.where())
 
     def resize(self, key: Any, nbytes: int) -> None:
         """A storage changed size (``resize_``): the allocator frees it and hands out a new block."""
@@ -254,6 +277,8 @@ class Ledger:
         self.live[key] = (size, category)
         self.by_category[old] -= size
         self.by_category[category] += size
+        if self._recording:
+            self._record("recategorize", category, size, *self.where(), source=old)
 
     @property
     def reserved_peak(self) -> Optional[int]:

@@ -1,6 +1,6 @@
 """The names a cell uses, and fake copies of them for a prediction.
 
-:func:`cell_names` reads a cell's code without running it: the names it reads, and, through the functions
+:func:`names_read` reads a cell's code without running it: the names it reads, and, through the functions
 defined in the notebook that it calls, the globals those read. :func:`fake_namespace` copies the values of
 those names with ``copy.deepcopy`` while a ``TorchFunctionMode`` turns every tensor met on the way into a
 ``FakeTensor`` (shapes, dtypes and storages sharing as in the original, no memory) on the device the
@@ -41,7 +41,7 @@ def is_notebook_function(value: Any, ns: Mapping[str, Any]) -> bool:
     return isinstance(value, types.FunctionType) and value.__globals__ is ns
 
 
-def cell_names(tree: ast.AST, ns: Mapping[str, Any]) -> list:
+def names_read(tree: ast.AST, ns: Mapping[str, Any]) -> list:
     """The names of ``ns`` the cell reads (not those it assigns before reading them), and the globals
     read by the notebook functions it uses, transitively; in a stable order."""
     wanted: set = set()

@@ -3,7 +3,9 @@
 The cell runs once under ``FakeTensorMode`` on fake copies of what it uses (:mod:`.fakenamespace`),
 tracked by MemTracker (:mod:`.run`) and accounted as the target's allocator would (:mod:`.allocator`),
 on the target's own fake tensors or on cpu standing in for it (:mod:`.cudastandin`,
-:mod:`.targetdevice`). Nothing real is allocated, moved or changed: the cell's names live in a
+:mod:`.cudakernels`, :mod:`.targetdevice`). Nothing real is allocated, moved or changed (on fake CUDA
+tensors, which run only on a GPU this process already holds a context on, torch allocates one element
+once per device: at most a 2 MiB cached segment), and no CUDA context is created: the cell's names live in a
 namespace of their own, torch's global settings (default device and dtype, grad mode, the random
 generator, thread count) are put back afterwards, and a cell fake tensors cannot run (a value read with
 ``.item()``, an operator without a shape function) ends in one line saying why. :func:`fit` searches
@@ -20,17 +22,32 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ..errors import MagicInputError
+from ..render import fmt_bytes
 from ..torchapi import FAKE_TENSOR_LOGGER, fake_tensor_class, fake_tensor_mode_class
 from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger
-from .fakenamespace import cell_names, fake_namespace, mark_target
+from .fakenamespace import fake_namespace, mark_target, names_read
 from .report import CellMemory, FitResult
 from .run import find_objects, report, run_tracked, version_note
-from .targetdevice import Target, cublas_workspaces, cuda_context, describe_arch, device_facts, host_capacity
+from .targetdevice import (
+    THREADS,
+    Target,
+    cublas_workspaces,
+    cuda_context,
+    describe_arch,
+    device_facts,
+    host_capacity,
+)
 
-__all__ = ["PredictionError", "cell_names", "predict", "fit", "FIT_DOUBLINGS"]
+__all__ = ["PredictionError", "names_read", "predict", "fit", "FIT_DOUBLINGS"]
 
 FIT_DOUBLINGS = 20
 """How many times ``--fit`` doubles the batch before it stops looking further (2**20 times the current)."""
+
+FIT_MARGIN = 0.05
+"""The share of a GPU's capacity ``--fit`` leaves free: what a prediction cannot count and a step still
+needs there (kernels CUDA loads into its context as the step runs, cuDNN's workspaces, the allocator's
+fragmentation when memory runs short, other processes' contexts). A batch that fits with no slack at all
+is the one that fails a few steps in."""
 
 _DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException",
                    "GuardOnDataDependentSymNode")
@@ -104,6 +121,12 @@ def _why(exc: BaseException, kind: str) -> str:
                 "outside this notebook, or a class's method, reads from its globals; pass it in by name)")
     if "not compiled with CUDA" in text or "Torch not compiled" in text:
         return "it calls a torch.cuda function, which needs CUDA, and this torch has none"
+    if any(words in text for words in ("NVIDIA driver", "driver version is insufficient", "no CUDA GPUs",
+                                       "No CUDA GPUs")):
+        # a CUDA build of torch where CUDA finds no driver, or no GPU: its own words send a person to
+        # install a driver, right only where there is a GPU; %gpuinfo says which it is here
+        return ("it calls a torch.cuda function, which needs a GPU, and torch's CUDA finds none here "
+                f"(%gpuinfo says why; torch: {text})")
     if isinstance(exc, (AssertionError, RuntimeError)) and kind == "cuda" and "CUDA" in text:
         return f"it needs CUDA itself ({name}: {text})"
     return f"{name}: {text}"
@@ -130,15 +153,18 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
     from .cudastandin import StrayDeviceError, guarded
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-    workspaces = cublas_workspaces(cc) if target.kind == "cuda" else []
-    added: list = []
+    added: list = []  # the workspaces allocated, in order
+    threads: set = set()  # (ledger, thread) pairs whose workspaces are allocated
 
     def on_matmul(ledger: Ledger) -> None:
-        if ledger in added:
+        # the backward's products run on autograd's device thread, whose cuBLAS handle gets its own
+        thread = THREADS[1] if ledger.where()[0] == "backward" else THREADS[0]
+        if (id(ledger), thread) in threads:
             return
-        added.append(ledger)
-        for item in workspaces:
+        threads.add((id(ledger), thread))
+        for item in cublas_workspaces(cc, thread):
             ledger.add(("workspace", item.what), item.nbytes, "workspaces")
+            added.append(item)
 
     with _torch_state_kept():
         fake_ns, copies = fake_namespace(ns, names, fake_mode, target.run_on, resize)
@@ -154,7 +180,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
             try:
                 with fake_mode, rules, _fake_module_moves():
                     result = run_tracked(lambda: exec(code, fake_ns), objects, _ledger_for(target),
-                                         on_matmul if workspaces else None)
+                                         on_matmul if target.kind == "cuda" else None, filename)
             except StrayDeviceError as exc:
                 raise PredictionError(f"--predict stopped this cell: {exc}") from None
             except MagicInputError:
@@ -169,7 +195,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
                 objects.clear()
     notes = sorted({f"warning during the prediction: {str(w.message).splitlines()[0]}" for w in caught
                     if str(w.message).strip()})[:3]
-    return (*result, workspaces if added else [], notes)
+    return (*result, added, notes)
 
 
 def _limits(target: Target) -> list:
@@ -181,9 +207,10 @@ def _limits(target: Target) -> list:
     else:
         out.append("the cpu allocator's own overhead and fragmentation; memory outside tensors")
     if not target.native:
-        out.append(f"kernel choices that differ between cpu and {target.kind} beyond those emulated (dropout "
-                   f"masks, attention, optimizer foreach, autocast); tensors the cell puts on the cpu count "
-                   f"as on {target.kind}")
+        out.append(f"kernel choices that differ between cpu and {target.kind} beyond those emulated "
+                   f"(autocast's casts, attention, dropout, optimizer foreach): LSTM / GRU's cuDNN kernels, "
+                   f"the fast paths of nn modules in eval mode, fused optimizers' internals; tensors the "
+                   f"cell puts on the cpu count as on {target.kind}")
     out.append("custom extensions' own allocations; code fake tensors cannot run ends the prediction instead")
     return out
 
@@ -192,7 +219,7 @@ def predict(code: Any, filename: str, ns: Mapping[str, Any], names: list, target
             capacity: Optional[int] = None, cc: Optional[tuple] = None, top: int = 8,
             resize: Optional[dict] = None) -> CellMemory:
     """The prediction of one run of ``code`` (compiled with ``filename``) for ``target``: ``names`` (from
-    :func:`cell_names`) are copied from ``ns`` as fakes; ``capacity`` (bytes) overrides the device's
+    :func:`names_read`) are copied from ``ns`` as fakes; ``capacity`` (bytes) overrides the device's
     own; ``cc`` names the GPU generation (else the device's, when there is one)."""
     start = time.perf_counter()
     own_capacity, source, own_cc = device_facts(target)
@@ -249,25 +276,40 @@ def batch_tensors(ns: Mapping[str, Any], names: list) -> tuple:
 
 def fit(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Target, fit_names: list,
         capacity: Optional[int] = None, cc: Optional[tuple] = None, top: int = 8) -> FitResult:
-    """The largest first dimension of the tensors named by ``fit_names`` whose predicted run fits:
-    doubling from the current size until one does not fit (halving when the current one does not),
-    then bisecting between the last that fits and the first that does not."""
+    """The largest first dimension of the tensors named by ``fit_names`` whose predicted run fits (on a
+    GPU, with :data:`FIT_MARGIN` of its capacity left free, which the report says): doubling from the
+    current size until one does not fit (halving when the current one does not), then bisecting between
+    the last that fits and the first that does not."""
     start = time.perf_counter()
     tensors, current = batch_tensors(ns, fit_names)
     names = sorted(set(names) | set(fit_names))
     seen: dict = {}
+    usable: list = []  # (bytes, source) the search fits into: a GPU's capacity less FIT_MARGIN
+
+    def usable_capacity(report: CellMemory) -> tuple:
+        if report.capacity is None or target.kind != "cuda":
+            return report.capacity, report.capacity_source
+        margin = int(report.capacity * FIT_MARGIN)
+        return report.capacity - margin, (f"{report.capacity_source}: {fmt_bytes(report.capacity)}, less a "
+                                          f"{FIT_MARGIN * 100:g} % margin of {fmt_bytes(margin)} for what a "
+                                          "prediction cannot count: kernels loaded as the step runs, cuDNN "
+                                          "workspaces, fragmentation")
 
     def at(size: int) -> CellMemory:
         if size not in seen:
             try:
-                seen[size] = predict(code, filename, ns, names, target, capacity, cc, top,
-                                     resize={id(t): size for t in tensors})
+                report = predict(code, filename, ns, names, target, capacity, cc, top,
+                                 resize={id(t): size for t in tensors})
             except PredictionError as exc:
                 reason = str(exc).split("--predict ", 1)[-1]
                 raise PredictionError(f"--fit, at first dimension {size}: {reason}") from None
-            if seen[size].capacity is None:
+            if report.capacity is None:
                 raise MagicInputError(f"--fit needs a capacity: {target.device} has none known here; "
-                                      f"give --capacity SIZE (e.g. --capacity 80GiB)")
+                                      f"give --capacity SIZE (e.g. --capacity 79GiB)")
+            if not usable:
+                usable.append(usable_capacity(report))
+            report.capacity, report.capacity_source = usable[0]
+            seen[size] = report
         return seen[size]
 
     limit = max(current, 1) * 2 ** FIT_DOUBLINGS

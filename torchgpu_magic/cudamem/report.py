@@ -1,19 +1,24 @@
-"""``%%cudamem``'s reports: a cell's memory (:class:`CellMemory`), measured or predicted, and the batch
+"""``%%cudamem``'s reports: a cell's memory (:class:`CellMemory`), measured or predicted, with its picture
+over the step; one step measured and predicted side by side (:class:`StepComparison`); and the batch
 search of ``--fit`` (:class:`FitResult`).
 
-Plain values only (names, strings, numbers): a report never holds a tensor, a module or the tracker.
-Each shows itself as text (``_repr_pretty_``) and HTML (``_repr_html_``) and gives ``to_dict()``.
-Standard library only.
+Plain values only (names, strings, numbers, the recorded series): a report never holds a tensor, a module
+or the tracker. Each builds one report model (render.py), the picture among its parts, from which its
+text and HTML are rendered, and gives ``to_dict()``. Standard library only.
 """
 from __future__ import annotations
 
-import html
 import re
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
-from ..render import Table, fmt_bytes, fmt_percent, fmt_seconds, html_lines
+from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_percent, fmt_seconds
 from .allocator import CATEGORIES, PHASES
+from .picture import TEXT_COLUMNS, MemoryPicture, SideBySide
+from .series import StepSeries
+
+INDENT = "  "
+"""How far a report indents its lines under its title; its text chart is drawn that much narrower."""
 
 
 def _natural(name: str) -> list:
@@ -37,12 +42,13 @@ class ModuleRow(NamedTuple):
 
 
 @dataclass(repr=False)
-class CellMemory:
+class CellMemory(Reportable):
     """What a cell's run allocated on one device: the peak, when it happened (phase and module), the
     memory at that moment by category, and per module. ``mode`` is ``'measured'`` (the real run,
     tracked) or ``'predicted'`` (a run on fake tensors). For a CUDA target ``reserved_peak`` is what the
     caching allocator would have reserved and ``allowances`` what fake tensors cannot see; ``needs`` is
-    the device memory the run asks for, compared with ``capacity`` when known."""
+    the device memory the run asks for, compared with ``capacity`` when known. ``series`` is the memory
+    over the step's events (``series.to_pandas()``, ``series.to_dict()``), drawn by :meth:`picture`."""
 
     mode: str
     device: str
@@ -67,6 +73,16 @@ class CellMemory:
     limits: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     seconds: float = 0.0
+    series: Optional[StepSeries] = None
+
+    def picture(self, columns: int = TEXT_COLUMNS) -> Optional[MemoryPicture]:
+        """The step's memory drawn from :attr:`series`, with the capacity, its text chart ``columns``
+        wide; None without a series."""
+        if self.series is None:
+            return None
+        verb = "predicted for" if self.mode == "predicted" else "measured on"
+        return MemoryPicture(self.series, f"{verb} {self.device}: memory allocated over the step",
+                             self.capacity, self.capacity_source, columns=columns)
 
     @property
     def needs(self) -> int:
@@ -83,7 +99,7 @@ class CellMemory:
     def verdict(self) -> str:
         """'fits in 80.0 GiB (--capacity), with 78.1 GiB to spare', or how much more it needs."""
         if self.capacity is None:
-            return "capacity unknown (give --capacity SIZE, e.g. --capacity 80GiB)"
+            return "capacity unknown (give --capacity SIZE, e.g. --capacity 79GiB for an H100 80GB)"
         where = f"{fmt_bytes(self.capacity)} ({self.capacity_source})"
         if self.fits:
             return f"fits in {where}, with {fmt_bytes(self.capacity - self.needs)} to spare"
@@ -161,34 +177,71 @@ class CellMemory:
             lines.append(f"took {fmt_seconds(self.seconds)}")
         return lines
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        parts = [self._title()] + ["  " + line for line in self._headline()]
-        parts += ["", self._category_table().to_text(indent="  ")]
-        table = self._module_table()
-        if table is not None:
-            parts += ["", table.to_text(indent="  ")]
-        footer = self._footer()
-        if footer:
-            parts += [""] + ["  " + line for line in footer]
-        p.text("\n".join(parts))
-
-    def _repr_html_(self) -> str:
-        table = self._module_table()
-        return (f"<div><b>{html.escape(self._title())}</b>" + html_lines(self._headline())
-                + self._category_table().to_html() + (table.to_html() if table is not None else "")
-                + html_lines(self._footer()) + "</div>")
+    def report(self) -> Report:
+        """The title over the headline, then, a blank line apart, the picture, the tables and the
+        footer."""
+        body = [self.picture(TEXT_COLUMNS - len(INDENT)), self._category_table(), self._module_table(),
+                Lines(self._footer())]
+        return Report([Report([Lines(self._headline())], title=self._title(), indent=INDENT),
+                       Report(body, indent=INDENT, gap=True)], gap=True)
 
     def to_dict(self) -> dict:
         """Plain values for code and JSON, with ``needs`` and ``fits`` computed."""
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out["modules"] = [row._asdict() for row in self.modules]
         out["allowances"] = [dict(a) for a in self.allowances]
+        out["series"] = self.series.to_dict() if self.series is not None else None
         out.update(needs=self.needs, fits=self.fits)
         return out
 
 
 @dataclass(repr=False)
-class FitResult:
+class StepComparison(Reportable):
+    """One step measured and predicted (``--compare``): the prediction first, on fake copies, which
+    changes nothing, then the real run from the same state; their pictures side by side on one scale and
+    their figures in one table."""
+
+    measured: CellMemory
+    predicted: CellMemory
+
+    def picture(self, columns: int = TEXT_COLUMNS) -> Optional[SideBySide]:
+        """The two pictures, measured on the left (their text charts ``columns`` wide); None when
+        either has no series."""
+        pictures = [self.measured.picture(columns), self.predicted.picture(columns)]
+        return SideBySide(pictures) if all(p is not None for p in pictures) else None
+
+    def _title(self) -> str:
+        return (f"%%cudamem --compare: one step measured on {self.measured.device} and predicted for "
+                f"{self.predicted.device}")
+
+    def _table(self) -> Table:
+        m, p = self.measured, self.predicted
+        rows = [("peak", m.peak, p.peak)]
+        rows += [(f"highest in {phase}", m.phase_peaks.get(phase), p.phase_peaks.get(phase))
+                 for phase in PHASES if phase in m.phase_peaks or phase in p.phase_peaks]
+        rows += [(f"{name} at the peak", m.categories.get(name, 0), p.categories.get(name, 0))
+                 for name in CATEGORIES if m.categories.get(name) or p.categories.get(name)]
+        rows.append(("after the cell", m.after, p.after))
+        table = Table(["", "measured", "predicted", "predicted / measured"], align="lrrr",
+                      title="The step, measured and predicted")
+        for label, a, b in rows:
+            ratio = f"{b / a:.4f}" if a and b is not None else "-"
+            table.add(label, "-" if a is None else fmt_bytes(a), "-" if b is None else fmt_bytes(b), ratio)
+        return table
+
+    def report(self) -> Report:
+        """The title, then the pictures, the table and where the full reports are, a blank line apart."""
+        return Report([self.picture(TEXT_COLUMNS - len(INDENT)), self._table(),
+                       Lines(["the full reports: .measured and .predicted"])],
+                      title=self._title(), indent=INDENT, gap=True)
+
+    def to_dict(self) -> dict:
+        """Both reports' plain values."""
+        return {"measured": self.measured.to_dict(), "predicted": self.predicted.to_dict()}
+
+
+@dataclass(repr=False)
+class FitResult(Reportable):
     """``--fit``: the largest first dimension of ``names`` whose predicted run fits ``capacity``
     (``best``; None when not even 1 fits), found by ``predictions`` (batch, needs, fits), doubling from
     the current size then bisecting; ``at_best`` is the full prediction at that size."""
@@ -204,7 +257,7 @@ class FitResult:
     limit: Optional[int] = None
     seconds: float = 0.0
 
-    def _lines(self) -> list:
+    def _headline(self) -> str:
         names = ", ".join(self.names)
         where = f"{fmt_bytes(self.capacity)} ({self.capacity_source})"
         count = f"{len(self.predictions)} prediction{'s' * (len(self.predictions) != 1)}"
@@ -216,27 +269,28 @@ class FitResult:
                    f"(now {self.current}; {count}, doubling then bisecting, {fmt_seconds(self.seconds)})"
             if self.limit is not None and self.best >= self.limit:
                 head += f"; the search stopped at {self.limit}, so larger sizes may fit too"
-        return [head]
+        return head
 
     def _table(self) -> Table:
-        table = Table(["first dimension", "needs", "fits"], align="rrl", title="Predictions, in order")
+        """One row per prediction: what it needs in one unit, the capacity's (a search ends beside the
+        capacity, where '1023 MiB' and '1.00 GiB' would read as one amount), and how far from it."""
+        unit = fmt_bytes(self.capacity).split()[-1]
+        scale = 1024 ** ("B", "KiB", "MiB", "GiB", "TiB", "PiB").index(unit)
+        table = Table(["first dimension", "needs", "vs capacity", "fits"], align="rrrl",
+                      title=f"Predictions, in order (capacity {fmt_bytes(self.capacity)})")
         for size, needs, fits in self.predictions:
-            table.add(size, fmt_bytes(needs), "yes" if fits else "no")
+            value = needs / scale
+            shown = f"{value:.0f}" if unit == "B" or value >= 100 else f"{value:.1f}" if value >= 10 \
+                else f"{value:.2f}"
+            table.add(size, f"{shown} {unit}", fmt_bytes(needs - self.capacity, signed=True),
+                      "yes" if fits else "no")
         return table
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        parts = ["%%cudamem --fit: " + self._lines()[0], "", self._table().to_text(indent="  ")]
-        if self.at_best is not None:
-            parts += ["", "At that size:"]
-            p.text("\n".join(parts) + "\n")
-            self.at_best._repr_pretty_(p, cycle)
-            return
-        p.text("\n".join(parts))
-
-    def _repr_html_(self) -> str:
-        best = self.at_best._repr_html_() if self.at_best is not None else ""
-        return (f"<div><b>%%cudamem --fit</b>: {html.escape(self._lines()[0])}" + self._table().to_html()
-                + (f"<div>At that size:</div>{best}" if best else "") + "</div>")
+    def report(self) -> Report:
+        """The headline over the predictions' table, then the full prediction at the size found."""
+        best = None if self.at_best is None else Report([self.at_best.report()], title="At that size:")
+        return Report([Report([self._table()], title="%%cudamem --fit: " + self._headline(), indent=INDENT,
+                              gap=True), best], gap=True)
 
     def to_dict(self) -> dict:
         """Plain values for code and JSON."""

@@ -7,12 +7,17 @@ temporary, optimizer state, other) and follows modules through forward and backw
 it is imported on first use, the torch versions it is tested with are pinned (:data:`TESTED_TORCH`),
 and where it is missing (a build without ``torch.distributed``) or has changed shape, the magic says so
 in one line. This module subclasses it only to hand each of its updates to a :class:`~.allocator.Ledger`
-per device (so a CUDA target is accounted block by block), to note the phase and module at the peak, and
-to let a cell call its model more than once (MemTracker refuses a second forward of a root module).
+per device (so a CUDA target is accounted block by block), to note the phase and module at the peak and,
+for the ledger's series, the operator and the cell line of each event, and to let a cell call its model
+more than once (MemTracker refuses a second forward of a root module).
 """
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
+import sys
+import threading
 import time
 import warnings
 from typing import Any, Callable, Iterable, Optional
@@ -30,7 +35,6 @@ _NEEDED = ("_update_snap", "_pre_fw_hook", "_update_peak_stats", "_mod_tracker",
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "addmv", "mv", "dot",
                       "vdot", "addr", "_scaled_mm", "_int_mm"})
 _WALK_DEPTH = 3
-_CLASS: list = []
 
 
 class TrackerUnavailable(MagicInputError):
@@ -56,10 +60,9 @@ def version_note() -> Optional[str]:
             f"MemTracker is private to torch and may attribute differently")
 
 
+@functools.cache
 def tracker_class() -> type:
     """Our ``MemTracker`` subclass, built on first use; :class:`TrackerUnavailable` where torch has none."""
-    if _CLASS:
-        return _CLASS[0]
     import torch
 
     try:
@@ -74,8 +77,7 @@ def tracker_class() -> type:
     if missing:
         raise TrackerUnavailable(f"torch {torch.__version__}'s MemTracker lacks {', '.join(missing)}: its "
                                  f"private interface changed; %%cudamem is tested with torch 2.11 to 2.13")
-    _CLASS.append(_define(MemTracker))
-    return _CLASS[0]
+    return _define(MemTracker)
 
 
 def _define(base: type) -> type:
@@ -83,10 +85,17 @@ def _define(base: type) -> type:
         """MemTracker, with each update also handed to the ledger of its device."""
 
         def __init__(self, ledger_for: Callable[[str], Ledger],
-                     on_matmul: Optional[Callable[[Any], None]] = None) -> None:
+                     on_matmul: Optional[Callable[[Any], None]] = None,
+                     filename: Optional[str] = None) -> None:
             super().__init__()
             self._ledger_for = ledger_for
             self._on_matmul = on_matmul
+            self._filename = filename
+            self._thread = threading.get_ident()
+            # the operator running: [its name, its cell line, (phase, module), the Python frame that
+            # called it], the last three found when first asked; all None between operators
+            self._now: list = [None, None, None, None]
+            self._op_names: dict = {}
             self.ledgers: dict = {}
             self.started = False
             self._stats_by_fqn: dict = {}  # module name -> its _ModMemStats, for _update_peak_stats
@@ -97,23 +106,60 @@ def _define(base: type) -> type:
             if found is None:
                 found = self.ledgers[name] = self._ledger_for(name)
                 if self.started:
-                    found.start(self.where)
+                    found.start(self.where, self.context)
             return found
 
         def start(self) -> None:
             self.started = True
             for ledger in self.ledgers.values():
-                ledger.start(self.where)
+                ledger.start(self.where, self.context)
 
         def where(self) -> tuple:
-            """(phase, innermost module) now, for the ledger."""
+            """(phase, innermost module) now, for the ledger: found once per operator (modules and
+            phases change between operators, never inside one)."""
+            now = self._now
+            if now[2] is not None:
+                return now[2]
             running = self._mod_tracker.parents - {"Global"}
             module = max(running, key=lambda n: (n.count("."), n)) if running else None
             if self._in_opt:
-                return "optimizer step", module
-            if self._mod_tracker.is_bw:
-                return "backward", module
-            return ("forward" if running else "outside modules"), module
+                place = "optimizer step", module
+            elif self._mod_tracker.is_bw:
+                place = "backward", module
+            else:
+                place = ("forward" if running else "outside modules"), module
+            if now[0] is not None:
+                now[2] = place
+            return place
+
+        def context(self) -> tuple:
+            """(operator, cell line) now, for the ledger's series: the line is looked up once per
+            operator (0 when the run is not a cell's, or no frame of the cell is running)."""
+            now = self._now
+            line = now[1]
+            if line is None:
+                line = self._cell_line(now[3])
+                if now[0] is not None:
+                    now[1] = line
+            return now[0], line
+
+        def _cell_line(self, caller: Any) -> int:
+            """The line of the cell's innermost frame: on this thread, from ``caller``, the frame that
+            called the operator running (the tracker's own frames below it are never the cell's, and
+            Python would build each of them anew at every operator to walk them), or, on another
+            thread (the autograd engine's device threads), on the thread that runs the cell, which waits
+            in ``backward``."""
+            if self._filename is None:
+                return 0
+            if threading.get_ident() != self._thread:
+                frame = sys._current_frames().get(self._thread)
+            else:
+                frame = caller if caller is not None else sys._getframe()
+            while frame is not None:
+                if frame.f_code.co_filename == self._filename:
+                    return frame.f_lineno
+                frame = frame.f_back
+            return 0
 
         def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: Any = None,
                          old_reftype: Any = None) -> None:
@@ -166,12 +212,25 @@ def _define(base: type) -> type:
                     self._peak_mem_snap[device] = copy.deepcopy(snap)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = super().__torch_dispatch__(func, types, args, kwargs)
-            if self._on_matmul is not None and func.overloadpacket.__name__ in _MATMULS:
-                device = next((a.device for a in args if hasattr(a, "device")), None)
-                if device is not None:
-                    self._on_matmul(self.ledger(device))
+            outer = self._now
+            try:
+                caller = sys._getframe(1)
+            except ValueError:  # a device thread of the autograd engine: no Python frame below
+                caller = None
+            self._now = [self._op_names.get(func) or self._op_name(func), None, None, caller]
+            try:
+                out = super().__torch_dispatch__(func, types, args, kwargs)
+                if self._on_matmul is not None and func.overloadpacket.__name__ in _MATMULS:
+                    device = next((a.device for a in args if hasattr(a, "device")), None)
+                    if device is not None:
+                        self._on_matmul(self.ledger(device))
+            finally:
+                self._now = outer
             return out
+
+        def _op_name(self, func: Any) -> str:
+            name = self._op_names[func] = str(func.overloadpacket)  # 'aten.mm'
+            return name
 
     return Tracker
 
@@ -211,6 +270,20 @@ def find_objects(values: Iterable[tuple]) -> list:
     return found
 
 
+def home_device(objects: Iterable[tuple]) -> str:
+    """Where the cell's objects live (from :func:`find_objects`): the device of the first module's first
+    parameter or buffer, or of the first tensor; 'cpu' when they hold none. ``--compare`` measures the
+    step there and predicts it for the same device."""
+    for _, obj, kind in objects:
+        if kind == "module":
+            found = next(itertools.chain(obj.parameters(), obj.buffers()), None)
+        else:
+            found = obj if kind == "tensor" else None
+        if found is not None:
+            return str(found.device)
+    return "cpu"
+
+
 def _is_user_object(obj: Any) -> bool:
     """An instance of a class from user code or a library (a ``Trainer``, a dataclass), whose
     attributes may hold models: not a class, function, module or builtin."""
@@ -234,12 +307,13 @@ def module_names(objects: Iterable[tuple]) -> dict:
 
 
 def run_tracked(run: Callable[[], Any], objects: list, ledger_for: Callable[[str], Ledger],
-                on_matmul: Optional[Callable[[Any], None]] = None) -> tuple:
+                on_matmul: Optional[Callable[[Any], None]] = None, filename: Optional[str] = None) -> tuple:
     """Run ``run()`` under the tracker, the ``objects`` (from :func:`find_objects`) tracked as what the
-    cell holds before it starts. Returns ``(ledgers by device, module rows by device, fqn -> name)``;
-    the run's own exception propagates after everything is undone (the tracker's hooks, and the
+    cell holds before it starts; ``filename`` is the cell's (as compiled), whose lines the ledgers'
+    series name. Returns ``(ledgers by device, module rows by device, fqn -> name)``; the run's own
+    exception propagates after everything is undone (the tracker's hooks, and the
     ``warnings.formatwarning`` torch's ModTracker replaces when a module is re-entered)."""
-    tracker = tracker_class()(ledger_for, on_matmul)
+    tracker = tracker_class()(ledger_for, on_matmul, filename)
     tracker.track_external(*[obj for _, obj, _ in objects])
     saved_format = warnings.formatwarning
     try:
@@ -262,6 +336,9 @@ def run_tracked(run: Callable[[], Any], objects: list, ledger_for: Callable[[str
         fqns[stats.mod_fqn] = name
         for device in tracker.ledgers:
             rows.setdefault(device, []).append(_row(name, module, stats, device))
+    for ledger in tracker.ledgers.values():
+        ledger.series.name_modules(fqns)
+        ledger.series.read_lines(filename)
     return tracker.ledgers, rows, fqns
 
 
@@ -293,20 +370,23 @@ def report(mode: str, device: str, how: str, ledger: Ledger, rows: list, fqns: d
                       phase_peaks=dict(ledger.phase_peaks), categories=dict(ledger.peak_categories),
                       before=ledger.baseline, after=ledger.end, after_categories=dict(ledger.end_categories),
                       reserved_peak=ledger.reserved_peak,
-                      modules=rows, **extra)
+                      modules=rows, series=ledger.series, **extra)
 
 
-def measure(run: Callable[[], Any], values: list, device: Optional[str], top: int) -> CellMemory:
-    """The real run of a cell, tracked: ``values`` are the (name, object) pairs the cell uses. Reports
-    ``device`` (default: the device with the highest peak, a GPU before the cpu on a tie) and, on a
-    CUDA device, torch's own ``max_memory_allocated`` for the cell beside the tracked peak."""
+def measure(run: Callable[[], Any], values: list, device: Optional[str], top: int,
+            filename: Optional[str] = None) -> CellMemory:
+    """The real run of a cell (compiled as ``filename``), tracked: ``values`` are the (name, object)
+    pairs the cell uses. Reports ``device`` (default: the device with the highest peak, a GPU before the
+    cpu on a tie) and, on a CUDA device, torch's own ``max_memory_allocated`` for the cell beside the
+    tracked peak."""
     import torch
 
     objects = find_objects(values)
     before = _reset_cuda_peaks()
     start = time.perf_counter()
     ledgers, rows, fqns = run_tracked(
-        run, objects, lambda name: Ledger(CachingAllocatorModel() if name.startswith("cuda") else None))
+        run, objects, lambda name: Ledger(CachingAllocatorModel() if name.startswith("cuda") else None),
+        filename=filename)
     seconds = time.perf_counter() - start
     if not ledgers:
         ledgers = {device or "cpu": Ledger()}

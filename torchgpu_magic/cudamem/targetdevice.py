@@ -3,11 +3,16 @@ capacity, and the allowances for what fake tensors cannot see (the CUDA context,
 
 **Where fake tensors live.** ``FakeTensorMode`` can make fake ``cuda`` tensors on any build, but on a
 build without CUDA the first autograd operation on one aborts the whole process (torch cannot find
-CUDA's device guard and calls ``terminate``): a notebook kernel would die. So a target is predicted on
-fake tensors of its own device only where this torch has that device's support and its runtime sees one
-(:func:`resolve_target`); everywhere else on fake ``cpu`` tensors standing in for it, with the target's
-allocator accounted by :mod:`.allocator` and its kernels' choices emulated by :mod:`.prediction`. The
-check reads torch's C flags, not ``torch.cuda.is_available()``, which a test may script.
+CUDA's device guard and calls ``terminate``): a notebook kernel would die. And on a machine with the GPU,
+fake ``cuda`` tensors are not free either: torch's fake tensors run ``torch.empty(1, device='cuda')`` for
+each fake CUDA device (torch/_subclasses/fake_tensor.py ``init_gpu_context``), which creates a CUDA
+context, half a GiB on an H100, where the user had none. So a target is predicted on fake tensors of its
+own device only where this torch has CUDA, its runtime sees that GPU, and this process already holds a
+CUDA context on it (:func:`resolve_target`; then the one-element tensor costs at most a 2 MiB cached
+segment); everywhere else on fake ``cpu`` tensors standing in for it, with the target's allocator
+accounted by :mod:`.allocator` and its kernels' choices emulated by :mod:`.cudakernels`. The checks read
+torch's C flags and the driver's context state, not ``torch.cuda.is_available()``, which a test may
+script, nor ``torch.cuda.is_initialized()``, which reading a GPU's properties sets without a context.
 
 **Allowances.** Figures come from measurements and sources named beside each one; what has no figure
 is said, never guessed silently. Standard library at import; torch is imported inside the functions.
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import MagicInputError
-from ..torchapi import cuda_compiled, cuda_device_counter
+from ..torchapi import cuda_compiled, cuda_device_counter, has_primary_context
 from .allocator import GIB, KIB, MIB
 
 TARGET_KINDS = ("cpu", "cuda")
@@ -34,16 +39,23 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 ARCHS = {"volta": (7, 0), "turing": (7, 5), "ampere": (8, 0), "ada": (8, 9), "hopper": (9, 0),
          "blackwell": (10, 0)}
 
-# The CUDA context one process holds on a GPU, not counted by torch's allocator: measured figures with
-# CUDA's lazy module loading (the default since torch 1.13, CUDA >= 11.7). A bare context; the kernels a
-# step loads lazily add to it.
-CONTEXT_MEASURED = {
-    "ampere": (256 * MIB, "RTX 3090, torch 2.7.1+cu128, a process holding a bare context, from NVML "
-                          "(https://github.com/invoke-ai/InvokeAI/issues/9413)"),
-    "ada": (426 * MIB, "RTX 6000 Ada, torch 2.10.0+cu130, after torch.cuda.mem_get_info, from nvidia-smi "
-                       "(https://github.com/unslothai/unsloth-zoo/pull/1053)"),
+# The CUDA context one process holds on a GPU, not counted by torch's allocator, with CUDA's lazy module
+# loading (the default since torch 1.13, CUDA >= 11.7): a bare context; the kernels a step loads lazily
+# add to it. Measured figures where there is one; Hopper's is the upper end of what issue 28's review
+# gives for an H100 (0.5 to 0.6 GiB), not yet measured here: docs/gpu-validation.md lists the gpu test
+# that checks it (tests/test_cudamem.py::test_gpu_the_hopper_context_allowance_covers_the_real_context).
+CONTEXT_FIGURES = {
+    "ampere": (256 * MIB, "measured: RTX 3090, torch 2.7.1+cu128, a process holding a bare context, from "
+                          "NVML (https://github.com/invoke-ai/InvokeAI/issues/9413)"),
+    "ada": (426 * MIB, "measured: RTX 6000 Ada, torch 2.10.0+cu130, after torch.cuda.mem_get_info, from "
+                       "nvidia-smi (https://github.com/unslothai/unsloth-zoo/pull/1053)"),
+    "hopper": (614 * MIB, "estimate: 0.5-0.6 GiB for an H100 (issue 28), the upper end; not yet measured "
+                          "here (docs/gpu-validation.md)"),
 }
 _CUBLAS_SOURCE = "aten/src/ATen/cuda/CublasHandlePool.cpp"
+THREADS = ("the cell's thread", "autograd's thread")
+"""The threads whose cuBLAS handles get a workspace: the one running the cell (forward, optimizer step)
+and autograd's device thread, which runs a CUDA backward."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +113,18 @@ def _cuda_runtime_devices() -> int:
         return 0
 
 
+def _has_context(index: int) -> bool:
+    """Whether this process already holds a CUDA context on GPU ``index`` (asking creates none)."""
+    try:
+        return has_primary_context(index)
+    except Exception:  # noqa: BLE001 - a driver that cannot say: as if there were none
+        return False
+
+
 def resolve_target(spec: str, option: str = "DEVICE") -> Target:
     """The :class:`Target` for a device spec: fake tensors on the target itself where this torch can
-    run autograd on them, else on cpu standing in (never fake ``cuda`` on a build without CUDA)."""
+    run autograd on them and doing so creates no CUDA context (this process already holds one on that
+    GPU), else on cpu standing in (never fake ``cuda`` on a build without CUDA)."""
     import torch
 
     kind, index = parse_device(spec, option)
@@ -111,9 +132,12 @@ def resolve_target(spec: str, option: str = "DEVICE") -> Target:
     if kind == "cpu":
         return Target(device, kind, None, "cpu", True)
     count = _cuda_runtime_devices()
-    if count > (index or 0):
+    if count > (index or 0) and _has_context(index or 0):
         return Target(device, kind, index, device, True)
-    if count == 0:
+    if count > (index or 0):
+        why = (f"cuda:{index or 0} has no CUDA context in this process yet, and fake CUDA tensors would "
+               "create one")
+    elif count == 0:
         why = (f"this torch {torch.__version__} has no CUDA" if torch.version.cuda is None
                or not cuda_compiled() else "torch's CUDA runtime sees no GPU here")
     else:
@@ -180,51 +204,80 @@ def device_facts(target: Target) -> tuple:
 
 
 def host_capacity() -> tuple:
-    """``(total bytes, source)`` of this machine's memory, for a cpu target (psutil): the counterpart of
-    a GPU's ``total_memory``. Not what is free now, which leaves out the tensors the cell's objects
-    already hold and so would count them twice."""
+    """``(bytes, source)`` of the memory this process may hold, for a cpu target: the machine's RAM
+    (psutil), or less where a limit says so (a container's cgroup ``memory.max``, ``ulimit -v``; see
+    :func:`torchgpu_magic.host.memory_limits`): the counterpart of a GPU's ``total_memory``. Not what is
+    free now, which leaves out the tensors the cell's objects already hold and so would count them
+    twice."""
+    from ..host import memory_limits
+
     try:
         import psutil
 
-        return int(psutil.virtual_memory().total), "total RAM (psutil)"
+        total = int(psutil.virtual_memory().total)
     except Exception:  # noqa: BLE001 - no psutil: no capacity, said in the report
         return None, None
+    limits = [limit for limit in memory_limits() if limit.limit < total]
+    if limits:
+        least = min(limits, key=lambda limit: limit.limit)
+        source = least.name + (f", {least.where}" if least.where else "")
+        return least.limit, f"{source}; the machine has {total / GIB:.1f} GiB of RAM"
+    return total, "total RAM (psutil)"
 
 
-def cublas_workspaces(cc: Optional[tuple]) -> list:
-    """The cuBLAS and cuBLASLt workspaces torch allocates through the caching allocator at a device's
-    first matrix product, honouring ``CUBLAS_WORKSPACE_CONFIG`` / ``CUBLASLT_WORKSPACE_SIZE``."""
+def _env_flag(name: str) -> Optional[bool]:
+    """An environment flag as c10's ``check_env`` reads it: True for 1 / true, False for 0 / false, None
+    when unset or anything else."""
+    value = os.environ.get(name, "").strip().lower()
+    return True if value in ("1", "true") else False if value in ("0", "false") else None
+
+
+def cublas_workspace_size(cc: Optional[tuple]) -> tuple:
+    """``(bytes, why)``: the cuBLAS workspace torch gives each cuBLAS handle and stream on a GPU of
+    generation ``cc``: ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE_KIB:COUNT`` pairs) where set, else 32 MiB on
+    Hopper and Blackwell (compute capability 9.x to 12.x) and ``:4096:2:16:8`` (8.125 MiB) before
+    (CublasHandlePool.cpp ``parseChosenWorkspaceSize``)."""
     config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     pairs = re.findall(r":(\d+):(\d+)", config or "")
     if pairs:
-        size = sum(int(a) * KIB * int(b) for a, b in pairs)
-        why = f"CUBLAS_WORKSPACE_CONFIG={config}"
-    elif cc is None:
-        size, why = 4096 * 8 * KIB, "GPU generation unknown: Hopper's 32 MiB, the largest default"
-    elif cc == (9, 0):
-        size, why = 4096 * 8 * KIB, "default on sm_90 (:4096:8)"
-    else:
-        size, why = 4096 * KIB * 2 + 16 * KIB * 8, "default off sm_90 (:4096:2:16:8)"
-    out = [Allowance("cuBLAS workspace", size, f"{why}; {_CUBLAS_SOURCE}", True)]
-    lt_text = os.environ.get("CUBLASLT_WORKSPACE_SIZE", "")
-    lt = int(lt_text) * KIB if lt_text.isdigit() else 1024 * KIB
-    if os.environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "") not in ("1", "true", "True"):
-        out.append(Allowance("cuBLASLt workspace", min(lt, size),
-                             f"CUBLASLT_WORKSPACE_SIZE {'=' + lt_text if lt_text else 'default 1024 KiB'}, "
-                             f"at most the cuBLAS one; {_CUBLAS_SOURCE}", True))
+        return sum(int(a) * KIB * int(b) for a, b in pairs), f"CUBLAS_WORKSPACE_CONFIG={config}"
+    if cc is None:
+        return 4096 * 8 * KIB, "GPU generation unknown: Hopper's and Blackwell's 32 MiB, the largest default"
+    if 9 <= cc[0] <= 12:
+        return 4096 * 8 * KIB, f"default on sm_{cc[0]}{cc[1]} (:4096:8, Hopper and Blackwell)"
+    return 4096 * KIB * 2 + 16 * KIB * 8, f"default on sm_{cc[0]}{cc[1]} (:4096:2:16:8)"
+
+
+def cublas_workspaces(cc: Optional[tuple], thread: str) -> list:
+    """The cuBLAS (and, where not shared, cuBLASLt) workspaces torch allocates through the caching
+    allocator for one thread's handle at its first matrix product: ``thread`` is 'the cell's thread'
+    (the forward, the optimizer) or "autograd's thread": the backward runs on autograd's own device
+    thread, which has its own cuBLAS handle, so it gets a second workspace (a workspace per handle and
+    stream). cuBLASLt uses the cuBLAS workspace (unified by default since pytorch/pytorch#168175 and
+    #175879) unless ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=0``, when it gets its own of
+    ``CUBLASLT_WORKSPACE_SIZE`` KiB (default 1024)."""
+    size, why = cublas_workspace_size(cc)
+    out = [Allowance(f"cuBLAS workspace ({thread})", size, f"{why}; {_CUBLAS_SOURCE}", True)]
+    if _env_flag("TORCH_CUBLASLT_UNIFIED_WORKSPACE") is False:
+        lt_text = os.environ.get("CUBLASLT_WORKSPACE_SIZE", "").strip()
+        lt = int(lt_text) * KIB if lt_text.isdigit() else 1024 * KIB
+        size_said = f"={lt_text}" if lt_text.isdigit() else " default 1024 KiB"
+        out.append(Allowance(f"cuBLASLt workspace ({thread})", lt,
+                             f"TORCH_CUBLASLT_UNIFIED_WORKSPACE=0: its own, CUBLASLT_WORKSPACE_SIZE"
+                             f"{size_said}; {_CUBLAS_SOURCE}", True))
     return out
 
 
 def cuda_context(cc: Optional[tuple]) -> Allowance:
-    """The CUDA context's allowance for a generation: its measured figure, or the largest measured one
-    (said so) where there is none."""
+    """The CUDA context's allowance for a generation: its figure (measured, or the estimate said so), or
+    the largest one (said so) where there is none."""
     name = generation(cc)
-    if name in CONTEXT_MEASURED:
-        nbytes, source = CONTEXT_MEASURED[name]
-        return Allowance("CUDA context", nbytes, f"measured on {name}: {source}", False)
-    nbytes, source = max(CONTEXT_MEASURED.values())
-    which = f"no measured figure for {name}" if name else "GPU generation unknown"
-    return Allowance("CUDA context", nbytes, f"{which}: the largest measured, {source}", False)
+    if name in CONTEXT_FIGURES:
+        nbytes, source = CONTEXT_FIGURES[name]
+        return Allowance("CUDA context", nbytes, f"{name}: {source}", False)
+    nbytes, source = max(CONTEXT_FIGURES.values())
+    which = f"no figure for {name}" if name else "GPU generation unknown"
+    return Allowance("CUDA context", nbytes, f"{which}: the largest, {source}", False)
 
 
 def describe_arch(cc: Optional[tuple], source: str) -> str:

@@ -7,13 +7,15 @@ or the objects.
 """
 from __future__ import annotations
 
+import linecache
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from ..caches import cache
 from ..placement import device_str, devices_of, dtype_str, kind_of, shape_str
 from ..placement.walk import static_attr
-from ..render import LinesReport, html_pre
-from .failing import cell_frames, source_line
+from ..render import Lines, Report, Reportable
+from .failing import source_line, user_frames
 
 _D = r"([a-z]+(?::\d+)?)"  # a device as torch prints it: cpu, cuda:0, mps:0, meta, xla:0
 _T = r"([\w:.\[\]]+)"  # a legacy type string: torch.cuda.FloatTensor, Variable[...], MPSFloatType, float
@@ -103,7 +105,6 @@ _MISMATCH = [
     (r"must have the same device\b|expects all tensors to have the same device|must be on the same device "
      r"as the input tensor|Tensors of the same index must be on the same device", False),
 ]
-_COMPILED: list = []
 _KNOWN = {"cpu", "cuda", "mps", "meta", "xpu", "xla", "hip", "hpu", "mtia", "ipu", "lazy", "privateuseone"}
 _WORDS = {"CPU": "cpu", "GPU": "cuda", "CUDA": "cuda", "MPS": "mps", "XPU": "xpu", "Meta": "meta"}
 
@@ -129,6 +130,14 @@ def _device_of_token(token: str) -> Optional[str]:
     return None
 
 
+@cache
+def _patterns() -> list:
+    """:data:`_MISMATCH` compiled (on the first error, not at import)."""
+    import re
+
+    return [(re.compile(p), pair) for p, pair in _MISMATCH]
+
+
 def mismatch_devices(exc: BaseException) -> Optional[tuple]:
     """The devices a device-mismatch error names, each once in the order named (``()`` when it names
     none), or None when ``exc`` is not one. Recognises torch's wordings from v0.3 to today (a
@@ -139,10 +148,8 @@ def mismatch_devices(exc: BaseException) -> Optional[tuple]:
 
     if not isinstance(exc, (RuntimeError, ValueError)):
         return None
-    if not _COMPILED:
-        _COMPILED.extend((re.compile(p), pair) for p, pair in _MISMATCH)
     text = str(exc)
-    for pattern, pair in _COMPILED:
+    for pattern, pair in _patterns():
         found = pattern.search(text)
         if found is None:
             continue
@@ -178,7 +185,7 @@ class Culprit:
 
 
 @dataclass(repr=False)
-class Diagnosis(LinesReport):
+class Diagnosis(Reportable):
     """What a device-mismatch error involved: the names on the user's failing line (and, when it
     raised inside a function or ``forward`` defined in a cell, on the line that raised there) and in
     the cell, their devices, and the lines that fix it on the user's line. Strings only."""
@@ -216,9 +223,9 @@ class Diagnosis(LinesReport):
             out.append("Fix: " + fix)
         return out
 
-    def _repr_html_(self) -> str:
-        """The lines in one preformatted block: the culprits' columns keep their alignment."""
-        return html_pre(self.lines())
+    def report(self) -> Report:
+        """The lines, preformatted in HTML: the culprits' columns keep their alignment."""
+        return Report([Lines(self.lines(), pre=True)])
 
     def to_dict(self) -> dict:
         return {"devices": list(self.devices), "line": self.line, "lineno": self.lineno,
@@ -414,8 +421,9 @@ def diagnose(
 ) -> Optional[Diagnosis]:
     """A :class:`Diagnosis` of ``exc`` when it is a device-mismatch error, else None.
 
-    The user's failing line is the outermost traceback frame whose file ``is_cell_file(filename)``
-    accepts (a notebook cell); when the error was raised deeper, in a function or ``forward`` defined in
+    The user's failing line is the line of the user's cell that ran (the outermost traceback frame whose
+    file ``is_cell_file(filename)`` accepts, or inside a cell magic the line of the cell the magic ran:
+    :func:`~.failing.user_frames`); when the error was raised deeper, in a function or ``forward`` defined in
     a cell, the deepest such frame is shown too, in its own terms (``self``, ``x``). Names are resolved
     in each frame's locals and globals (and ``user_ns``), the cell's other names in ``user_ns``. Only
     static lookups: no code is evaluated, nothing is kept.
@@ -423,7 +431,7 @@ def diagnose(
     devices = mismatch_devices(exc)
     if devices is None:
         return None
-    frames = cell_frames(exc.__traceback__, is_cell_file)
+    frames = user_frames(exc.__traceback__, is_cell_file)
 
     def names_on(frame: Any, lineno: int, scopes: list) -> tuple:
         text = source_line(frame, lineno)
@@ -433,28 +441,35 @@ def diagnose(
         return text, found
 
     line, found_line = "", []
+    cell_scopes: list = [user_ns]
     lineno: Optional[int] = None
     inner_line, found_inner = "", []
     inner_lineno: Optional[int] = None
     inner_function = ""
     if frames:
-        outer, lineno = frames[0]
-        line, found_line = names_on(outer, lineno, [outer.f_locals, outer.f_globals, user_ns])
+        outer = frames[0].frame
+        lineno = frames[0].shown
+        cell_scopes = [outer.f_locals, outer.f_globals, user_ns]
+        line, found_line = names_on(outer, frames[0].lineno, cell_scopes)
+        # The code that ran is the cell as its magic compiled it (whose locals, in %%cudatime's loop,
+        # are the cell's names): its text, not the magic's line and options, is the cell's.
+        cell_source = "".join(linecache.getlines(outer.f_code.co_filename)) or cell_source
         if len(frames) > 1:
-            inner, inner_lineno = frames[-1]
+            inner = frames[-1].frame
+            inner_lineno = frames[-1].shown
             inner_function = inner.f_code.co_name
             scopes = [inner.f_locals, inner.f_globals, user_ns]
-            inner_line, found_inner = names_on(inner, inner_lineno, scopes)
-    frames = outer = inner = scopes = None  # drop the frames: the diagnosis keeps strings only
+            inner_line, found_inner = names_on(inner, frames[-1].lineno, scopes)
     found_cell: list = []
     for chain in _name_chains(cell_source):
-        found_cell.extend(_resolve_chain(chain, [user_ns]))
+        found_cell.extend(_resolve_chain(chain, cell_scopes))
+    frames = outer = inner = scopes = cell_scopes = None  # drop the frames: the diagnosis keeps strings only
     culprits = []
     seen: set = set()
     for where, group in (("line", found_line), ("inside", found_inner), ("cell", found_cell)):
         for name, obj in group:
             key = (id(obj), where == "inside")
-            if key in seen or (where == "cell" and (id(obj), False) in seen):
+            if key in seen or (where == "cell" and ((id(obj), False) in seen or (id(obj), True) in seen)):
                 continue
             seen.add(key)
             culprits.append(_culprit(name, obj, where))

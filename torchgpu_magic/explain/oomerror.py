@@ -3,8 +3,10 @@ and the figures the allocator printed (total, free, allocated, reserved but unal
 
 PyTorch has worded the error many ways: CUDA's caching allocator (the ``(GPU 0; ... total capacity; ...)``
 form of 0.4 to 2.0, the ``GPU 0 has a total capacity of ...`` form since 2.1), the same text hipified for
-ROCm (``HIP out of memory``), the ``cudaMallocAsync`` backend, bare CUDA runtime and driver errors, the MPS
-and XPU allocators, the CPU allocator (``DefaultCPUAllocator``, and TH's ``Buy new RAM!`` before it).
+ROCm (``HIP out of memory``), the ``cudaMallocAsync`` backend, bare CUDA runtime and driver errors,
+Triton's launcher (its driver's own ``cuGetErrorString``, e.g. loading a kernel's module on a full GPU),
+the MPS and XPU allocators, the CPU allocator (``DefaultCPUAllocator``, and TH's ``Buy new RAM!`` before
+it).
 ``tests/oom_wordings.py`` lists each wording with where it came from, and the look-alikes that must not
 match (a launch's "out of resources", cuBLAS' ``CUBLAS_STATUS_ALLOC_FAILED``, shape and dtype errors).
 
@@ -17,6 +19,8 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
+
+from ..caches import cache
 
 _SIZE = r"(\d+(?:\.\d+)?\s*(?:bytes|[KMGTPE]i?B|B))"
 
@@ -102,6 +106,7 @@ _FORMS = [
     ("runtime-legacy", r"cuda runtime error \(2\) ?: ?out of memory"
                        r"|THCudaCheck FAIL .*error=2 : out of memory", "cuda"),
     ("nccl", r"Cuda failure '?out of memory'?", "cuda"),
+    ("triton", r"Triton Error \[(?P<backend>CUDA|HIP)\]:\s+(?:Code: \d+, Messsage: )?out of memory", None),
     ("bare", r"(?P<backend>CUDA|HIP|XPU) out of memory|(?P<mps>MPS) backend out of memory", None),
 ]
 _DETAILS = [
@@ -116,17 +121,15 @@ _DETAILS = [
     ("free", rf"Free \(according to CUDA\)\s*: {_SIZE}"),
     ("limit", rf"PyTorch limit \(set by user-supplied memory fraction\)\s*: {_SIZE}"),
 ]
-_COMPILED: list = []
 _NO_LIMIT = 2 ** 60
 
 
-def _compiled() -> list:
-    if not _COMPILED:
-        _COMPILED.append([(w, re.compile(p), b) for w, p, b in _FORMS])
-        _COMPILED.append([(f, re.compile(p)) for f, p in _DETAILS])
-        _COMPILED.append(re.compile(rf"Process (\d+) has {_SIZE} memory in use"))
-        _COMPILED.append(re.compile(rf"Unable to allocate {_SIZE}"))
-    return _COMPILED
+@cache
+def _compiled() -> tuple:
+    """The wordings, the details, other processes' lines and numpy's size, compiled on the first error."""
+    return ([(w, re.compile(p), b) for w, p, b in _FORMS], [(f, re.compile(p)) for f, p in _DETAILS],
+            re.compile(rf"Process (\d+) has {_SIZE} memory in use"),
+            re.compile(rf"Unable to allocate {_SIZE}"))
 
 
 def _is_torch_oom(exc: BaseException) -> bool:

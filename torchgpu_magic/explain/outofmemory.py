@@ -16,15 +16,15 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from ..holders import devicestate
 from ..holders.holdings import Holdings, Released, collect
 from ..holders.report import DeviceHolders, device_holders, fragmented
-from ..placement.kinds import gc_paused
-from ..render import LinesReport, fmt_bytes, html_lines
+from ..host import gc_paused
+from ..render import Lines, Report, Reportable, fmt_bytes
 from .failing import FailingLine, failing_line
 
 DEL_LINES = 3  # `del` advice for the largest few names; %gpumem holders lists every one
 
 
 @dataclass(repr=False)
-class OOMExplanation(LinesReport):
+class OOMExplanation(Reportable):
     """What an out-of-memory error asked on ``device``, who holds that device's memory (``holders``) and
     the advice, largest first (``advice``: (bytes or None, line)); ``too_big`` when the request alone is
     more than the device has in all. ``facts`` is the message read by
@@ -49,27 +49,20 @@ class OOMExplanation(LinesReport):
             parts.append(f"{fmt_bytes(state.free)} {word} now, of {fmt_bytes(state.total)}")
         elif facts.total is not None:
             parts.append(f"of {fmt_bytes(facts.total)} in all")
+        if state.limit:
+            parts.append(f"under {state.limit}")
         if facts.limit is not None:
             parts.append(f"this process may use {fmt_bytes(facts.limit)}")
         return f"gpumem: out of memory on {self.device}: " + "; ".join(parts)
 
-    def lines(self) -> list:
-        out = [self.headline(), *self.failing.lines(), f"Who holds {self.device} memory, largest first:"]
-        out.extend(self.holders.table().to_text(indent="  ").splitlines())
-        out.extend("  " + note for note in self.holders.notes())
-        if self.advice:
-            out.append("What to do, largest first:" if not self.too_big else "What to do:")
-            out.extend(f"  {i}. {line}" for i, (_, line) in enumerate(self.advice, 1))
-        return out
-
-    def _repr_html_(self) -> str:
-        import html
-
-        advice = "".join(f"<li>{html.escape(line)}</li>" for _, line in self.advice)
-        todo = html_lines(["What to do, largest first:"]) + f"<ol>{advice}</ol>" if advice else ""
-        return (f'<div class="torchgpu-magic-oom"><b>{html.escape(self.headline())}</b>'
-                + html_lines([*self.failing.lines(), f"Who holds {self.device} memory, largest first:"])
-                + self.holders.table().to_html() + html_lines(self.holders.notes()) + todo + "</div>")
+    def report(self) -> Report:
+        """The headline, the failing line, who holds the device's memory, the advice numbered."""
+        holders = Report([self.holders.table(), Lines(self.holders.notes())],
+                         title=f"Who holds {self.device} memory, largest first:", indent="  ")
+        advice = Report([Lines([f"{i}. {line}" for i, (_, line) in enumerate(self.advice, 1)])],
+                        title="What to do:" if self.too_big else "What to do, largest first:", indent="  ")
+        return Report([Lines(self.failing.lines()), holders, advice if self.advice else None],
+                      title=self.headline())
 
     def to_dict(self) -> dict:
         return {"device": self.device, "facts": self.facts.to_dict(), "failing": self.failing.to_dict(),
@@ -103,11 +96,13 @@ def _explain(facts: Any, ns: Mapping[str, Any], tracebacks: list, cell_source: s
     holders = device_holders(holdings, device, state)
     total = state.total if state.total is not None else facts.total
     too_big = facts.asked is not None and total is not None and facts.asked > total
-    advice = _ask_less(facts, holdings, device, state)
+    advice = _ask_less(facts, holdings, device, state, cell_source)
     if too_big:
-        advice.insert(0, (None, f"the request alone ({fmt_bytes(facts.asked)}) is more than {device} has in "
-                                f"all ({fmt_bytes(total)}): nothing freed here makes room. Look at the size "
-                                "asked (a shape or dtype larger than meant?), or ask for less"))
+        has = (f"this process may use on {device} ({fmt_bytes(total)}, {state.limit})" if state.limit
+               else f"{device} has in all ({fmt_bytes(total)})")
+        advice.insert(0, (None, f"the request alone ({fmt_bytes(facts.asked)}) is more than {has}: nothing "
+                                "freed here makes room. Look at the size asked (a shape or dtype larger "
+                                "than meant?), or ask for less"))
     else:
         advice = _freeing(holdings, device, state, facts, cell_source) + advice
     return OOMExplanation(device, facts, holders, advice, too_big)
@@ -144,8 +139,43 @@ def _freeing(holdings: Holdings, device: str, state: Any, facts: Any, source: st
         listed = ", ".join(f"pid {pid} {name}".strip() for pid, name, _ in state.others[:3])
         advice.append((others, f"other processes hold {fmt_bytes(others)} of {device} ({listed}): stop them, "
                                "or use another GPU"))
+    unknown = _unknown_processes(state)
+    if unknown:
+        advice.append(unknown)
     advice.sort(key=lambda a: -(a[0] or 0))
     return advice
+
+
+def _unknown_processes(state: Any) -> Optional[tuple]:
+    """In a container without ``--pid=host`` NVML lists the host's PIDs, this process among them under a
+    number it cannot recognise: where it lists more than one, what other processes hold is at most the
+    device's memory in use beyond torch's reserved memory here (that also holds this process's CUDA
+    context). Said with that bound and how to learn more; never "stop them", which may be this kernel."""
+    unmeasured = [pid for pid, _ in state.unmeasured]
+    beyond = state.outside
+    if (len(state.foreign) < 2 and not unmeasured) or (beyond or 0) <= 0:
+        return None
+    if len(state.foreign) >= 2:
+        pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])
+        why = (f"NVML lists {len(state.foreign)} under the host's PIDs ({pids}) and cannot tell which is "
+               "this kernel (a container without --pid=host); nvidia-smi on the host names them")
+    else:
+        pids = ", ".join(str(pid) for pid in unmeasured[:4])
+        plural = "es" if len(unmeasured) != 1 else ""
+        why = (f"NVML lists {len(unmeasured)} other process{plural} here ({pids}) without their memory (MIG "
+               "mode gives none to a user without privileges)")
+    return (beyond, f"up to {fmt_bytes(beyond)} of {state.device} is held outside torch here, by this "
+                    f"process's CUDA context and other processes: {why}. If another job holds the GPU, use "
+                    "another GPU or wait for it")
+
+
+def _has_batch(holdings: Holdings, device: str, source: str) -> bool:
+    """Whether the failure is a model's, whose batch a user can shrink: it failed inside a module's
+    method, or autograd graphs hold activations on the device, or the cell runs a backward. A bare
+    ``torch.empty(2**50)`` has no batch to halve."""
+    if holdings.module_frames or "backward" in source:
+        return True
+    return any(h.source == "graph" and h.nbytes(device) for h in holdings.holders)
 
 
 def _graph_advice(holdings: Holdings, device: str, source: str) -> list:
@@ -187,11 +217,12 @@ def _gradients(holdings: Holdings, device: str) -> list:
             for name, size in freed.items()]
 
 
-def _ask_less(facts: Any, holdings: Holdings, device: str, state: Any) -> list:
-    """What makes the failing request smaller, with numbers: a smaller batch, mixed precision for the
-    activations, activation checkpointing."""
+def _ask_less(facts: Any, holdings: Holdings, device: str, state: Any, source: str = "") -> list:
+    """What makes the failing request smaller, with numbers: a smaller batch (where the failure is a
+    model's: inside a module's forward, or with activations saved for a backward), mixed precision for
+    the activations, activation checkpointing."""
     advice = []
-    if facts.asked is not None:
+    if facts.asked is not None and _has_batch(holdings, device, source):
         half = facts.asked // 2
         advice.append((half, f"a smaller batch: the failing allocation asked {fmt_bytes(facts.asked)}; half "
                              f"the batch asks about {fmt_bytes(half)}"))

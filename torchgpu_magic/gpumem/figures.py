@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 
 from ..accelerators import cuda_state, torch_figures
 from ..host import HostMemory, host_memory
-from ..render import Table, fmt_bytes, html_lines, is_na
+from ..render import Lines, Report, Reportable, Table, fmt_bytes, is_na
 
 
 # ---- figures ---------------------------------------------------------------------------------------
@@ -115,8 +115,8 @@ class GPUMemory:
         return out
 
 
-@dataclass(frozen=True)
-class MemorySnapshot:
+@dataclass(frozen=True, repr=False)
+class MemorySnapshot(Reportable):
     """Everything one sample saw. ``cuda`` says how much torch could tell: 'not imported', 'no CUDA',
     'not initialised' (torch holds no GPU memory yet), 'initialised'."""
 
@@ -176,27 +176,10 @@ class MemorySnapshot:
             lines.extend(f"{g.target.label}: {p}" for p in g.problems)
         return lines
 
-    def to_text(self) -> str:
-        """The snapshot as terminal text (what IPython prints for it)."""
-        parts = ["Memory (this process)", "  " + self.host_line()]
-        table = self.table()
-        if table is not None:
-            parts.append(table.to_text(indent="  "))
-        parts.extend("  " + line for line in self.notes())
-        return "\n".join(parts)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
-    def _repr_html_(self) -> str:
-        table = self.table()
-        return (
-            "<div><b>Memory (this process)</b>"
-            + html_lines([self.host_line()])
-            + (table.to_html() if table is not None else "")
-            + html_lines(self.notes())
-            + "</div>"
-        )
+    def report(self) -> Report:
+        """The host's line, the GPU table, the notes."""
+        return Report([Lines([self.host_line()]), self.table(), Lines(self.notes())],
+                      title="Memory (this process)", indent="  ")
 
 
 _CUDA_NOTES = {
@@ -217,16 +200,13 @@ def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySn
     status = []
     nvml_ok = False
     if any(t.nvml_index is not None for t in targets):
-        try:
-            from ..gpus import nvml, processes
+        from ..gpus import nvml, processes
 
-            problem = nvml.status()
-        except Exception as exc:  # noqa: BLE001
-            problem = f"NVML unavailable: {exc}"
+        problem = nvml.status()  # never raises: a missing or broken NVML is a problem it returns
         if problem is None:
             nvml_ok = True
         else:
-            status.append(problem if isinstance(problem, str) else processes.problem_text(problem))
+            status.append(processes.problem_text(problem))
     state = cuda_state()
     gpus = []
     for target in targets:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import collections
 import csv
-import html
 import time
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
-from ..render import Table, fmt_bytes, fmt_seconds, html_lines
+from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_seconds
 
 DEFAULT_KEEP = 10_000
 _GPU_FIELDS = ("delta", "peak", "nvml_delta")
@@ -103,7 +102,7 @@ def _number(text: str, kind: type) -> Any:
     return None if text == "" else kind(text)
 
 
-class CellRecords:
+class CellRecords(Reportable):
     """The records of every cell since ``%gpumem`` started, oldest first, bounded to the last ``keep``;
     :attr:`dropped` counts the older ones that were let go.
 
@@ -275,15 +274,8 @@ class CellRecords:
     def __repr__(self) -> str:
         return f"<CellRecords: {len(self)} cells, {self.dropped} dropped>"
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        parts = ["%gpumem records: " + self._summary()[0]] + ["  " + line for line in self._summary()[1:]]
-        table = self._top_table()
-        if table is not None:
-            parts.append(table.to_text(indent="  "))
-        p.text("\n".join(parts))
-
-    def _repr_html_(self) -> str:
+    def report(self) -> Report:
+        """The summary (the number of cells, totals), then the cells that peaked highest."""
         summary = self._summary()
-        table = self._top_table()
-        return (f"<div><b>%gpumem records</b>: {html.escape(summary[0])}" + html_lines(summary[1:])
-                + (table.to_html() if table is not None else "") + "</div>")
+        return Report([Lines(summary[1:]), self._top_table()],
+                      title="%gpumem records: " + summary[0], indent="  ")

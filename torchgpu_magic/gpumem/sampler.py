@@ -92,10 +92,7 @@ class CellLog:
         for target in self.targets:
             if target.torch_index is None or target.nvml_index is None:
                 continue
-            try:
-                process = process_figures(target.nvml_index, os.getpid(), target.mig_uuid)[2]
-            except Exception:  # noqa: BLE001 - NVML failing costs this cell its NVML figures only
-                process = None
+            process = process_figures(target.nvml_index, os.getpid(), target.mig_uuid)[2]
             if not is_na(process):
                 usage[target.torch_index] = int(process)
         return usage
@@ -198,14 +195,12 @@ class Sampler:
         interval: float = DEFAULT_INTERVAL,
         callback: Optional[Callable[[MemorySnapshot], None]] = None,
         history_seconds: float = HISTORY_SECONDS,
-        collector: Callable[[Sequence[GPUTarget]], MemorySnapshot] = collect,
     ) -> None:
         self.targets: tuple = tuple(targets)
         self.callback = callback
         self.history_seconds = float(history_seconds)
         self.last_error: Optional[str] = None
         self.latest: Optional[MemorySnapshot] = None
-        self._collector = collector
         self._interval = validate_interval(interval)
         self._history: collections.deque = collections.deque(maxlen=self._history_len())
         self._lock = threading.RLock()
@@ -305,7 +300,7 @@ class Sampler:
     def sample_now(self) -> MemorySnapshot:
         """Take one sample now (any thread), fold it into peaks and history, and call the callback."""
         with self._lock:
-            snapshot = self._collector(self.targets)
+            snapshot = collect(self.targets)
             snapshot = self._fold_peaks(snapshot)
             self.latest = snapshot
             self._history.append(snapshot)

@@ -6,7 +6,11 @@
   process list names this PID namespace's processes at all (a container without ``--pid=host``);
 - ``problems``: NVML's errors as short codes with a hint a person can act on;
 - ``gpumap``: torch's view of its GPUs, matched to NVML's by UUID under ``CUDA_VISIBLE_DEVICES``;
-- ``inventory``: the report, and the diagnosis of why torch cannot use a GPU.
+- ``machine``: what the OS says without NVIDIA's software (NVIDIA GPUs on the PCI bus, the kernel driver,
+  WSL's files, the distribution);
+- ``hosting``: where the kernel runs (a hosted notebook service, a container, a VM);
+- ``causes``: why torch cannot use a GPU here, the real cause first, with a fix that applies there;
+- ``inventory``: the report.
 
 Importing this package imports none of them: callers name the module they need
 (``from torchgpu_magic.gpus import nvml``), so that ``%gpumem`` does not pay for the report's code.

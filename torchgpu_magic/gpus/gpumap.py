@@ -312,6 +312,14 @@ def gpu_map(view: Optional[TorchView] = None, gpus: Optional[list] = None) -> li
     return result
 
 
+def nvml_target(index: int) -> Optional[tuple]:
+    """(NVML index, MIG uuid or None) of torch's ``cuda:index``; None where NVML cannot say."""
+    if nvml.status() is not None:
+        return None
+    mapping = next((m for m in gpu_map() if m.torch_index == index and m.nvml_index is not None), None)
+    return None if mapping is None else (mapping.nvml_index, None if is_na(mapping.mig) else mapping.mig)
+
+
 def _mig_at(gpu: Any, slot: Optional[int]) -> Any:
     if slot is None:
         return None

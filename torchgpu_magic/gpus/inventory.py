@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import MagicInputError
-from ..render import Table, fmt_bytes, fmt_value, html_lines, is_na
-from . import nvml
+from ..render import Lines, Report, Reportable, Table, can_print, fmt_bytes, fmt_value, is_na
+from . import hosting, machine, nvml
+from .causes import Diagnosis, diagnose
 from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, parse_cuda_visible_devices, torch_view
+from .hosting import Place
+from .machine import Machine
 from .nvml import NA
-from .problems import driver_fix
+from .problems import HINTS
 
 __all__ = [
     "TorchDevice",
@@ -31,13 +33,14 @@ __all__ = [
     "ProcessRow",
     "Diagnosis",
     "GPUReport",
+    "Machine",
+    "Place",
+    "diagnose",
     "torch_view",
     "gpu_map",
     "parse_cuda_visible_devices",
     "build_report",
 ]
-
-HIDING_VALUES_EXAMPLE = "'' or '-1' or 'NoDevFiles'"
 
 
 # ---- the report ---------------------------------------------------------------------------------
@@ -67,17 +70,8 @@ class GPUEntry:
     host_pids: bool = False
 
 
-@dataclass
-class Diagnosis:
-    """Why torch cannot use a GPU: a ``cause`` code, what is wrong, and how to fix it."""
-
-    cause: str
-    message: str
-    fix: str
-
-
-@dataclass
-class GPUReport:
+@dataclass(repr=False)
+class GPUReport(Reportable):
     """What ``%gpuinfo`` shows: environment, GPUs, processes, and a diagnosis when torch has no GPU."""
 
     environment: dict
@@ -87,6 +81,8 @@ class GPUReport:
     nvml_problem: Any = None
     show_processes: bool = True
     pid: int = 0
+    machine: Optional[Machine] = None
+    place: Optional[Place] = None
 
     # ---- data ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -98,6 +94,8 @@ class GPUReport:
             "diagnosis": self.diagnosis,
             "nvml_problem": self.nvml_problem,
             "pid": self.pid,
+            "machine": self.machine,
+            "place": self.place,
         })
 
     def to_json(self) -> str:
@@ -113,7 +111,9 @@ class GPUReport:
         torch_part = f"torch {env['torch_version']}"
         torch_part += f" (CUDA {env['torch_cuda']})" if env["torch_cuda"] else " (CPU-only build)"
         count = env["nvml_gpu_count"]
-        if self.nvml_problem is not None:
+        if any(d.cause == "no_nvidia_gpu" for d in self.diagnosis):
+            nvml_part = "no NVIDIA GPU"
+        elif self.nvml_problem is not None:
             nvml_part = "NVML unavailable"
         else:
             nvml_part = (f"{count} NVIDIA GPU{'s' if count != 1 else ''}, driver {env['driver_version']} "
@@ -128,7 +128,7 @@ class GPUReport:
     def _diagnosis_lines(self) -> list:
         lines = []
         for d in self.diagnosis:
-            lines.append(f"✗ {d.message}" if _can_encode("✗") else f"x {d.message}")
+            lines.append(f"✗ {d.message}" if can_print("✗") else f"x {d.message}")
             lines.append(f"  fix: {d.fix}")
         return lines
 
@@ -144,8 +144,12 @@ class GPUReport:
             ("CUDA_VISIBLE_DEVICES", _env_text(env["CUDA_VISIBLE_DEVICES"])),
             ("CUDA_DEVICE_ORDER", _env_text(env["CUDA_DEVICE_ORDER"])),
             ("other accelerators", ", ".join(self.torch.other_accelerators) or "none"),
-            ("this process's PID", self.pid),
         ]
+        if self.machine is not None:
+            rows += _machine_rows(self.machine)
+        if self.place is not None:
+            rows.append(("runs in", self.place.describe()))
+        rows.append(("this process's PID", self.pid))
         for key, value in rows:
             table.add(key, fmt_value(value))
         return table
@@ -155,7 +159,7 @@ class GPUReport:
                        "torch alloc / reserved / peak"], align="rrlllrr", title="GPUs")
         state = Table(["cuda", "nvml", "util", "temp", "power / limit", "SM / mem clock", "PCIe", "persist",
                        "MIG"], align="rrrrrrlll", title="GPU state")
-        degrees = "°C" if _can_encode("°") else "C"
+        degrees = "°C" if can_print("°") else "C"
         for g in self.gpus:
             s = g.snapshot
             cuda = "-" if g.torch_index is None else f"cuda:{g.torch_index}"
@@ -193,21 +197,21 @@ class GPUReport:
     def _notes(self) -> list:
         notes = []
         problem = self.nvml_problem
-        if problem is not None and all(d.fix != problem.hint for d in self.diagnosis):
-            notes.append(f"NVML: {problem.message}. {problem.hint}")
+        if problem is not None and not any(d.explains_nvml or d.fix == problem.hint for d in self.diagnosis):
+            notes.append(f"NVML: {problem.message}. {self._hint(problem)}")
         for g in self.gpus:
             where = f"GPU {g.nvml_index}" if g.nvml_index is not None else f"cuda:{g.torch_index}"
             s = g.snapshot
             if s is not None:
                 for problem in s.problems:
-                    notes.append(f"{where}: {problem.message}. {problem.hint}")
+                    notes.append(f"{where}: {problem.message}. {self._hint(problem)}")
                 if s.not_supported:
                     notes.append(f"{where}: N/A where this GPU or driver does not report it "
                                  f"({', '.join(s.not_supported)}).")
             if self.show_processes:
                 if g.process_problem is not None:
                     notes.append(f"{where}: process list incomplete ({g.process_problem.message}). "
-                                 f"{g.process_problem.hint}")
+                                 f"{self._hint(g.process_problem)}")
                 if g.host_pids:
                     notes.append(f"{where}: the list shows host PIDs (this process runs in a container, "
                                  f"PID {self.pid} here), so its own process cannot be marked by PID.")
@@ -223,69 +227,54 @@ class GPUReport:
             notes.append(f"torch warned: {text}")
         return notes
 
-    def to_text(self) -> str:
-        parts = [self._headline()]
+    def _hint(self, problem: Any) -> str:
+        """NVML's hint, in the words for where this runs: the permission hint names containers only in one."""
+        if problem.hint == HINTS["no_permission"] and self.place is not None and self.place.container is None:
+            return HINTS["no_permission_host"]
+        return problem.hint
+
+    def report(self) -> Report:
+        """The headline; why torch cannot use a GPU; the GPUs, their state and processes; the
+        environment; the notes."""
+        parts: list = []
         if self.diagnosis:
-            lines = ["  " + line for line in self._diagnosis_lines()]
-            parts.append("\n".join(["Why torch cannot use a GPU:"] + lines))
+            parts.append(Report([Lines(self._diagnosis_lines())], title="Why torch cannot use a GPU:",
+                                indent="  "))
         if self.gpus:
             ident, state = self._gpu_tables()
-            parts.append(ident.to_text())
-            if state.rows:
-                parts.append(state.to_text())
+            parts += [ident, state] if state.rows else [ident]
             if self.show_processes:
                 procs = self._process_table()
-                if procs.rows:
-                    parts.append(procs.to_text())
-                else:
-                    parts.append("Processes: none listed")
-        parts.append(self._environment_table().to_text())
+                parts.append(procs if procs.rows else Lines(["Processes: none listed"]))
+        parts.append(self._environment_table())
         notes = self._notes()
         if notes:
-            parts.append("\n".join(["Notes:"] + ["  " + n for n in notes]))
-        return "\n\n".join(parts)
+            parts.append(Report([Lines(notes)], title="Notes:", indent="  "))
+        return Report(parts, title=self._headline(), gap=True)
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text("GPUReport(...)" if cycle else self.to_text())
 
-    def _repr_html_(self) -> str:
-        import html
-
-        out = [f'<div class="torchgpu-magic"><p><b>{html.escape(self._headline())}</b></p>']
-        if self.diagnosis:
-            out.append("<p><b>Why torch cannot use a GPU:</b></p>")
-            out.append(html_lines(self._diagnosis_lines()))
-        if self.gpus:
-            ident, state = self._gpu_tables()
-            out.append(ident.to_html())
-            if state.rows:
-                out.append(state.to_html())
-            if self.show_processes:
-                procs = self._process_table()
-                out.append(procs.to_html() if procs.rows else html_lines(["Processes: none listed"]))
-        out.append(self._environment_table().to_html())
-        notes = self._notes()
-        if notes:
-            out.append("<p><b>Notes:</b></p>" + html_lines(notes))
-        out.append("</div>")
-        return "".join(out)
-
-    def __repr__(self) -> str:
-        return self.to_text()
+def _machine_rows(here: Machine) -> list:
+    """What the OS says about NVIDIA hardware, for the environment table."""
+    if here.system == "Darwin":
+        return [("NVIDIA GPUs", "none (macOS)")]
+    if here.wsl:
+        access = "GPU access (/dev/dxg)" if here.wsl_gpu else "no GPU access (no /dev/dxg)"
+        shared = "NVIDIA's driver shared from Windows" if here.wsl_nvidia else "no NVIDIA driver from Windows"
+        return [("WSL", f"{access}, {shared}")]
+    if here.system != "Linux":
+        return []
+    if here.nvidia_gpus is None:
+        bus = "unknown (the PCI bus cannot be read here)"
+    elif not here.nvidia_gpus:
+        bus = "none"
+    else:
+        bus = "; ".join(f"{g.label()} at {g.address} ({g.driver or 'no'} driver)" for g in here.nvidia_gpus)
+    module = "not loaded" if here.kernel_driver is None else (here.kernel_driver or "loaded")
+    return [("NVIDIA GPUs on the PCI bus", bus), ("NVIDIA kernel driver", module)]
 
 
 def _env_text(value: Optional[str]) -> str:
     return "(unset)" if value is None else repr(value)
-
-
-def _can_encode(text: str) -> bool:
-    import sys
-
-    try:
-        text.encode(getattr(sys.stdout, "encoding", None) or "ascii")
-    except (UnicodeEncodeError, LookupError):
-        return False
-    return True
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -312,77 +301,16 @@ def _plain(obj: Any) -> Any:
 
 # ---- building it --------------------------------------------------------------------------------
 
-def _version_tuple(text: Any) -> Optional[tuple]:
-    match = re.match(r"(\d+)\.(\d+)", str(text)) if text and not is_na(text) else None
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def _hides_all(value: Optional[str], gpus: list) -> bool:
-    return value is not None and bool(gpus) and not parse_cuda_visible_devices(value, gpus)
-
-
-def diagnose(view: TorchView, problem: Any, gpus: list, env: dict) -> list:
-    """Every reason torch cannot use a GPU here (empty when it can)."""
-    if view.is_available and view.devices:
-        return []
-    causes = []
-    names = sorted({str(g.name) for g in gpus if not is_na(g.name)})
-    seen = f"{len(gpus)} NVIDIA GPU{'s' if len(gpus) != 1 else ''} ({', '.join(names)})" if gpus else ""
-    if not view.cuda and not view.hip:
-        message = f"torch {view.version} is a CPU-only build (torch.version.cuda is None)"
-        if gpus:
-            message += f"; NVML sees {seen}, which a CUDA build of torch would use"
-        fix = ("install a CUDA build of torch that this driver supports "
-               f"(CUDA {env['cuda_driver_version']} or older): see https://pytorch.org/get-started/locally/")
-        if not gpus:
-            fix = "on a machine with an NVIDIA GPU, install a CUDA build of torch (https://pytorch.org/get-started/locally/)"
-        causes.append(Diagnosis("cpu_only_build", message, fix))
-    if problem is not None and problem.code in ("library_not_found", "driver_not_loaded", "driver_mismatch"):
-        what = {
-            "library_not_found": "no NVIDIA driver: the NVML library was not found",
-            "driver_not_loaded": "no NVIDIA driver loaded: NVML says the kernel driver is not loaded",
-            "driver_mismatch": "the NVIDIA driver is half-upgraded: its library and kernel module differ",
-        }[problem.code]
-        fix = driver_fix() if problem.code == "library_not_found" else problem.hint
-        causes.append(Diagnosis("no_driver", what, fix))
-    elif problem is None and not gpus:
-        causes.append(Diagnosis("no_gpu", "the NVIDIA driver works but finds no GPU",
-                                "is a GPU attached to this machine or container? (`nvidia-smi -L`)"))
-    visible = env["CUDA_VISIBLE_DEVICES"]
-    if _hides_all(visible, gpus):
-        causes.append(Diagnosis(
-            "hidden_by_cuda_visible_devices",
-            f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU ({seen} present)",
-            "unset CUDA_VISIBLE_DEVICES or list the GPUs to use (e.g. '0'), then restart the kernel: "
-            "CUDA reads it once, when it starts"))
-    if view.cuda:
-        need, have = _version_tuple(view.cuda), _version_tuple(env["cuda_driver_version"])
-        if need and have and have[0] < need[0]:
-            causes.append(Diagnosis(
-                "driver_too_old",
-                f"driver {env['driver_version']} supports CUDA up to {env['cuda_driver_version']}, "
-                f"but torch {view.version} was built with CUDA {view.cuda}",
-                f"update the NVIDIA driver to one for CUDA {need[0]}.x, or install a torch built for "
-                f"CUDA {have[0]}.x"))
-    if view.other_accelerators:
-        first = view.other_accelerators[0]
-        causes.append(Diagnosis(
-            "other_accelerator",
-            f"torch can use another accelerator here instead: {', '.join(view.other_accelerators)}",
-            f"run on it with torch.device({first!r}) (or %%ontorch {first})"))
-    if not causes:
-        said = f" torch warned: {view.warnings[0]}" if view.warnings else ""
-        causes.append(Diagnosis(
-            "unknown", f"torch.cuda.is_available() is False although the driver sees {seen}.{said}",
-            "run `nvidia-smi` and `python -c 'import torch; torch.cuda.init()'` to see CUDA's own error"))
-    return causes
-
-
 def build_report(index: Optional[int] = None, show_processes: bool = True,
-                 view_fn: Callable[[], TorchView] = torch_view) -> GPUReport:
+                 view_fn: Callable[[], TorchView] = torch_view, here: Optional[Machine] = None,
+                 place: Optional[Place] = None) -> GPUReport:
     """Collect the report. ``index`` keeps one GPU: torch's ``cuda:N`` when torch sees GPUs, else NVML's
-    index; an index that does not exist raises :class:`MagicInputError` naming the valid ones."""
+    index; an index that does not exist raises :class:`MagicInputError` naming the valid ones. ``here``
+    and ``place`` are what this machine has and where the kernel runs (read when not given:
+    :func:`.machine.survey`, :func:`.hosting.where`)."""
     view = view_fn()
+    here = machine.survey() if here is None else here
+    place = hosting.where() if place is None else place
     problem = nvml.status()
     count = nvml.device_count() if problem is None else 0
     identities = [nvml.gpu_snapshot(i, identity_only=True) for i in range(count)]
@@ -414,8 +342,8 @@ def build_report(index: Optional[int] = None, show_processes: bool = True,
     if show_processes:
         _mark_host_pids(entries, pid)
     return GPUReport(environment=env, torch=view, gpus=entries,
-                     diagnosis=diagnose(view, problem, identities, env), nvml_problem=problem,
-                     show_processes=show_processes, pid=pid)
+                     diagnosis=diagnose(view, problem, identities, env, here, place), nvml_problem=problem,
+                     show_processes=show_processes, pid=pid, machine=here, place=place)
 
 
 def _entries(view: TorchView, mapping: list, count: int) -> list:
@@ -463,14 +391,12 @@ def _slice_memory(snap: Any, mig_uuid: str) -> None:
 
 
 def _mark_host_pids(entries: list, pid: int) -> None:
-    """Say 'host PIDs' where NVML lists processes, none is ours, and their PIDs do not exist here."""
-    try:
-        import psutil
-    except ImportError:
-        return
-    listed = [p for e in entries for p in e.processes]
-    if not listed or any(p.is_self for p in listed):
+    """Say 'host PIDs' where NVML's process lists name another PID namespace's processes (the one check,
+    :func:`~.processes.foreign_pids`, over every GPU's list: this process on any GPU settles it)."""
+    from .processes import foreign_pids
+
+    if not foreign_pids([p for e in entries for p in e.processes], pid):
         return
     for entry in entries:
-        if entry.processes and not all(psutil.pid_exists(p.pid) for p in entry.processes):
+        if foreign_pids(entry.processes, pid):
             entry.host_pids = True

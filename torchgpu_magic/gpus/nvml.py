@@ -51,7 +51,7 @@ def _init_locked() -> None:
         import pynvml
     except ImportError as exc:
         _problem = NVMLProblem(
-            "library_not_found", f"cannot import pynvml: {exc}", HINTS["bindings_missing"])
+            "bindings_missing", f"cannot import pynvml: {exc}", HINTS["bindings_missing"])
         return
     try:
         pynvml.nvmlInit()

@@ -1,14 +1,16 @@
 """Why NVML could not answer, and what a person can do about it: :class:`NVMLProblem` and the mapping
 from pynvml's exception classes to a short code and a hint (model: nvitop's ``nvmlQuery``). Standard
 library only; :mod:`torchgpu_magic.gpus.nvml` uses it and re-exports its names.
+
+A hint holds only what is true wherever the problem occurs. What to do where NVML finds no driver depends
+on the machine (no NVIDIA GPU, a GPU without a driver, a container started without it, WSL...), which
+NVML cannot see: ``%gpuinfo``'s diagnosis (:mod:`torchgpu_magic.gpus.causes`) says that.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Optional
 
-__all__ = ["HINTS", "NVMLProblem", "driver_fix", "in_container", "problem_from_error"]
+__all__ = ["HINTS", "NVMLProblem", "problem_from_error"]
 
 
 @dataclass(frozen=True)
@@ -27,9 +29,8 @@ class NVMLProblem:
 
 HINTS = {
     "library_not_found": (
-        "The NVML library (libnvidia-ml.so.1) was not found: no NVIDIA driver is installed here, or a "
-        "container was started without the driver mounted (use `docker run --gpus all` with the NVIDIA "
-        "Container Toolkit)."
+        "The NVML library (libnvidia-ml.so.1 on Linux, nvml.dll on Windows), which the NVIDIA driver "
+        "installs, was not found: what the driver alone knows is N/A."
     ),
     "bindings_missing": "The NVML bindings are not installed: `pip install nvidia-ml-py`.",
     "driver_not_loaded": (
@@ -43,6 +44,10 @@ HINTS = {
     "no_permission": (
         "NVML refused for lack of permission: inside a container other processes (and their GPU "
         "memory) are hidden; run on the host or in a container started with `--pid=host`, or as root."
+    ),
+    "no_permission_host": (
+        "NVML refused for lack of permission: other users' processes (and their GPU memory) are hidden "
+        "from this user; run as root to see them."
     ),
     "no_permission_mig": (
         "This GPU is in MIG mode: NVML lists processes per MIG instance, and only root may ask about the "
@@ -91,46 +96,3 @@ def problem_from_error(exc: BaseException, what: str = "") -> NVMLProblem:
         text = type(exc).__name__
     message = f"{what}: {text}" if what else text
     return NVMLProblem(code=code, message=message, hint=HINTS[code])
-
-
-def in_container() -> bool:
-    """Whether this process runs in a container (Docker's /.dockerenv, Podman's /run/.containerenv, or a
-    container runtime's cgroup), where a missing driver usually means one not mounted in."""
-    if os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"):
-        return True
-    try:
-        with open("/proc/1/cgroup", encoding="utf-8") as cgroup:
-            text = cgroup.read()
-    except OSError:
-        return False
-    return any(word in text for word in ("docker", "kubepods", "containerd", "libpod", "lxc"))
-
-
-def driver_fix(system: Optional[str] = None, container: Optional[bool] = None,
-               wsl: Optional[bool] = None) -> str:
-    """What to do where no NVIDIA driver is installed, for this machine: ``system`` is
-    ``platform.system()`` ('Linux', 'Darwin', 'Windows'), ``container`` whether this runs in one, ``wsl``
-    whether Linux runs under Windows' WSL (each found out when not given)."""
-    import platform
-
-    system = platform.system() if system is None else system
-    if wsl is None:
-        wsl = system == "Linux" and "microsoft" in platform.release().lower()
-    if container is None:
-        container = system == "Linux" and in_container()
-    if system == "Darwin":
-        return ("macOS has no NVIDIA driver for current Macs; on Apple silicon torch uses the GPU as 'mps' "
-                "(%%ontorch mps)")
-    if system == "Windows":
-        return ("install the NVIDIA driver for your GPU (https://www.nvidia.com/Download/index.aspx, or the "
-                "NVIDIA App) and restart; `nvidia-smi` then lists the GPU")
-    if wsl:
-        return ("install the NVIDIA driver on Windows, not inside WSL: WSL 2 then provides it here "
-                "(/usr/lib/wsl/lib); `nvidia-smi` in WSL then lists the GPU")
-    if container:
-        return ("this runs in a container started without the driver: on a host with an NVIDIA GPU and "
-                "driver, start it with `docker run --gpus all` (the NVIDIA Container Toolkit), or "
-                "`apptainer run --nv`")
-    return ("install the NVIDIA driver for this Linux and reboot: `sudo ubuntu-drivers install` (Ubuntu), "
-            "`sudo apt install nvidia-driver` (Debian), `akmod-nvidia` from RPM Fusion (Fedora), or "
-            "https://www.nvidia.com/Download/index.aspx; `nvidia-smi` then lists the GPU")

@@ -17,19 +17,10 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
     """(used, total, this process, other processes, problems) from NVML, for the GPU or the MIG instance
     ``mig_uuid``; NA/None where it cannot say. When NVML lists processes, not this one, and PIDs that do
     not exist here (a container: NVML gives the host's PIDs), this process's share and the others' are
-    unknown (None), not 0 and everything."""
+    unknown (None), not 0 and everything; so is a figure NVML lists a process without (MIG mode)."""
     problems = []
-    try:
-        figures = nvml.memory(nvml_index, mig_uuid)
-        used, total = figures if isinstance(figures, tuple) else (figures, figures)
-    except Exception as exc:  # noqa: BLE001 - nvml.py should not raise; if it does, show it
-        used = total = None
-        problems.append(f"NVML memory query failed: {exc}")
-    try:
-        procs, problem = nvml.processes(nvml_index, mig_uuid)
-    except Exception as exc:  # noqa: BLE001
-        procs, problem = [], None
-        problems.append(f"NVML process query failed: {exc}")
+    used, total = nvml.memory(nvml_index, mig_uuid)  # neither raises: NA figures, a problem returned
+    procs, problem = nvml.processes(nvml_index, mig_uuid)
     if problem is not None:
         if not procs:  # no list at all: this process's share and the others' are unknown
             problems.append(problem_text(problem))
@@ -37,25 +28,54 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
         if getattr(problem, "code", "") != "not_supported":  # one of two lists failed
             problems.append(problem_text(problem))
     by_pid: dict = {}
+    unmeasured = set()  # listed without a figure: MIG mode gives none to a user without privileges
     for proc in procs:  # one process may appear as compute and graphics: count it once
         amount = getattr(proc, "used_memory", None)
         if is_na(amount):
+            unmeasured.add(proc.pid)
             continue
         by_pid[proc.pid] = max(by_pid.get(proc.pid, 0), int(amount))
-    mine = by_pid.pop(pid, None)
-    if mine is None and foreign_pids(procs):
-        problems.append("this process is not in NVML's process list (another PID namespace, e.g. a "
-                        "container, where NVML lists the host's PIDs): its share is N/A")
+    if foreign_pids(procs, pid):
+        problems.append(foreign_note(procs))
         return used, total, None, None, tuple(problems)
-    return used, total, mine if mine is not None else 0, sum(by_pid.values()), tuple(problems)
+    mine = by_pid.pop(pid, None)
+    if unmeasured:
+        problems.append(f"NVML lists {len(unmeasured)} process{'es' if len(unmeasured) != 1 else ''} here "
+                        "without their memory (MIG mode gives none to a user without privileges): "
+                        + ("this process's share and " if pid in unmeasured else "")
+                        + "what other processes hold are N/A")
+    if pid in unmeasured:
+        mine = None
+    elif mine is None:
+        mine = 0
+    others = None if unmeasured - {pid} else sum(by_pid.values())
+    return used, total, mine, others, tuple(problems)
 
 
-def foreign_pids(procs: Sequence[Any]) -> bool:
-    """Whether NVML's process list ``procs`` names processes of another PID namespace: some PID in it does
-    not exist here. That is a container started without ``--pid=host``: NVML lists the host's PIDs, so
-    this process is not found by its own PID and nobody in the list can be told apart from it. The one
-    check every report that reads NVML's process list makes before it names "other processes"."""
-    return bool(procs) and not all(_pid_exists(proc.pid) for proc in procs)
+def foreign_pids(procs: Sequence[Any], pid: Optional[int] = None) -> bool:
+    """Whether NVML's process list ``procs`` names processes of another PID namespace: this process
+    (``pid``, default this one's) is not in it and some PID in it does not exist here. That is a container
+    started without ``--pid=host``: NVML lists the host's PIDs, so this process is not found by its own
+    PID and nobody in the list can be told apart from it. The one check every report that reads NVML's
+    process list makes before it names "other processes" or "this process"."""
+    pid = os.getpid() if pid is None else pid
+    return (bool(procs) and not any(proc.pid == pid for proc in procs)
+            and not all(_pid_exists(proc.pid) for proc in procs))
+
+
+def foreign_note(procs: Sequence[Any]) -> str:
+    """What NVML can and cannot tell when its list ``procs`` names another PID namespace's processes: how
+    many it lists and what they hold, but not which is this one, so neither this process's share nor
+    what other processes hold."""
+    from ..render import fmt_bytes
+
+    shown = ", ".join(f"{p.pid}" + ("" if is_na(getattr(p, "used_memory", None))
+                                    else f" {fmt_bytes(int(p.used_memory))}") for p in list(procs)[:4])
+    more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
+    return (f"NVML lists {len(procs)} process{'es' if len(procs) != 1 else ''} under the host's PIDs "
+            f"({shown}{more}): this kernel runs in another PID namespace (a container without --pid=host), "
+            "so NVML cannot tell which is this process: its share, and what other processes hold, are N/A "
+            "here (nvidia-smi on the host, or a container started with --pid=host, names them)")
 
 
 def _pid_exists(pid: int) -> bool:

@@ -4,6 +4,7 @@
 - :mod:`.holdings`: every storage the user's names, IPython's output history, a failed cell's frames and
   their autograd graphs keep alive, counted once, by holder; and what releasing a holder would free;
 - :mod:`.graphs`: the tensors an autograd graph keeps alive, found without running anything;
+- :mod:`.failed`: what keeps failed cells' frames alive (``sys.last_*``, earlier failed cells' errors);
 - :mod:`.devicestate`: one device's memory read live (capacity, free, torch's allocator, other processes);
 - :mod:`.report`: ``%gpumem holders``' report, per device, largest holder first;
 - :mod:`.free`: ``%gpumem free``, each step's release measured before and after.

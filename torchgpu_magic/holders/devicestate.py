@@ -1,6 +1,13 @@
 """One device's memory read live, for the out-of-memory explanation, ``%gpumem holders`` and ``%gpumem
 free``: its capacity and what is free, this process's share, torch's allocator (allocated, reserved, the
-cache between them and the largest free block in it), and the other processes NVML lists on it.
+cache between them and the largest free block in it, what its rounding adds), and the other processes NVML
+lists on it.
+
+On the cpu, "free" is what this process may still take: the system's available memory, or less under a
+cgroup's limit or ``ulimit -v`` (:func:`torchgpu_magic.host.host_memory`), and ``limit`` names the limit.
+On a GPU, NVML's process list is read through :func:`torchgpu_magic.gpus.processes.foreign_pids`: in a
+container without ``--pid=host`` it names the host's PIDs, this process among them under a number it
+cannot recognise, so no process is called "another" there (``foreign`` keeps what NVML listed).
 
 Read-only and never raising: a figure that cannot be read is None and a note says why. Nothing here
 initialises CUDA: a GPU is asked only when CUDA already is initialised in this process (an out-of-memory
@@ -14,8 +21,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from ..accelerators import initialised_cuda
-from ..gpus import processes
+from ..gpus import gpumap, processes
 from ..render import is_na
+from ..torchapi import has_primary_context
 
 
 @dataclass(frozen=True)
@@ -23,7 +31,11 @@ class DeviceState:
     """What one device's memory is now, in bytes (None where it cannot be read). ``process`` is this
     process's share (RSS on cpu, NVML's figure on a GPU); ``largest_free_block`` the largest free block
     inside torch's cache, which says whether the cache is fragmented; ``others`` the (pid, name, bytes) of
-    other processes on the device."""
+    other processes on the device; ``foreign`` the (pid, name, bytes) NVML lists under another PID
+    namespace's numbers (this process among them, unrecognisable), in which case ``others`` is empty;
+    ``unmeasured`` the (pid, name) of other processes NVML lists without their memory (a MIG slice);
+    ``requested`` what torch's tensors asked for (``allocated`` less the allocator's rounding to 512-byte
+    blocks); ``limit`` the limit that bounds ``free`` on the cpu (empty: the system's own figures)."""
 
     device: str
     total: Optional[int] = None
@@ -34,6 +46,10 @@ class DeviceState:
     largest_free_block: Optional[int] = None
     others: tuple = ()
     notes: tuple = ()
+    foreign: tuple = ()
+    unmeasured: tuple = ()
+    requested: Optional[int] = None
+    limit: str = ""
 
     @property
     def kind(self) -> str:
@@ -47,9 +63,20 @@ class DeviceState:
             return None
         return max(0, self.reserved - self.allocated)
 
+    @property
+    def outside(self) -> Optional[int]:
+        """On a GPU, the bytes in use beyond torch's reserved memory and what NVML names other processes
+        hold (this process's CUDA context, libraries' own allocations, processes NVML cannot tell apart);
+        None where it cannot be read."""
+        if self.kind != "cuda" or self.reserved is None or self.free is None or self.total is None:
+            return None
+        return self.total - self.free - self.reserved - sum(size for _, _, size in self.others)
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["others"] = [list(o) for o in self.others]
+        out["foreign"] = [list(o) for o in self.foreign]
+        out["unmeasured"] = [list(o) for o in self.unmeasured]
         out["notes"] = list(self.notes)
         out["cache"] = self.cache
         return out
@@ -71,14 +98,19 @@ def read(device: str) -> DeviceState:
 
 
 def _cpu(device: str) -> DeviceState:
-    try:
-        import psutil
+    """The cpu as this process sees it: what it may still take (under its limits) of what it may hold."""
+    from ..host import host_memory
+    from ..render import fmt_bytes
 
-        vm = psutil.virtual_memory()
-        rss = int(psutil.Process().memory_info().rss)
-    except Exception:  # noqa: BLE001
+    memory = host_memory()
+    if memory is None:
         return DeviceState(device, notes=("psutil could not read this process's memory",))
-    return DeviceState(device, total=int(vm.total), free=int(vm.available), process=rss)
+    if memory.limit is None:
+        return DeviceState(device, total=memory.total, free=memory.available, process=memory.rss)
+    note = (f"the system has {fmt_bytes(memory.available)} of {fmt_bytes(memory.total)} available; this "
+            f"process may take only what {memory.limit.name} leaves it")
+    return DeviceState(device, total=memory.capacity, free=memory.usable, process=memory.rss,
+                       notes=(note,), limit=memory.limit.describe())
 
 
 def _cuda(device: str, index: Optional[int]) -> DeviceState:
@@ -89,62 +121,93 @@ def _cuda(device: str, index: Optional[int]) -> DeviceState:
     if index is None:
         index = int(cuda.current_device())
         device = f"cuda:{index}"
-    allocated = int(cuda.memory_allocated(index))
-    reserved = int(cuda.memory_reserved(index))
-    free, total = (int(v) for v in cuda.mem_get_info(index))
+    stats = cuda.memory_stats(index)
+    allocated = int(stats.get("allocated_bytes.all.current", 0))
+    reserved = int(stats.get("reserved_bytes.all.current", 0))
+    requested = stats.get("requested_bytes.all.current")
     notes: list = []
+    if has_primary_context(index):
+        free, total = (int(v) for v in cuda.mem_get_info(index))
+    else:  # cudaMemGetInfo would create the context (hundreds of MiB) just to answer
+        free, total = None, int(cuda.get_device_properties(index).total_memory)
+        notes.append(f"no CUDA context on {device} yet: what is free there is not asked (asking would create "
+                     "one)")
     process = None
     others: tuple = ()
-    target = _nvml_target(index)
+    foreign: tuple = ()
+    unmeasured: tuple = ()
+    target = gpumap.nvml_target(index)
     if target is not None:
         nvml_index, mig = target
         _, _, process, _, problems = processes.process_figures(nvml_index, os.getpid(), mig)
         notes.extend(problems)
-        others = _other_processes(nvml_index, mig)
+        others, foreign, unmeasured, told = _other_processes(nvml_index, mig, reserved)
+        if told:
+            notes.append(told)
         process = None if is_na(process) else process
     return DeviceState(device, total, free, process, allocated, reserved, _largest_free_block(cuda, index),
-                       others, tuple(notes))
+                       others, tuple(notes), foreign, unmeasured,
+                       None if requested is None else int(requested))
 
 
-def _nvml_target(index: int) -> Optional[tuple]:
-    """(NVML index, MIG uuid) of torch's ``cuda:index``, matched by UUID; None where NVML cannot say."""
-    from ..gpus import gpumap, nvml
+def _other_processes(nvml_index: int, mig: Any, reserved: int = 0) -> tuple:
+    """((pid, name, bytes) of every other process NVML lists on the GPU, largest first; the same of the
+    processes it lists under another PID namespace's numbers that may be this one; (pid, name) of the
+    other processes it lists without their memory, as on a MIG slice; under another namespace's numbers,
+    what could be told of this process, else '').
 
-    if nvml.status() is not None:
-        return None
-    for mapping in gpumap.gpu_map():
-        if mapping.torch_index == index and mapping.nvml_index is not None:
-            mig = getattr(mapping, "mig", None)
-            return mapping.nvml_index, None if is_na(mig) else mig
-    return None
-
-
-def _other_processes(nvml_index: int, mig: Any) -> tuple:
-    """(pid, name, bytes) of every other process NVML lists on the GPU, largest first."""
+    Under the host's PIDs this process cannot be found by its PID, but by what it holds: at least torch's
+    ``reserved`` memory. A listed process holding less is another; if exactly one holds as much, it is
+    this one; if several do, NVML cannot tell which (``foreign`` keeps them all, ``others`` none of
+    them)."""
     from ..gpus import nvml
 
     procs, _ = nvml.processes(nvml_index, mig)
     mine = os.getpid()
-    found = [(p.pid, "" if is_na(p.name) else str(p.name), int(p.used_memory)) for p in procs
-             if p.pid != mine and not is_na(p.used_memory)]
-    return tuple(sorted(found, key=lambda p: -p[2]))
+    listed = [(p.pid, "" if is_na(p.name) else str(p.name), int(p.used_memory)) for p in procs
+              if not is_na(p.used_memory)]
+    listed.sort(key=lambda p: -p[2])
+    unmeasured = tuple(dict.fromkeys((p.pid, "" if is_na(p.name) else str(p.name)) for p in procs
+                                     if is_na(p.used_memory) and p.pid != mine))
+    if processes.foreign_pids(procs, mine):
+        maybe_me = [p for p in listed if p[2] >= reserved]
+        if len(maybe_me) > 1:
+            return (), tuple(listed), unmeasured, _told_apart((), tuple(maybe_me))
+        others = tuple(p for p in listed if p not in maybe_me)
+        return others, tuple(maybe_me), unmeasured, _told_apart(others, tuple(maybe_me))
+    return tuple(p for p in listed if p[0] != mine), (), unmeasured, ""
+
+
+def _told_apart(others: tuple, foreign: tuple) -> str:
+    """What NVML's list under the host's PIDs says of this process, told apart by what it holds."""
+    if len(foreign) > 1:
+        return f"{len(foreign)} of them hold at least what torch reserves here: any could be this process"
+    named = ", ".join(str(pid) for pid, _, _ in others[:4])
+    if not foreign:
+        return (f"none of them holds what torch reserves here, so this process is not in NVML's list and the "
+                f"process{'es' if len(others) != 1 else ''} it lists ({named}) are others")
+    return (f"only PID {foreign[0][0]} holds at least what torch reserves here: that is this process"
+            + (f", and {named} {'are' if len(others) != 1 else 'is'} another" if others else ""))
+
+
+def allocator_blocks(cuda: Any, index: int) -> Optional[list]:
+    """The blocks of torch's caching allocator on ``cuda:index`` (its segments' ``blocks``); None where
+    torch keeps no segments (the cudaMallocAsync backend)."""
+    try:
+        segments = cuda.memory_snapshot()
+    except Exception:  # noqa: BLE001 - another allocator backend keeps no segments
+        return None
+    return [block for segment in segments if segment.get("device") == index
+            for block in segment.get("blocks", ())]
 
 
 def _largest_free_block(cuda: Any, index: int) -> Optional[int]:
-    """The largest free block in torch's cache on ``cuda:index``, from the allocator's segments (torch's
-    ``memory_stats`` counts free split bytes, not their largest piece); None where torch cannot say."""
-    try:
-        segments = cuda.memory_snapshot()
-    except Exception:  # noqa: BLE001 - another allocator backend (cudaMallocAsync) keeps no segments
+    """The largest free block in torch's cache on ``cuda:index`` (torch's ``memory_stats`` counts free
+    split bytes, not their largest piece); None where torch cannot say."""
+    blocks = allocator_blocks(cuda, index)
+    if blocks is None:
         return None
-    largest = 0
-    for segment in segments:
-        if segment.get("device") != index:
-            continue
-        for block in segment.get("blocks", ()):
-            if block.get("state") == "inactive":
-                largest = max(largest, int(block.get("size", 0)))
-    return largest
+    return max((int(b.get("size", 0)) for b in blocks if b.get("state") == "inactive"), default=0)
 
 
 def _other_backend(device: str, kind: str, index: int) -> DeviceState:

@@ -4,10 +4,15 @@ user's names, and say what each step gave back, measured before and after.
 The steps come from the caller, each a source and a function that lets go of its references and returns
 what it let go of (the magic knows IPython's: ``sys.last_*`` and the traceback IPython keeps; the output
 history's entries that hold tensors). After each, ``gc.collect()`` frees what only cycles kept, and the
-memory is measured again: on the cpu this process's RSS, on a GPU torch's allocated bytes (and, for the
-cache, reserved bytes and NVML's figure for this process). Last, torch's cache is emptied on each device
-that has one (``torch.cuda.empty_cache()``, ``torch.mps.empty_cache()``, ``torch.xpu.empty_cache()``).
-The report then lists the user's names that still hold memory, each with the ``del`` that would free it.
+memory is measured again: on the cpu this process's RSS, on a GPU torch's allocated bytes. Last, torch's
+cache is emptied on each device that has one (``torch.cuda.empty_cache()``, ``torch.mps.empty_cache()``,
+``torch.xpu.empty_cache()``). The report then lists the user's names that still hold memory, each with
+the ``del`` that would free it.
+
+What was given back to a GPU is the fall of torch's reserved memory from before the first step to after
+the cache was emptied (and NVML's figure for this process, where it can be read): a tensor released by a
+step goes to torch's cache first, so the steps' figures (allocated) and the cache's (reserved) overlap
+and are never added up. On the cpu it is the steps' falls in RSS.
 """
 from __future__ import annotations
 
@@ -18,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from ..accelerators import initialised_cuda
-from ..gpus import processes
+from ..gpus import gpumap, processes
 from ..host import HostCounters
-from ..render import LinesReport, fmt_bytes, html_lines
+from ..render import Lines, Report, Reportable, fmt_bytes
 from .holdings import Released, collect
 
 KEPT_SHOWN = 10  # names listed as still holding memory
@@ -43,51 +48,59 @@ class FreeStep:
 
 
 @dataclass(repr=False)
-class FreeReport(LinesReport):
-    """What ``%gpumem free`` gave back, step by step, how it was measured per device (``measured``), and
-    the user's names that still hold memory (``kept``: (name, device, bytes, the del that frees it))."""
+class FreeReport(Reportable):
+    """What ``%gpumem free`` gave back, step by step, how it was measured per device (``measured``), what
+    each device got back over the whole run (``returned``: the cpu's RSS falls, a GPU's fall in torch's
+    reserved memory; ``nvml``: NVML's fall for this process where it could be read), and the user's names
+    that still hold memory (``kept``: (name, device, bytes, the del that frees it))."""
 
     steps: list
     measured: dict
     kept: list = field(default_factory=list)
+    returned: dict = field(default_factory=dict)
+    nvml: dict = field(default_factory=dict)
 
     def total(self) -> dict:
-        out: dict = {}
-        for step in self.steps:
-            for device, size in step.freed.items():
-                out[device] = out.get(device, 0) + size
-        return out
+        """{device: bytes given back}: the headline's figures."""
+        return dict(self.returned)
 
-    def lines(self) -> list:
+    def report(self) -> Report:
+        """The headline with how it was measured, each step indented under it, the names still holding."""
         total = self.total()
         given = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in total.items() if b) or "nothing measurable"
-        out = [f"%gpumem free: gave back {given} (measured: "
-               + "; ".join(f"{d} {how}" for d, how in self.measured.items()) + ")"]
+        how = [f"{d} {how}" for d, how in self.measured.items()]
+        how += [f"NVML: this process's {d} figure fell {fmt_bytes(b)}" for d, b in self.nvml.items()]
+        steps = []
         kept_by_c = False
         for step in self.steps:
+            host = step.source == "torch's cache" or all(d == "cpu" for d in step.freed if step.freed[d])
             freed = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in step.freed.items() if b)
+            released = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in step.freed.items() if b and d != "cpu")
+            back = ", ".join(f"{fmt_bytes(b)} on cpu" for d, b in step.freed.items() if b and d == "cpu")
             more = ", ..." if len(step.released) > 6 else ""
             what = f" ({', '.join(step.released[:6])}{more})" if step.released else " (nothing held)"
             held = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in step.held.items() if b)
-            out.append(f"  {step.source}{what}: " + (f"held {held}; " if held else "")
-                       + f"gave back {freed or 'nothing measurable'}")
+            if host:
+                result = f"gave back {freed or 'nothing measurable'}"
+            else:  # a GPU's tensors go to torch's cache: the cache step gives them back
+                result = "; ".join(part for part in (f"gave back {back}" if back else "",
+                                                      f"released {released} into torch's cache") if part)
+            steps.append(f"{step.source}{what}: " + (f"held {held}; " if held else "") + result)
             kept_by_c = kept_by_c or (step.held.get("cpu", 0) > step.freed.get("cpu", 0))
         if kept_by_c:
-            out.append("  (on the cpu, freed memory the C allocator keeps for reuse does not leave the RSS)")
-        if self.kept:
-            out.append("Your names still hold (not touched):")
-            for name, device, size, fix in self.kept[:KEPT_SHOWN]:
-                out.append(f"  {name}: {fmt_bytes(size)} on {device}; {fix}")
-            if len(self.kept) > KEPT_SHOWN:
-                out.append(f"  ... and {len(self.kept) - KEPT_SHOWN} more: %gpumem holders lists them")
-        return out
-
-    def _repr_html_(self) -> str:
-        return html_lines(self.lines())
+            steps.append("(on the cpu, freed memory the C allocator keeps for reuse does not leave the RSS)")
+        kept = [f"{name}: {fmt_bytes(size)} on {device}; {fix}"
+                for name, device, size, fix in self.kept[:KEPT_SHOWN]]
+        if len(self.kept) > KEPT_SHOWN:
+            kept.append(f"... and {len(self.kept) - KEPT_SHOWN} more: %gpumem holders lists them")
+        return Report([Report([Lines(steps)], indent="  "),
+                       Report([Lines(kept)], title="Your names still hold (not touched):", indent="  ")
+                       if kept else None],
+                      title=f"%gpumem free: gave back {given} (measured: " + "; ".join(how) + ")")
 
     def to_dict(self) -> dict:
         return {"steps": [s.to_dict() for s in self.steps], "measured": dict(self.measured),
-                "total": self.total(),
+                "total": self.total(), "nvml": dict(self.nvml),
                 "kept": [{"name": n, "device": d, "bytes": b, "fix": f} for n, d, b, f in self.kept]}
 
 
@@ -161,12 +174,10 @@ def empty_caches() -> list:
 
 def _nvml_process() -> dict:
     """This process's NVML figure per initialised CUDA GPU (for the cache step); {} where NVML cannot say."""
-    from .devicestate import _nvml_target
-
     out = {}
     for index in _cuda_indices():
         try:
-            target = _nvml_target(index)
+            target = gpumap.nvml_target(index)
             if target is not None:
                 process = processes.process_figures(target[0], os.getpid(), target[1])[2]
                 if isinstance(process, int):
@@ -192,11 +203,11 @@ def give_back(steps: Sequence[tuple], ns: Mapping[str, Any], tracebacks: Sequenc
     host = HostCounters()
     try:
         measured = {"cpu": "RSS"}
-        before = measure(host)
+        first = before = measure(host)
         for device in before:
             if device != "cpu":
-                nvml = " and NVML" if device.startswith("cuda") else ""
-                measured[device] = f"torch allocated; cache: reserved{nvml}"
+                measured[device] = "torch reserved before and after (steps: torch allocated)"
+        nvml_first = _nvml_process()
         done = []
         for source, group, release in steps:
             released = list(release())
@@ -204,19 +215,19 @@ def give_back(steps: Sequence[tuple], ns: Mapping[str, Any], tracebacks: Sequenc
             after = measure(host)
             done.append(FreeStep(source, released, _drop(before, after, 0), held.get(group, {})))
             before = after
-        nvml_before = _nvml_process()
         calls = empty_caches()
         if calls:
             after = measure(host)
-            freed = {d: b for d, b in _drop(before, after, 1).items() if d != "cpu"}
-            nvml_after = _nvml_process()
-            for device, figure in nvml_before.items():
-                if device in nvml_after:
-                    freed[device] = max(freed.get(device, 0), figure - nvml_after[device])
-            done.append(FreeStep("torch's cache", calls, freed))
+            done.append(FreeStep("torch's cache", calls,
+                                 {d: b for d, b in _drop(before, after, 1).items() if d != "cpu"}))
+            before = after
+        returned = {d: b for d, b in _drop(first, before, 1).items() if d != "cpu"}
+        returned = {"cpu": sum(step.freed.get("cpu", 0) for step in done), **returned}
+        nvml_last = _nvml_process()
+        nvml = {d: max(0, b - nvml_last[d]) for d, b in nvml_first.items() if d in nvml_last}
     finally:
         host.close()
-    return FreeReport(done, measured, kept(ns))
+    return FreeReport(done, measured, kept(ns), returned, nvml)
 
 
 def kept(ns: Mapping[str, Any]) -> list:

@@ -16,17 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
+from ..caches import cache
 from ..torchapi import saved_tensor_names
 
 NODE_LIMIT = 50_000
-_SAVED_NAMES: dict = {}  # node type -> its _raw_saved_* attribute names
-
-
-def _saved_names(node_type: type) -> tuple:
-    names = _SAVED_NAMES.get(node_type)
-    if names is None:
-        names = _SAVED_NAMES[node_type] = saved_tensor_names(node_type)
-    return names
+_saved_names = cache(saved_tensor_names)  # node type -> its _raw_saved_* attribute names
 
 
 class GraphWalk:

@@ -5,7 +5,11 @@ that reaches it, in this order:
    state; a list or an object holding tensors is one holder, under the name ``del`` would take);
 2. IPython's output history (``Out[n]``, with ``_``, ``__``, ``___`` and ``_n`` as its other names);
 3. the frames of a failed cell's traceback, by function and local name (``forward: attn``), which the
-   traceback keeps alive through ``sys.last_traceback`` and IPython's own references;
+   traceback keeps alive through ``sys.last_traceback`` and IPython's own references; and those of every
+   earlier failed cell still alive: IPython's ``run_code`` frame holds the cell's ``ExecutionResult``,
+   which holds the error, whose traceback holds that frame, a reference cycle only the garbage collector
+   breaks, so a failed cell's frames outlive the next error (:mod:`.failed` keeps a weak reference to
+   each failed cell's result);
 4. the autograd graphs those hold (``graph of total_loss``: the tensors saved for backward that a
    ``grad_fn`` reaches, see :mod:`.graphs`).
 
@@ -16,17 +20,16 @@ report for one device, with torch's cache and other processes beside the names.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
-from ..placement import account, device_str, dtype_str, kind_of, shape_str, storage_key
-from ..placement.kinds import _DEVICE_STR, device_order, gc_paused
+from ..host import gc_paused
+from ..placement import account, device_str, kind_of, storage_key
+from ..placement.kinds import DEVICE_TEXT, device_order
 from ..placement.walk import Walk
 from ..torchapi import STORAGE_ID
+from .failed import last_tracebacks
 from .graphs import GraphWalk
 
-# Sources in the order they claim storages; the release that frees each.
-SOURCES = ("name", "output", "traceback", "graph")
 FRAME_LIMIT = 200  # frames of one traceback looked into
 LOCALS_LIMIT = 1_000  # locals of one frame
 # Devices whose tensors hold no memory of their own: meta has no data, accelerate's 'disk' is a file.
@@ -36,36 +39,24 @@ _MACHINERY = ("IPython", "ipykernel", "torchgpu_magic")
 
 
 class Holder:
-    """One holder: its display ``name``, ``source`` (one of :data:`SOURCES`), ``root`` (the user name,
-    output or frame a graph belongs to; the holder's own name otherwise), what it is, and per device the
+    """One holder: its display ``name``, ``source`` ('name', 'output', 'traceback' or 'graph', in the order
+    they claim storages), ``root`` (the user name, output or frame a graph belongs to; the holder's own
+    name otherwise), ``what`` it is (a tensor's (dtype, shape), formatted only when shown), and per device the
     bytes first counted here, by role (``counted[device][role]``); ``shared[device]`` are bytes it holds
     that an earlier holder counts. A plain slotted class whose dicts are made on first use: a namespace of
     10,000 tensors makes 10,000 of them."""
 
-    __slots__ = ("name", "source", "root", "_what", "counted", "shared", "index", "dtypes", "scalar", "kind",
+    __slots__ = ("name", "source", "root", "what", "counted", "shared", "index", "dtypes", "scalar", "kind",
                  "library")
 
     def __init__(self, name: str, source: str, root: str, what: Any, index: int) -> None:
-        self.name, self.source, self.root, self._what, self.index = name, source, root, what, index
+        self.name, self.source, self.root, self.what, self.index = name, source, root, what, index
         self.scalar = False  # a one-element tensor with a graph: a loss kept (or summed) as a tensor
         self.kind = ""  # 'tensor', 'module', 'optimizer' for one object; 'container' for several
         self.library = False  # a frame of torch's own (a module's _call_impl holding its input as args)
         self.counted: Optional[dict] = None
         self.shared: Optional[dict] = None
         self.dtypes: Optional[dict] = None  # device -> {dtype: bytes} of activations (mixed precision)
-
-    @property
-    def what(self) -> str:
-        """'tensor float32 (1024, 1024)', 'Linear', 'list: 3 tensors': formatted when asked (a tensor's
-        is kept as (dtype, shape) until then)."""
-        what = self._what
-        if isinstance(what, tuple):
-            what = self._what = f"tensor {dtype_str(what[0])} {shape_str(tuple(what[1]))}"
-        return what
-
-    @what.setter
-    def what(self, value: str) -> None:
-        self._what = value
 
     def nbytes(self, device: str) -> int:
         return sum(self.counted.get(device, {}).values()) if self.counted else 0
@@ -88,7 +79,6 @@ class Holdings:
         self.more: dict = {}
         self.holders: list = []
         self.cut: list = []
-        self.graph_nodes = 0
         self.module_frames: list = []  # the traceback's own frames running a module's method ('Net.forward')
 
     def new(self, name: str, source: str, what: Any, root: Optional[str] = None) -> Holder:
@@ -199,7 +189,7 @@ def _tensor(holdings: Holdings, holder: Holder, tensor: Any, role: str = "tensor
     model and through a frame or a graph is one storage); ``dtypes``: note the bytes by dtype
     (activations, for the mixed-precision advice)."""
     try:
-        device = _DEVICE_STR.get(tensor.device) or device_str(tensor.device)
+        device = DEVICE_TEXT.get(tensor.device) or device_str(tensor.device)
     except (RuntimeError, TypeError, AttributeError):
         return
     key, size = storage_key(tensor)
@@ -271,7 +261,7 @@ def _names(ns: Mapping[str, Any], holdings: Holdings, graph_roots: list) -> set:
     held: set = set()
     holders = holdings.holders
     storages = holdings.storages
-    devices = _DEVICE_STR
+    devices = DEVICE_TEXT
     root, found = None, []
     for name, obj, kind in walk:  # the walk yields everything under one top-level name together
         plain = "[" not in name and "." not in name
@@ -359,7 +349,8 @@ def holds_tensors(value: Any) -> bool:
 
 def _frames(tracebacks: Iterable[Any]) -> Iterator[tuple]:
     """(frame, whether it is torch's) for the frames of each traceback (or exception: its own, and those
-    of its ``__cause__`` and ``__context__`` chain), each once, skipping IPython's and this package's."""
+    of its ``__cause__`` and ``__context__`` chain), each once, skipping IPython's and this package's, and
+    any that hides itself from tracebacks (a ``__tracebackhide__`` local)."""
     seen: set = set()
     exceptions: list = []
     tbs: list = []
@@ -385,7 +376,10 @@ def _frames(tracebacks: Iterable[Any]) -> Iterator[tuple]:
             if id(frame) in seen:
                 continue
             seen.add(id(frame))
-            if frame.f_locals is frame.f_globals:  # a cell's (module) frame: its names are the user's
+            local_vars = frame.f_locals
+            if local_vars is frame.f_globals:  # a cell's (module) frame: its names are the user's
+                continue
+            if local_vars.get("__tracebackhide__"):  # machinery by IPython's (and pytest's) own rule
                 continue
             package = (frame.f_globals.get("__name__", "") or "").split(".")[0]
             if package not in _MACHINERY:
@@ -435,17 +429,9 @@ def _graphs(holdings: Holdings, graph_roots: list, limit: int) -> None:
             saved += 1
             _tensor(holdings, holder, tensor, "saved", dtypes=True)
         budget -= walk.nodes
-        holdings.graph_nodes += walk.nodes
         holder.what = f"{saved:,} tensor{'s' if saved != 1 else ''} saved for backward, {walk.nodes:,} nodes"
         if walk.cut:
             holdings.cut.append((holder.name, f"stopped after {walk.nodes:,} nodes"))
-
-
-def last_tracebacks() -> list:
-    """The exception Python keeps for the last error shown (``sys.last_exc``, ``sys.last_value``) and its
-    traceback (``sys.last_traceback``): what keeps a failed cell's frames alive."""
-    found = [getattr(sys, name, None) for name in ("last_exc", "last_value", "last_traceback")]
-    return [item for item in found if item is not None]
 
 
 def collect(ns: Mapping[str, Any], tracebacks: Iterable[Any] = (), graph_limit: int = 50_000) -> Holdings:

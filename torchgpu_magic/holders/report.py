@@ -1,29 +1,38 @@
 """``%gpumem holders``' report, and the "who holds it" part of the out-of-memory explanation: per device,
-every holder :func:`torchgpu_magic.holders.holdings.collect` found with bytes there, largest first, beside
-torch's cache (reserved but unallocated, and whether it is fragmented), the other processes on the device,
-and what no name reaches (allocated, or on the cpu the process's RSS, beyond what the holders count).
+every holder :func:`torchgpu_magic.holders.holdings.collect` found with bytes there, beside torch's cache
+(reserved but unallocated, and whether it is fragmented), the other processes on the device, what the
+device holds outside torch's allocator (the CUDA context, and in a container the processes NVML cannot
+tell from this one), and what no name reaches: on the cpu the rest of the process's RSS; on a GPU the
+tensors torch allocated that no holder counts, apart from the allocator's rounding (allocated less
+requested) and cuBLAS's workspaces (blocks of exactly the workspace size no holder counts), which are
+torch's, not the user's. Every row is sorted by its bytes before the table is cut to its first rows, so
+the largest is never folded away.
 
 A storage is counted once, under the first holder reaching it; the others that hold it too are named in
-brackets: ``x (also y, Out[3])``. Reports hold names, strings and numbers.
+brackets: ``x (also y, Out[3])``. Tables fit a 100-column terminal: the "what" column comes last and
+wraps. Reports hold names, strings and numbers.
 """
 from __future__ import annotations
 
-import html
+import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
-from ..placement.kinds import gc_paused
-from ..render import LinesReport, Table, fmt_bytes, html_lines
+from ..host import gc_paused
+from ..render import Lines, Report, Reportable, Table, fmt_bytes
 from . import devicestate
 from .holdings import collect
 
 TOP = 15  # rows shown per device; the rest in one line
 ALSO = 2  # other holders named beside one
+WIDTH = 100  # a table's text fits this many columns (a terminal's)
+HOLDER_WIDTH = 40  # the holder column's most; longer names are shortened in the middle
 _ROLE_WORDS = {"parameter": "parameters", "buffer": "buffers", "gradient": "gradients", "state": "state",
                "step": "step counters", "saved": "saved for backward", "tensor": "data"}
-_HELD_BY = {"name": "your name", "output": "output history", "traceback": "the failed cell's traceback",
-            "graph": "an autograd graph", "cache": "torch's allocator", "process": "another process",
-            "rest": "-"}
+_HELD_BY = {"name": "your name", "output": "output history", "traceback": "a traceback",
+            "graph": "autograd graph", "cache": "torch's cache", "process": "another process",
+            "outside": "this process", "unknown": "unknown (NVML)", "torch": "torch", "rest": "-"}
 # The cache is fragmented when its largest free block is below this share of its free total.
 FRAGMENTED = 0.5
 
@@ -40,11 +49,13 @@ class Row(NamedTuple):
     parts: dict
     also: tuple = ()
 
-    def label(self) -> str:
-        """'x (also y, Out[3])'."""
+    def label(self, short: bool = False) -> str:
+        """'x (also y, Out[3])'; ``short``: the first other holder and how many more, 'x (also y, 2 more)'."""
         if not self.also:
             return self.name
-        shown = list(self.also[:ALSO]) + ([f"{len(self.also) - ALSO} more"] if len(self.also) > ALSO else [])
+        named = 1 if short else ALSO
+        more = len(self.also) - named
+        shown = list(self.also[:named]) + ([f"{more} more"] if more > 0 else [])
         return f"{self.name} (also {', '.join(shown)})"
 
     def description(self) -> str:
@@ -71,8 +82,44 @@ def what_text(what: Any) -> str:
     return what
 
 
+@dataclass
+class HolderTable(Table):
+    """A holders' table; its text, shown indented by two, fits :data:`WIDTH` columns: cells of the first
+    column longer than :data:`HOLDER_WIDTH` shortened in the middle ('a_very_lo...name'), the last column
+    (free text) wrapped under itself. Its HTML keeps every cell whole."""
+
+    def to_text(self) -> str:
+        rows = [[str(c) for c in self.headers]] + [[str(c) for c in row] for row in self.rows]
+        for row in rows[1:]:
+            if len(row[0]) > HOLDER_WIDTH:
+                keep = HOLDER_WIDTH - 3
+                row[0] = row[0][: keep - keep // 3] + "..." + row[0][len(row[0]) - keep // 3:]
+        aligns = self._aligns()
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        lead = sum(widths) + 2 * len(widths)
+        last = max(20, WIDTH - 2 - lead)
+        widths.append(min(last, max(len(r[-1]) for r in rows)))
+        out = []
+        for number, row in enumerate(rows):
+            # '32.0 MiB' stays whole
+            glued = re.sub(r"(\d) (?=(?:[KMGTP]i)?B\b|bytes\b)", "\\1\x00", row[-1])
+            wrapped = [line.replace("\x00", " ")
+                       for line in textwrap.wrap(glued, last, break_on_hyphens=False)] or [""]
+            cells = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row[:-1], widths, aligns)]
+            out.append("  ".join(cells + [wrapped[0]]).rstrip())
+            out.extend(" " * lead + more for more in wrapped[1:])
+            if number == 0:
+                out.append("  ".join("-" * w for w in widths))
+        return "\n".join(out)
+
+
+def _wrapped(text: str) -> str:
+    """``text`` in lines of at most :data:`WIDTH` columns, the later ones indented by two."""
+    return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False))
+
+
 @dataclass(repr=False)
-class DeviceHolders(LinesReport):
+class DeviceHolders(Reportable):
     """Who holds memory on one device: ``rows`` largest first (the holders, torch's cache, other
     processes; what no name reaches last), ``counted`` the bytes the holders reach there, ``state`` the
     device read live, ``cut`` what the walks left out."""
@@ -107,11 +154,15 @@ class DeviceHolders(LinesReport):
             parts.append(f"{fmt_bytes(s.free)} free of {fmt_bytes(s.total)}")
         return ", ".join(parts)
 
-    def table(self) -> Table:
-        table = Table(["holder", "bytes", "what", "held by"], align="lrll")
+    def table(self) -> HolderTable:
+        """The rows, largest first, cut to :attr:`top` (the rest in one line); "what" last."""
+        table = HolderTable(["holder", "bytes", "held by", "what"], align="lrll")
         shown = self.rows if self.top is None else self.rows[: self.top]
         for row in shown:
-            table.add(row.label(), fmt_bytes(row.nbytes), row.description(), _HELD_BY.get(row.source, ""))
+            label = row.label()
+            if len(label) > HOLDER_WIDTH:
+                label = row.label(short=True)
+            table.add(label, fmt_bytes(row.nbytes), _HELD_BY.get(row.source, ""), row.description())
         rest = self.rows[len(shown):]
         if rest:
             table.add(f"... and {len(rest):,} more", fmt_bytes(sum(r.nbytes for r in rest)), "", "")
@@ -125,12 +176,10 @@ class DeviceHolders(LinesReport):
                                                         else ""))
         return lines
 
-    def lines(self) -> list:
-        return [self.headline()] + self.table().to_text(indent="  ").splitlines() + self.notes()
-
-    def _repr_html_(self) -> str:
-        return (f"<div><b>{html.escape(self.headline())}</b>" + self.table().to_html()
-                + html_lines(self.notes()) + "</div>")
+    def report(self) -> Report:
+        """The headline, the table under it indented, the notes; lines wrapped to :data:`WIDTH` in text."""
+        return Report([Report([self.table()], indent="  "), Lines([_wrapped(n) for n in self.notes()])],
+                      title=_wrapped(self.headline()))
 
     def to_dict(self) -> dict:
         return {"device": self.device, "counted": self.counted, "rows": [r.to_dict() for r in self.rows],
@@ -138,7 +187,7 @@ class DeviceHolders(LinesReport):
 
 
 @dataclass(repr=False)
-class HoldersReport:
+class HoldersReport(Reportable):
     """``%gpumem holders``: a :class:`DeviceHolders` per device (``-o`` returns this; ``to_dict()``)."""
 
     devices: list
@@ -146,18 +195,11 @@ class HoldersReport:
     def section(self, device: str) -> Optional[DeviceHolders]:
         return next((d for d in self.devices if d.device == device), None)
 
-    def to_text(self) -> str:
+    def report(self) -> Report:
         if not self.devices:
-            return "%gpumem holders: no tensor, module or optimizer holds memory on any device"
-        return "\n\n".join(d.to_text() for d in self.devices)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
-    def _repr_html_(self) -> str:
-        if not self.devices:
-            return html_lines([self.to_text()])
-        return "".join(d._repr_html_() for d in self.devices)
+            return Report([Lines(["%gpumem holders: no tensor, module or optimizer holds memory on any "
+                                  "device"])])
+        return Report([d.report() for d in self.devices], gap=True)
 
     def to_dict(self) -> dict:
         return {"devices": [d.to_dict() for d in self.devices]}
@@ -213,13 +255,11 @@ def device_holders(holdings: Any, device: str, state: Optional[devicestate.Devic
     for h in holdings.holders:
         roles = h.counted.get(device) if h.counted else None
         if roles:
-            rows.append(Row(h.name, h.source, sum(roles.values()), h._what, roles,
+            rows.append(Row(h.name, h.source, sum(roles.values()), h.what, roles,
                             tuple(also.get(h.index, ()))))
     rows.extend(_device_rows(state))
-    rows.sort(key=lambda r: -r.nbytes)
-    rest = _rest(state, counted)
-    if rest is not None:
-        rows.append(rest)
+    rows.extend(_unreached(state, counted, _workspaces(holdings, device, state)))
+    rows.sort(key=lambda r: -r.nbytes)  # after every row is in: the largest is never folded away
     return DeviceHolders(state.device, rows, counted, state, list(holdings.cut), top)
 
 
@@ -235,7 +275,8 @@ def fragmented(state: devicestate.DeviceState, asked: Optional[int] = None) -> b
 
 
 def _device_rows(state: devicestate.DeviceState) -> list:
-    """Torch's cache and the other processes on a GPU, as rows."""
+    """Torch's cache, the other processes on a GPU, and what this process (or, in a container, NVML's
+    unrecognisable processes) hold outside torch's allocator, as rows."""
     rows = []
     cache = state.cache
     if cache:
@@ -247,18 +288,92 @@ def _device_rows(state: devicestate.DeviceState) -> list:
         rows.append(Row("torch's cache", "cache", cache, what, {}))
     for pid, name, size in state.others:
         rows.append(Row(f"pid {pid}" + (f" {name}" if name else ""), "process", size, "NVML", {}))
+    outside = _outside(state)
+    if outside is not None:
+        rows.append(outside)
     return rows
 
 
-def _rest(state: devicestate.DeviceState, counted: int) -> Optional[Row]:
-    """What the device holds for this process beyond the holders: allocated memory no name reaches (a
-    GPU), or the rest of the process's RSS (cpu: Python objects, libraries, tensors no name reaches)."""
+def _outside(state: devicestate.DeviceState) -> Optional[Row]:
+    """What the GPU holds beyond torch's reserved memory and the other processes NVML names: this
+    process's CUDA context and libraries' own allocations; in a container (NVML listing the host's PIDs)
+    also whatever other processes hold, which NVML cannot tell apart from this one there."""
+    beyond = state.outside
+    if (beyond or 0) <= 0:
+        return None
+    if state.unmeasured and len(state.foreign) != 1:
+        pids = ", ".join(str(pid) for pid, _ in state.unmeasured[:4])
+        many = len(state.unmeasured)
+        return Row("outside torch's allocator", "unknown", beyond,
+                   f"this process's CUDA context, and {many} other process{'es' if many != 1 else ''} "
+                   f"({pids}) NVML lists here without their memory (MIG mode gives none to a user without "
+                   "privileges)", {})
+    if not state.foreign:
+        return Row("outside torch's allocator", "outside", beyond,
+                   "this process's CUDA context and libraries' own allocations (NCCL, cuDNN, ...)", {})
+    if len(state.foreign) == 1:
+        return Row("outside torch's allocator", "outside", beyond,
+                   f"this process's CUDA context and libraries' own allocations: NVML lists one process, "
+                   f"under the host's PID {state.foreign[0][0]}: this one", {})
+    pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])
+    return Row("outside torch's allocator", "unknown", beyond,
+               f"this process's CUDA context, and other processes: NVML lists {len(state.foreign)} under the "
+               f"host's PIDs ({pids}) and cannot tell which is this one", {})
+
+
+def _workspaces(holdings: Any, device: str, state: devicestate.DeviceState) -> int:
+    """Bytes of cuBLAS's workspaces on a CUDA ``device``: torch's allocator holds one block of exactly
+    the workspace size per (cuBLAS handle, stream) that ran a matrix product; those blocks no holder
+    counts (a tensor of the same size may hold one of them) are the workspaces. 0 where torch cannot
+    say (a CPU build, another allocator backend)."""
+    if state.kind != "cuda" or not state.allocated:
+        return 0
+    from ..torchapi import cublas_workspace_sizes
+
+    sizes = cublas_workspace_sizes()
+    if not sizes:
+        return 0
+    from ..accelerators import initialised_cuda
+
+    cuda = initialised_cuda()
+    index = int(device.partition(":")[2] or 0)
+    blocks: dict = {}
+    for block in (devicestate.allocator_blocks(cuda, index) if cuda is not None else None) or ():
+        size = block.get("requested_size")
+        if block.get("state") == "active_allocated" and size in sizes:
+            blocks[size] = blocks.get(size, 0) + 1
+    counted: dict = {}
+    for where, size, _, _ in holdings.storages.values():
+        if where == device and size in blocks:
+            counted[size] = counted.get(size, 0) + 1
+    return sum(size * max(0, n - counted.get(size, 0)) for size, n in blocks.items())
+
+
+def _unreached(state: devicestate.DeviceState, counted: int, workspaces: int) -> list:
+    """What the device holds for this process beyond the holders. On the cpu the rest of the process's
+    RSS (Python objects, libraries, tensors no name reaches). On a GPU, of what torch allocated beyond
+    what the holders count: the allocator's rounding of each block up to 512 bytes (allocated less
+    requested), cuBLAS's workspaces, and what is left, tensors no name, output or frame here holds."""
     if state.kind == "cpu":
         if state.process is None or state.process <= counted:
-            return None
-        return Row("the rest of this process", "rest", state.process - counted,
-                   "Python, libraries, and memory no name here reaches", {})
-    if state.allocated is None or state.allocated <= counted:
-        return None
-    return Row("no name reaches", "rest", state.allocated - counted,
-               "allocated by tensors no name, output or frame here holds", {})
+            return []
+        return [Row("the rest of this process", "rest", state.process - counted,
+                    "Python, libraries, and memory no name here reaches", {})]
+    if state.allocated is None:
+        return []
+    rows = []
+    requested = state.requested if state.requested is not None else state.allocated
+    rounding = state.allocated - requested
+    if rounding > 0:
+        rows.append(Row("torch's rounding", "torch", rounding,
+                        "the allocator rounds every block up to a multiple of 512 bytes", {}))
+    if workspaces:
+        rows.append(Row("cuBLAS workspaces", "torch", workspaces,
+                        "one per cuBLAS handle and stream that ran a matrix product; torch.cuda."
+                        "empty_cache() does not free them", {}))
+    unreached = requested - counted - workspaces
+    if unreached > 0:
+        rows.append(Row("no name reaches", "rest", unreached,
+                        "tensors no name, output or frame here holds (another thread's, a C extension's, "
+                        "a reference cycle's)", {}))
+    return rows

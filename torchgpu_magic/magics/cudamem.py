@@ -1,6 +1,8 @@
 """``%%cudamem``: a cell's memory by category and module, measured, or predicted for a GPU you don't have."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Optional
 
 from IPython.core.error import UsageError
@@ -9,6 +11,11 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .base import MagicsPart, parse_args, usage_errors
 from .shell import register_cell, show
+
+MEASURED = ("cpu", "cuda", "mps", "xpu")
+"""The devices a measured run reports (those here)."""
+PREDICTED = ("cpu", "cuda")
+"""The devices --predict predicts for (a GPU you need not have)."""
 
 
 @magics_class
@@ -34,47 +41,68 @@ class CUDAMemMagics(MagicsPart):
               help="the GPU generation predicted for, for the CUDA context and cuBLAS workspace "
                    "allowances: volta, turing, ampere, ada, hopper, blackwell, sm_90 or 9.0 (default: the "
                    "GPU's own when there is one)")
+    @argument("--compare", action="store_true",
+              help="predict the step for DEVICE (default: the device the cell's model or tensors are on), "
+                   "then measure it there, and show both side by side on one scale")
+    @argument("--svg", metavar="FILE",
+              help="also save the picture of memory over the step to FILE, an .svg file (with --compare: "
+                   "both side by side; with --fit: at the largest batch that fits)")
     @argument("--top", type=int, default=8, metavar="N",
               help="modules shown in the by-module table (default 8; 0: all)")
-    @argument("-o", dest="output", action="store_true", help="return the report object")
+    @argument("-o", dest="output", action="store_true",
+              help="return the report object; its .series is the memory over the step's events "
+                   "(.series.to_pandas(), .series.to_dict())")
     @argument("-q", dest="quiet", action="store_true", help="show nothing (use with -o)")
     @usage_errors
     @cell_magic
     def cudamem(self, line: str, cell: str) -> Any:
-        """Run the cell once with its memory tracked (torch's MemTracker), or predict it on fake tensors,
-        and show the peak, when it happened (forward, backward, optimizer step; which module), the memory
-        at the peak by category (parameters, buffers, gradients, activations, temporaries, optimizer
-        state, other) and by module, and whether it fits the device.
+        """A training step's memory by category and module, drawn over the step, and whether it fits:
+        measured (torch's MemTracker), predicted for DEVICE without one (``--predict``), or both side by
+        side (``--compare``); ``--fit NAME`` finds the largest batch that fits.
 
-        ``%%cudamem`` measures the real run; ``%%cudamem --predict [DEVICE]`` predicts it for DEVICE
-        (default cuda) from fake copies, without a GPU; ``--fit NAME`` finds the largest batch that fits.
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/cudamem.md
         """
-        from ..cudamem import prediction, run, targetdevice
+        from ..cudamem import StepComparison, prediction, run, targetdevice
 
         args = parse_args(self.cudamem, line)
         if args.top < 0:
             raise UsageError(f"%cudamem: --top takes 0 (all) or a positive count; got {args.top}")
+        if args.compare and (args.predict or args.fit is not None):
+            raise UsageError("%cudamem: --compare predicts the step and then measures it; leave out "
+                             "--predict and --fit")
+        svg = _svg_path(args.svg) if args.svg is not None else None
         capacity = targetdevice.parse_size(args.capacity) if args.capacity is not None else None
         cc = targetdevice.parse_arch(args.arch) if args.arch is not None else None
         fit_names = self._fit_names(args.fit)
         predicting = args.predict or fit_names is not None
-        target = targetdevice.resolve_target(args.device or "cuda") if predicting else None
+        target = targetdevice.resolve_target(self._predicted_device(args.device)) if predicting else None
         measured_on = None if predicting or args.device is None else self._measured_device(args.device)
         run.tracker_class()  # a torch without MemTracker: one line, before anything runs
-        code, tree, filename = self._compile(cell)
+        code, tree, filename = self._compile(cell, line)
         ns = self.shell.user_ns
-        names = prediction.cell_names(tree, ns)
-        if predicting and "get_ipython" in {n.id for n in _names(tree)}:
-            raise UsageError("%cudamem: --predict does not run IPython magics or shell commands inside the "
+        names = prediction.names_read(tree, ns)
+        if (predicting or args.compare) and "get_ipython" in {n.id for n in _names(tree)}:
+            flag = "--compare" if args.compare else "--predict"
+            raise UsageError(f"%cudamem: {flag} does not run IPython magics or shell commands inside the "
                              "cell (they would act on your real namespace); leave them out of it")
+        values = [(n, ns[n]) for n in names]
+        if args.compare:
+            device = args.device or run.home_device(run.find_objects(values))
+            target = targetdevice.resolve_target(self._predicted_device(device))
+            measured_on = self._measured_device(device)
         if fit_names is not None:
             outcome: Any = prediction.fit(code, filename, ns, names, target, fit_names, capacity, cc,
                                           args.top)
         elif predicting:
             outcome = prediction.predict(code, filename, ns, names, target, capacity, cc, args.top)
+        elif args.compare:
+            predicted = prediction.predict(code, filename, ns, names, target, capacity, cc, args.top)
+            outcome = StepComparison(self._measure(code, filename, values, measured_on, capacity, args.top),
+                                     predicted)
         else:
-            outcome = self._measure(code, filename, [(n, ns[n]) for n in names], measured_on, capacity,
-                                    args.top)
+            outcome = self._measure(code, filename, values, measured_on, capacity, args.top)
+        if svg is not None:
+            _save_svg(outcome, svg, args.quiet)
         return show(outcome, args.output, args.quiet)
 
     @staticmethod
@@ -91,22 +119,42 @@ class CUDAMemMagics(MagicsPart):
 
     @staticmethod
     def _measured_device(spec: str) -> str:
-        """DEVICE for a measured run: a device that exists here ('cuda' -> 'cuda:N', the current GPU)."""
+        """DEVICE for a measured run: a device that exists here ('cuda' -> 'cuda:N', the current GPU),
+        checked as every magic checks a device; for one absent here, the --predict that predicts for it
+        (in the words --predict takes: 'cuda' for 'gpu')."""
         from .. import devices
         from ..errors import MagicInputError
 
         try:
-            return str(devices.resolve(spec))
+            return str(devices.device_option(spec, MEASURED))
         except MagicInputError as exc:
-            reason = str(exc).split(". Devices here:")[0]
-            raise UsageError(f"%cudamem: {reason}; to predict for it without one, use --predict "
-                             f"{spec.strip()}") from None
+            meant = getattr(exc, "meant", None)
+            hint = ""
+            if meant is not None and meant.split(":")[0] in PREDICTED:
+                try:
+                    devices.device_option(meant, MEASURED)
+                except MagicInputError:  # absent here: predicting for it needs no GPU
+                    hint = f"; to predict for it without one, use --predict {meant}"
+            raise UsageError(f"%cudamem: {exc}{hint}") from None
 
-    def _compile(self, cell: str) -> tuple:
+    @staticmethod
+    def _predicted_device(spec: Optional[str]) -> str:
+        """DEVICE for --predict / --fit (default cuda): any spelling of cpu, cuda or cuda:N, checked as
+        every magic checks a device, without needing one here."""
+        from .. import devices
+        from ..errors import MagicInputError
+
+        try:
+            return str(devices.device_option(spec or "cuda", PREDICTED, exists=False))
+        except MagicInputError as exc:
+            raise UsageError(f"%cudamem: --predict: {exc}") from None
+
+    def _compile(self, cell: str, line: str) -> tuple:
         """``(code, ast, filename)`` of the cell, transformed as IPython runs cells and registered so that
-        tracebacks show its lines; a syntax error is one line."""
+        tracebacks show its lines, numbered as the cell shows them: a comment line stands for the magic's
+        own line. A syntax error is one line."""
         shell = self.shell
-        source = shell.transform_cell(cell)
+        source = f"# %%cudamem {line}".rstrip() + "\n" + shell.transform_cell(cell)
         filename = register_cell(shell, source)
         try:
             tree = shell.transform_ast(shell.compile.ast_parse(source, filename))
@@ -123,7 +171,7 @@ class CUDAMemMagics(MagicsPart):
 
         ns = self.shell.user_ns
         try:
-            outcome = run.measure(lambda: exec(code, ns), values, device, top)
+            outcome = run.measure(lambda: exec(code, ns), values, device, top, filename)
         except run.TrackerUnavailable:
             raise
         except Exception as exc:  # the cell's own error: its traceback from the cell's frame
@@ -142,6 +190,42 @@ class CUDAMemMagics(MagicsPart):
             facts = targetdevice.device_facts(targetdevice.resolve_target(outcome.device))
             outcome.capacity, outcome.capacity_source = facts[0], facts[1]
         return outcome
+
+
+def _svg_path(text: str) -> Path:
+    """``--svg FILE``: a writable path ending in .svg in a directory that exists, checked before the cell
+    runs; anything else is a one-line error."""
+    path = Path(text).expanduser()
+    if path.suffix.lower() != ".svg":
+        raise UsageError(f"%cudamem: --svg takes a file name ending in .svg (e.g. --svg step.svg); "
+                         f"got {text!r}")
+    if path.is_dir():
+        raise UsageError(f"%cudamem: --svg {text!r} is a directory; give a file name in it, e.g. "
+                         f"{str(path / 'step.svg')!r}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(f"%cudamem: --svg: there is no directory {str(folder)!r} to write {path.name!r} "
+                         f"into")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"%cudamem: --svg: {str(path)!r} cannot be written here (permission denied)")
+    return path.resolve()
+
+
+def _save_svg(outcome: Any, path: Path, quiet: bool) -> None:
+    """Write ``outcome``'s picture (for --fit, the one at the largest batch that fits) to ``path``."""
+    from ..cudamem import FitResult
+
+    if isinstance(outcome, FitResult):
+        if outcome.at_best is None:
+            raise UsageError("%cudamem: --svg: no batch fits, so there is no step to draw")
+        outcome = outcome.at_best
+    picture = outcome.picture()
+    try:
+        path.write_text(picture.to_svg(), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"%cudamem: --svg: cannot write {str(path)!r}: {exc.strerror or exc}") from None
+    if not quiet:
+        print(f"%%cudamem: the picture is saved to {path}")
 
 
 def _names(tree: Any) -> list:

@@ -10,6 +10,11 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .base import MagicsPart, parse_args, usage_errors
 from .shell import register_cell, show
 
+TIMED = ("auto", "local", "cpu", "cuda", "mps", "xpu")
+"""The devices ``--devices`` takes: any but meta."""
+NOTHING_TO_TIME = ("holds no data and runs no kernels, so there is nothing to time (%timeit measures the "
+                   "dispatch overhead of meta tensors)")
+
 
 @magics_class
 class CUDATimeMagics(MagicsPart):
@@ -57,19 +62,11 @@ class CUDATimeMagics(MagicsPart):
     @usage_errors
     @line_cell_magic
     def cudatime(self, line: str = "", cell: Optional[str] = None) -> Any:
-        """Time a cell (or one statement) correctly on a GPU: CUDA events for device time, host enqueue
-        and synchronized wall time, first run apart, warm-up, auto-ranged loops and samples until the
-        median is known to +-1 %.
+        """Time a cell (``%%cudatime [options] [setup]``) or one statement correctly on a GPU: CUDA events
+        for the device time, beside host enqueue and synchronized wall time; the first run apart, samples
+        until the median is known to +-1 %; FLOP/s and bytes/s against the device's peak (the roofline).
 
-        ``%%cudatime [options] [setup]`` times the cell (the setup statement runs once first, in the same
-        scope, as with ``%%timeit``); ``%cudatime [options] STATEMENT`` times one statement. Without
-        ``--devices`` it times on torch's default device; when that is cpu, where the tensors of the
-        setup and the first run were (on the GPU when they were on it, or when the cell initialised
-        CUDA), however initialised CUDA already was; on cpu the figure is host time, and the report says so.
-        After the samples the cell runs once more, untimed, to count its FLOPs and bytes: the line under
-        the headline gives the achieved FLOP/s and bytes/s, the bound and the percentage of the GPU's
-        peak (``--no-roofline`` skips that run; ``--peak`` gives the peak where the table has none, as on
-        cpu).
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/cudatime.md
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
         from .. import timing
@@ -86,7 +83,8 @@ class CUDATimeMagics(MagicsPart):
         opts.check()
         if args.cluster is not None:
             return self._cluster(args, opts, statement if cell is not None else "",
-                                 cell if cell is not None else statement)
+                                 cell if cell is not None else statement, "%%cudatime" if cell is not None
+                                 else "%cudatime")
         targets = ([self._device(spec) for spec in self._items(args.devices, "--devices")]
                    if args.devices is not None else [timing.timing_device()])
         for device in targets:
@@ -117,9 +115,10 @@ class CUDATimeMagics(MagicsPart):
             else timing.TimingComparison(rows, magic)
         return show(outcome, args.output, args.quiet)
 
-    def _cluster(self, args: Any, opts: Any, setup: str, body: str) -> Any:
+    def _cluster(self, args: Any, opts: Any, setup: str, body: str, magic: str) -> Any:
         """``--cluster``: the cell timed on every engine at once, in each engine's namespace
-        (:func:`torchgpu_magic.cluster.time_cell`); shown, or returned with ``-o``."""
+        (:func:`torchgpu_magic.cluster.time_cell`); shown, or returned with ``-o``. ``magic``: the form
+        the user typed, which an interrupt's line names."""
         from .. import cluster
 
         if args.threads is not None:
@@ -128,7 +127,10 @@ class CUDATimeMagics(MagicsPart):
         if len(devices) > 1:
             raise UsageError("%cudatime: with --cluster, --devices takes one device (each engine's own "
                              "cuda:N, or local)")
+        if devices[0] is not None:
+            self._device(devices[0], here=False)
         bridge = self.cluster_bridge(args.cluster)
+        bridge.magic = magic
         options = {name: getattr(opts, name) for name in ("loops", "samples", "warmup", "max_time", "cold",
                                                           "flush_l2", "kernels", "roofline", "peak")}
         outcome = cluster.time_cell(bridge, setup, body, options, devices[0], args.timeout)
@@ -189,18 +191,17 @@ class CUDATimeMagics(MagicsPart):
         return items
 
     @staticmethod
-    def _device(spec: str) -> Any:
-        """One ``--devices`` item resolved; an unknown or absent device is a UsageError listing the
-        devices --devices takes here (meta, which runs no kernels, is not one of them)."""
+    def _device(spec: str, here: bool = True) -> Any:
+        """One ``--devices`` item, checked by :func:`~torchgpu_magic.devices.device_option` (meta, which
+        runs no kernels, is refused); with ``here`` False (``--cluster``: each engine resolves it on its
+        own GPUs) only its spelling. A bad one is a UsageError naming the devices --devices takes."""
         from .. import devices
         from ..errors import MagicInputError
 
         try:
-            return devices.resolve(spec)
+            return devices.device_option(spec, TIMED, here, {"meta": NOTHING_TO_TIME})
         except MagicInputError as exc:
-            reason = devices.without_device_list(str(exc))
-            takes = [d for d in devices.available_devices() if d != "meta"] + ["auto"]
-            raise UsageError(f"%cudatime: --devices: {reason}; it takes: {', '.join(takes)}") from None
+            raise UsageError(f"%cudatime: --devices: {exc}") from None
 
     @staticmethod
     def _thread_count(text: str) -> int:

@@ -76,11 +76,16 @@ def runs(tb: Any, cell: Callable[[str], bool], collapse: Callable[[Optional[str]
          skip_hidden: bool = True) -> list:
     """The frames of ``tb`` as runs: ``('frame', tb entry)`` for each frame shown, and ``('collapsed',
     count, owners)`` for each run of frames folded into one line (``collapse(owner)`` says which; hidden
-    frames are folded into their neighbours' run, or counted as ``IPython``'s)."""
+    frames are folded into their neighbours' run, or counted as ``IPython``'s). A cell's line that only
+    hands the cell to a magic (``get_ipython().run_cell_magic(...)``) counts as ``IPython``'s when the
+    frame of the cell's own code follows it."""
+    from ..explain.failing import magic_calls
+
+    calls = magic_calls(tb, cell)
     out: list = []
     while tb is not None:
         frame = tb.tb_frame
-        who = owner(frame, cell)
+        who = "IPython" if id(frame) in calls else owner(frame, cell)
         if skip_hidden and _hidden(frame):
             who = who or "IPython"
         elif not collapse(who):
@@ -212,6 +217,10 @@ class Tracebacks:
         from .shell import ipython_tracebacks
 
         error = getattr(result, "error_in_exec", None)
+        if error is not None:  # its frames outlive the cell in a cycle through the result: remember it
+            from ..holders.failed import note_failed
+
+            note_failed(result)
         explained = error is not None and self.explained == id(error)
         self.explained = None  # one cell's: an id is free for reuse once that error goes
         if not isinstance(error, (RuntimeError, ValueError, MemoryError)) or explained:
@@ -296,7 +305,7 @@ class Tracebacks:
             entry = entry.tb_next
         if explanation is None and not ours:
             return None, False
-        head = [] if explanation is None else ["\n".join(explanation.lines()) + "\n"]
+        head = [] if explanation is None else [explanation.to_text() + "\n"]
         mode = str(getattr(itb, "mode", "Context"))
         if mode in ("Verbose", "Minimal"):
             return head + itb.structured_traceback(etype, value, tb if mode == "Verbose" else None,

@@ -29,7 +29,11 @@ class GPUInfoMagics(MagicsPart):
     @line_magic
     @usage_errors
     def gpuinfo(self, line: str = "") -> Any:
-        """What GPUs there are, what is using them, and whether torch can use them (and if not, why)."""
+        """What GPUs there are, what is using them, and whether torch can use them (and if not, why, with
+        the fix that applies where the kernel runs).
+
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/gpuinfo.md
+        """
         args = parse_args(self.gpuinfo, line)
         if args.cluster is not None:
             report = self._cluster(args)

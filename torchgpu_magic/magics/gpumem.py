@@ -17,26 +17,19 @@ from .shell import ipython_tracebacks, release_outputs, release_traceback, show
 # cell at most this often, and always when the panel stops: rewriting it redraws the live view too.
 SNAPSHOT_EVERY = 2.0
 _INSTALL = "pip install torchgpu-magic[widgets]"
+# %gpumem's subcommands (its positional ``action``; none: start)
+ACTIONS = ("stop", "holders", "free")
 
 
 def _device(spec: Optional[str]) -> Optional[str]:
-    """``%gpumem holders``' DEVICE as torch names devices: 'cpu', 'cuda:0', 'mps', 'xpu:0'; 'cuda' is
-    the current GPU. Anything else is a one-line error."""
-    import re
+    """``%gpumem holders``' DEVICE as torch names devices: 'cpu', 'cuda:0', 'mps', 'xpu:0' ('cuda' is
+    the current GPU), checked as every magic checks a device
+    (:func:`~torchgpu_magic.devices.device_option`): one that does not exist here is a one-line error."""
+    from .. import devices
 
     if spec is None:
         return None
-    text = spec.strip().lower()
-    found = re.fullmatch(r"(cpu|cuda|mps|xpu)(?::(\d+))?", text)
-    if found is None or (found.group(1) in ("cpu", "mps") and found.group(2) is not None):
-        raise MagicInputError(f"{spec!r} is not a device: use cpu, cuda, cuda:N, mps, xpu or xpu:N")
-    kind, index = found.groups()
-    if index is None and kind in ("cuda", "xpu"):
-        from ..accelerators import initialised_cuda
-
-        cuda = initialised_cuda() if kind == "cuda" else None
-        index = str(cuda.current_device()) if cuda is not None else "0"
-    return kind if kind in ("cpu", "mps") else f"{kind}:{index}"
+    return devices.option_name(devices.device_option(spec, ("cpu", "cuda", "mps", "xpu")))
 
 
 def in_colab() -> bool:
@@ -103,14 +96,15 @@ class GPUMemMagics(MagicsPart):
                    "Client NAME (without NAME: the one in the namespace); 'stop' stops it too")
     @usage_errors
     def gpumem(self, line: str = "") -> Any:
-        """Memory per cell and live: NVML, torch's allocator and host RSS side by side in a panel, each
-        cell's time and memory delta and peak kept as records. In a terminal (or without ipywidgets)
-        one text snapshot, then one line after each cell.
+        """Memory per cell and live: NVML, torch's allocator and host RSS side by side in a panel (a line
+        per cell in a terminal); ``%gpumem holders`` says who holds memory, ``%gpumem free`` gives it back.
+
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/gpumem.md
         """
         from .. import gpumem
 
         args = parse_args(self.gpumem, line)
-        if args.action not in (None, "stop", "holders", "free"):
+        if args.action is not None and args.action not in ACTIONS:
             raise MagicInputError(f"unknown action {args.action!r}: use 'stop', 'holders [DEVICE]', 'free', "
                                   "or nothing to start")
         if args.device is not None and args.action != "holders":

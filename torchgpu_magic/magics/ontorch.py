@@ -75,18 +75,11 @@ class OnTorchMagics(MagicsPart):
     @line_cell_magic
     @usage_errors
     def ontorch(self, line: str = "", cell: Optional[str] = None) -> Any:
-        """Run a cell on a chosen device: ``%%ontorch SPEC [--fallback DEVICE] [--dtype NAME]
-        [--move NAME,...] [-q]``.
+        """Run a cell on a chosen device without editing it (``%%ontorch SPEC``), or make SPEC the kernel's
+        default (``%ontorch SPEC``, until ``%ontorch --reset``; ``%ontorch`` alone says what is set). What it
+        changes is put back however the cell ends; a footer names what the cell left on another device.
 
-        The cell runs with SPEC as torch's default device (``torch.set_default_device``), the dtype as
-        default dtype and, for ``cuda:N``, N as the current CUDA device, so ``torch.ones(3)``,
-        ``nn.Linear(4, 4)``, ``.cuda()`` and ``'cuda'`` all mean that device; afterwards all of these
-        are restored exactly, however the cell ended. A footer names the device, and the new or changed
-        tensors and modules that are somewhere else (torch's default device does not reach
-        ``torch.from_numpy``, ``torch.Tensor(...)``, explicit ``device=`` or older objects).
-
-        Line form: ``%ontorch SPEC [options]`` makes SPEC the kernel's default until
-        ``%ontorch --reset`` (or ``%unload_ext``); ``%ontorch`` alone shows the current default.
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/ontorch.md
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
         try:
@@ -285,7 +278,8 @@ class OnTorchMagics(MagicsPart):
         if not quiet:  # footer: what the cell binds anew, and the insides of models and containers
             if self._footer_caches is None:  # one each: alternating mappings would make one start over
                 self._footer_caches = (placement.SnapshotCache(), placement.SnapshotCache())
-            watch = placement.cell_names([code for code in compiled[:2] if code is not None], compiled[2], ns)
+            codes = [code for code in compiled[:2] if code is not None]
+            watch = placement.names_bound(codes, compiled[2], ns)
             if watch is not None:
                 watch.update(name for name, _ in targets)
             keys, ids, held = self._watched(ns, watch)
@@ -319,7 +313,7 @@ class OnTorchMagics(MagicsPart):
     def _watched(self, ns: dict, watch: Optional[set]) -> tuple:
         """What the footer notes before the cell: (names, their objects' ids, the held ones by name).
 
-        ``watch`` (from :func:`~torchgpu_magic.placement.cell_names`) is the names the cell can bind or
+        ``watch`` (from :func:`~torchgpu_magic.placement.names_bound`) is the names the cell can bind or
         change; None means any, and then the whole namespace is read, in one pass. After a busy cell the
         namespace's objects are out of the CPU's caches, and touching one costs more than the Python
         work on it (about 0.2 us a name, measured), which is why the few names a cell mentions are read

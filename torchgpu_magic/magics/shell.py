@@ -17,8 +17,35 @@ from typing import Any
 
 def register_cell(shell: Any, source: str) -> str:
     """Register ``source`` (a cell's code as a magic compiles it) with IPython's compiler under the running
-    cell's number, so that tracebacks and ``linecache`` show its lines; the file name to compile it under."""
-    return shell.compile.cache(source, cell_number(shell))
+    cell's number, so that tracebacks and ``linecache`` show its lines; the file name to compile it under.
+
+    The name is IPython's own (``<ipython-input-N-...>``), also under ipykernel, whose compiler names
+    cells as files in a temporary directory (``/tmp/ipykernel_PID/HASH.py``) that are not on disk: for a
+    ``.py`` name IPython 9 reads a frame's lines with ``inspect.getsourcelines``, which finds a function
+    from its ``def`` line, and the function a magic wraps the cell in (``%%cudatime``'s loop) has none
+    in the cell, so the traceback showed a blank line, or none. Under IPython's own name the lines come
+    from ``linecache``, as in a terminal; the cell number (``Cell In[n]``) is kept either way.
+    """
+    from IPython.core.compilerop import CachingCompiler
+
+    return CachingCompiler.cache(_OwnNames(shell.compile), source, cell_number(shell))
+
+
+class _OwnNames:
+    """The shell's compiler (whatever subclass the kernel installed) with IPython's own cell names:
+    :meth:`CachingCompiler.cache` run on it registers the source where the compiler keeps cells (its
+    ``_filename_map`` on IPython 8+, ``linecache``) under the name IPython itself would give."""
+
+    def __init__(self, compiler: Any) -> None:
+        self._compiler = compiler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._compiler, name)
+
+    def get_code_name(self, raw_code: str, transformed_code: str, number: int) -> str:
+        from IPython.core.compilerop import CachingCompiler
+
+        return CachingCompiler.get_code_name(self._compiler, raw_code, transformed_code, number)
 
 
 def show(result: Any, output: bool = False, quiet: bool = False) -> Any:
@@ -78,8 +105,11 @@ def ipython_tracebacks(shell: Any) -> list:
 def release_traceback(shell: Any) -> list:
     """Let go of the last error's traceback wherever Python and IPython keep it (``sys.last_exc``,
     ``sys.last_value``, ``sys.last_traceback``, ``sys.last_type``, ``InteractiveTB.tb``, the last cell's
-    result, as IPython's own ``del_var`` does); the names of what was let go."""
+    result, as IPython's own ``del_var`` does), and of earlier failed cells' errors, which their results
+    keep in a reference cycle (:mod:`torchgpu_magic.holders.failed`); the names of what was let go."""
     import sys
+
+    from ..holders.failed import release_earlier
 
     released = []
     for name in ("last_exc", "last_value", "last_traceback", "last_type"):
@@ -93,7 +123,7 @@ def release_traceback(shell: Any) -> list:
     if getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None) is not None:
         shell.last_execution_result = None
         released.append("last_execution_result")
-    return released
+    return released + release_earlier()
 
 
 def release_outputs(shell: Any) -> list:

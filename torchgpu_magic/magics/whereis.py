@@ -6,7 +6,6 @@ always on (:mod:`.explainers`).
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Callable, Optional
 
 from IPython.core.error import UsageError
@@ -53,9 +52,12 @@ class WhereIsMagics(MagicsPart):
     @usage_errors
     def whereis(self, line: str = "") -> Any:
         """Where tensors, modules and optimizers live: ``%whereis`` (the whole namespace, by device),
-        ``%whereis NAME [NAME...]`` (one object in detail), ``%whereis --watch on|off``,
-        ``%whereis --repr on|off``. Only reads: never runs forward, never moves anything."""
-        from .. import placement
+        ``%whereis NAME`` (one object in detail), ``--watch on|off``, ``--repr on|off``. It only reads.
+
+        Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/whereis.md
+        """
+        from .. import devices, placement
+        from ..errors import MagicInputError
 
         args = parse_args(self.whereis, line)
         if args.cluster is not None and (args.watch or args.repr_):
@@ -76,9 +78,12 @@ class WhereIsMagics(MagicsPart):
             raise UsageError("%whereis: --device / --sort / --top shape the table; use them without NAME")
         if args.top is not None and args.top < 0:
             raise UsageError(f"%whereis: --top takes a count of rows (0: all), not {args.top}")
-        if args.device is not None and not re.fullmatch(r"[a-z]+(:\d+)?", args.device.strip().lower()):
-            raise UsageError(f"%whereis: --device takes a device such as cpu, cuda:0 or meta, not "
-                             f"{args.device!r}")
+        device = None
+        if args.device is not None:  # with --cluster the engines' devices: its spelling only
+            try:
+                device = str(devices.device_option(args.device, devices.KINDS, exists=args.cluster is None))
+            except MagicInputError as exc:
+                raise UsageError(f"%whereis: --device: {exc}") from None
         if args.cluster is not None:
             report = self._cluster(args)
         elif args.names:
@@ -86,7 +91,6 @@ class WhereIsMagics(MagicsPart):
             report = reports[0] if len(reports) == 1 else reports
         else:
             top = placement.DEFAULT_TOP if args.top is None else (args.top or None)
-            device = args.device.strip().lower() if args.device is not None else None
             report = placement.namespace_report(ns, device=device, sort=args.sort, top=top)
         if args.return_report or not isinstance(report, list):
             return show(report, args.return_report)

@@ -4,7 +4,7 @@ the explanations (:mod:`torchgpu_magic.explain`) and the holders of memory read 
 Split by concern:
 
 - ``kinds``: the cheap per-tensor reads (kind of an object, device and dtype names, shapes, storage and
-  bytes, the order devices are listed in), and the garbage-collector pause the report walks take;
+  bytes, the order devices are listed in), cached per type and device;
 - ``tree``: the one walk of a module tree, every tensor's facts read at once, figures per module;
 - ``accounting``: the one account of an object's tensors (each with its role: parameter, buffer,
   gradient, optimizer state, step counters; storages counted once; devices; bytes per device and role)
@@ -44,10 +44,10 @@ from .accounting import (
 from .kinds import shape_str
 from .modules import (
     MAX_MODULE_ROWS,
-    Lines,
     ModuleReport,
     ModuleRow,
     OptimizerReport,
+    TensorLine,
     describe,
     module_report,
     optimizer_report,
@@ -59,10 +59,10 @@ from .scan import (
     SNAPSHOT_CONTAINER_LIMIT,
     Placed,
     SnapshotCache,
-    cell_names,
     changed,
     changed_elsewhere,
     footer_line,
+    names_bound,
     namespace_snapshot,
     watch_line,
 )
@@ -71,8 +71,8 @@ from .walk import IPYTHON_NAMES
 
 __all__ = [
     "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "ROLES", "SNAPSHOT_CONTAINER_LIMIT", "Account",
-    "Lines", "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport", "Placed", "Row",
-    "SnapshotCache", "account", "cell_names", "changed", "changed_elsewhere", "footer_line", "describe",
+    "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport", "Placed", "Row", "SnapshotCache",
+    "TensorLine", "account", "names_bound", "changed", "changed_elsewhere", "footer_line", "describe",
     "device_str", "devices_of", "dtype_str", "is_floating", "kind_of", "module_report", "namespace_report",
     "namespace_snapshot", "optimizer_report", "placement_line", "resolve", "shape_str", "storage_key",
     "tensor_line", "tensor_nbytes", "watch_line",

@@ -29,9 +29,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 from ..torchapi import STORAGE_ID
 from . import bydesign
 from .kinds import (
-    _DEVICE_STR,
-    _KIND_BY_TYPE,
-    _torch,
+    DEVICE_TEXT,
     device_order,
     device_str,
     dtype_str,
@@ -40,6 +38,7 @@ from .kinds import (
     kind_of,
     storage_key,
     tensor_nbytes,
+    torch_module,
 )
 from .offload import offload_places
 from .tree import ModuleNode, Walk
@@ -52,9 +51,9 @@ _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 ROLES = ("tensor", "parameter", "buffer", "gradient", "state", "step")
 """The roles a held tensor can have, in the order reports list them."""
 
-__all__ = ["ROLES", "Account", "ModuleNode", "Share", "TensorColumns", "TensorFacts", "_KIND_BY_TYPE",
-           "_torch", "account", "device_str", "devices_of", "dtype_str", "grad_of", "is_floating", "kind_of",
-           "optimizer_tensors", "storage_key", "tensor_columns", "tensor_facts", "tensor_nbytes"]
+__all__ = ["ROLES", "Account", "ModuleNode", "Share", "TensorColumns", "TensorFacts", "account", "device_str",
+           "devices_of", "dtype_str", "grad_of", "is_floating", "kind_of", "optimizer_tensors", "storage_key",
+           "tensor_columns", "tensor_facts", "tensor_nbytes"]
 
 
 class Share:
@@ -113,10 +112,6 @@ class Account:
             [] if device is not None else self.shares.values())
         return sum(s.grad_bytes if gradients else s.nbytes for s in shares)
 
-    def kept_off_bytes(self) -> int:
-        """Bytes of the parts kept off its devices on purpose (Adam's ``step`` on cpu beside GPU state)."""
-        return sum(size for _, _, size, _ in self.kept_off)
-
     def to_dict(self) -> dict:
         """Plain data: kind, class, devices, bytes per device and role, and what is kept off or misplaced."""
         return {"kind": self.kind, "what": self.what, "devices": list(self.devices),
@@ -168,16 +163,6 @@ def _shares(storages: dict, devices: Any) -> dict:
     return shares
 
 
-def _add_grad(tensor: Any, storages: dict) -> None:
-    """Put ``tensor.grad``'s storage into ``storages`` (role gradient), unless it is there already."""
-    grad = grad_of(tensor)
-    if grad is None:
-        return
-    key, size = storage_key(grad)
-    if key not in storages:
-        storages[key] = (device_str(grad.device), "gradient", size)
-
-
 class TensorFacts(NamedTuple):
     """A plain tensor's account in one tuple, for the views that read thousands of them (the namespace
     table): its device, storage key and bytes, its own view's bytes, its gradient's (key, device, bytes)
@@ -219,9 +204,9 @@ def tensor_columns(tensors: list, gradients: bool = True) -> TensorColumns:
     tensor, where a Python loop pays a microsecond); the rare parts (gradients, pinned memory, RNG states)
     only for the tensors they can concern. One tensor that cannot be read this way (a sparse tensor, an
     exotic subclass) sends the whole list through :func:`storage_key` one by one."""
-    torch = _torch()
+    torch = torch_module()
     devs = list(map(_DEVICE, tensors))
-    devices = list(map(_DEVICE_STR.get, devs))
+    devices = list(map(DEVICE_TEXT.get, devs))
     if None in devices:
         devices = list(map(device_str, devs))
     try:
@@ -314,7 +299,7 @@ def _split_shares(module: Any, shares: dict) -> None:
 def optimizer_tensors(optimizer: Any) -> Iterator[tuple]:
     """(group index, parameter, state key, tensor) for every tensor of an optimizer's state, including
     tensors in lists (L-BFGS keeps its history that way). Parameters without state yield nothing."""
-    torch = _torch()
+    torch = torch_module()
     state = optimizer.state
     for index, group in enumerate(optimizer.param_groups):
         for param in group.get("params", ()):

@@ -26,6 +26,7 @@ import ast
 import sys
 from typing import Any, Mapping, Optional
 
+from ..caches import cache
 from ..torchapi import has_primary_context
 
 STEP_KEYS = frozenset({"step", "mu_product"})
@@ -38,7 +39,6 @@ PINNED_WHY = "pinned host memory: a staging buffer for fast copies to the GPU, o
 LOADER_WHY = "a DataLoader's batch: made on cpu by its workers; move it in the loop with .to(device)"
 
 _PHILOX_STATE_BYTES = 16  # seed + offset: CUDA, XPU and MPS generators (CUDAGeneratorImpl::get_state)
-_CPU_STATE: list = []  # the CPU generator's state size, read once
 
 
 def step_on_param_device(group: Mapping[str, Any]) -> bool:
@@ -81,11 +81,11 @@ def pinned(tensor: Any, device: str) -> str:
         return "no"
 
 
+@cache
 def _cpu_state_bytes() -> int:
-    if not _CPU_STATE:
-        torch = sys.modules.get("torch")
-        _CPU_STATE.append(int(torch.get_rng_state().numel()) if torch is not None else -1)
-    return _CPU_STATE[0]
+    """The CPU generator's state size (-1 before torch is imported)."""
+    torch = sys.modules.get("torch")
+    return int(torch.get_rng_state().numel()) if torch is not None else -1
 
 
 def looks_like_rng_state(tensor: Any) -> bool:

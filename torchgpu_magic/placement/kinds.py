@@ -4,27 +4,25 @@ The per-tensor reads :mod:`.accounting` builds every account from; torch is impo
 """
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
+from ..caches import cache, table
 from ..torchapi import storage_id
 
-_TORCH: Any = None
-_KIND_BY_TYPE: dict = {}
-_DEVICE_STR: dict = {}
-_DTYPE_STR: dict = {}
+KIND_OF_TYPE = table()
+"""type -> :func:`kind_of` its instances (a walk over 10,000 objects reads it at C speed)."""
+DEVICE_TEXT = table()
+"""torch.device -> :func:`device_str` of it (read at C speed by the per-tensor walks)."""
+_DTYPE_TEXT = table()
 
 
-def _torch() -> Any:
+@cache
+def torch_module() -> Any:
     """The torch module, imported on first use so that importing the package stays free."""
-    global _TORCH
-    if _TORCH is None:
-        import torch
-        import torch.optim
+    import torch
+    import torch.optim
 
-        _TORCH = torch
-    return _TORCH
+    return torch
 
 
 def kind_of(obj: Any) -> Optional[str]:
@@ -32,12 +30,12 @@ def kind_of(obj: Any) -> Optional[str]:
     Cached per type, so the namespace scan costs one dict lookup per object."""
     typ = type(obj)
     try:
-        return _KIND_BY_TYPE[typ]
+        return KIND_OF_TYPE[typ]
     except KeyError:
         pass
     except TypeError:  # unhashable metaclass instance: not one of ours
         return None
-    torch = _torch()
+    torch = torch_module()
     kind: Optional[str] = None
     if issubclass(typ, torch.Tensor):
         kind = "tensor"
@@ -45,27 +43,27 @@ def kind_of(obj: Any) -> Optional[str]:
         kind = "module"
     elif issubclass(typ, torch.optim.Optimizer):
         kind = "optimizer"
-    _KIND_BY_TYPE[typ] = kind
+    KIND_OF_TYPE[typ] = kind
     return kind
 
 
 def device_str(device: Any) -> str:
     """``str(torch.device)``, cached: 'cpu', 'cuda:0', 'meta'."""
     try:
-        return _DEVICE_STR[device]
+        return DEVICE_TEXT[device]
     except KeyError:
         text = str(device)
-        if len(_DEVICE_STR) < 256:
-            _DEVICE_STR[device] = text
+        if len(DEVICE_TEXT) < 256:
+            DEVICE_TEXT[device] = text
         return text
 
 
 def dtype_str(dtype: Any) -> str:
     """'float32' for ``torch.float32`` (cached)."""
     try:
-        return _DTYPE_STR[dtype]
+        return _DTYPE_TEXT[dtype]
     except KeyError:
-        text = _DTYPE_STR[dtype] = str(dtype).replace("torch.", "")
+        text = _DTYPE_TEXT[dtype] = str(dtype).replace("torch.", "")
         return text
 
 
@@ -104,23 +102,6 @@ def is_floating(tensor: Any) -> bool:
         return bool(tensor.is_floating_point() or tensor.is_complex())
     except (RuntimeError, AttributeError):
         return False
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for a report's walk, and back as it was after, however the
-    walk ends (as ``%%cudatime`` does while sampling). A report over 10,000 tensors makes tens of
-    thousands of small objects, and each 700 allocations set off a collection that traverses every
-    object of the process: with the model and the namespace alive, that was about two thirds of the
-    walk. Nothing the walk makes is cyclic garbage, so nothing is left for later but what the program
-    itself made meanwhile."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def shape_str(shape: tuple) -> str:

@@ -9,38 +9,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from ..render import fmt_count, join_cells, separator
-from .accounting import _torch, account, dtype_str, grad_state, kind_of, storage_key
+from ..host import gc_paused
+from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_count, join_cells, separator
+from .accounting import account, dtype_str, grad_state, kind_of, storage_key
 from .bydesign import pinned
-from .kinds import device_order, gc_paused, shape_str
-from .walk import _placeables
+from .kinds import device_order, shape_str, torch_module
+from .walk import Walk
 
 
 @dataclass(repr=False)
-class Lines:
-    """A report that is a few lines of text (a tensor's one line, a note)."""
+class TensorLine(Reportable):
+    """``%whereis NAME`` for a tensor: its one line."""
 
     lines: list
 
-    def to_text(self) -> str:
-        return "\n".join(self.lines)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
-    def _repr_html_(self) -> str:
-        from ..render import html_lines
-
-        return html_lines(self.lines)
+    def report(self) -> Report:
+        return Report([Lines(self.lines)])
 
     def to_dict(self) -> dict:
         return {"lines": list(self.lines)}
 
 
-def tensor_line(name: str, tensor: Any, ns: Optional[Mapping[str, Any]] = None) -> Lines:
+def tensor_line(name: str, tensor: Any, ns: Optional[Mapping[str, Any]] = None) -> TensorLine:
     """``x · cpu · float32 · (3, 4) · 48 B · requires_grad · pinned · shares storage with y``."""
-    from ..render import fmt_bytes
-
     acc = account(tensor)
     device = acc.devices[0]
     nbytes = acc.view_bytes
@@ -56,7 +47,7 @@ def tensor_line(name: str, tensor: Any, ns: Optional[Mapping[str, Any]] = None) 
     if isinstance(key, int) and size != nbytes:
         parts.append(f"a view of a {fmt_bytes(size)} storage")
     if ns is not None and isinstance(key, int):
-        others = [n for n, obj, kind in _placeables(ns) if kind == "tensor" and obj is not tensor
+        others = [n for n, obj, kind in Walk(ns) if kind == "tensor" and obj is not tensor
                   and storage_key(obj)[0] == key]
         if others:
             parts.append("shares storage with " + ", ".join(others[:5]) + (" ..." if len(others) > 5 else ""))
@@ -67,7 +58,7 @@ def tensor_line(name: str, tensor: Any, ns: Optional[Mapping[str, Any]] = None) 
         parts.append(acc.why)
     if device == "meta":
         parts.append("meta: no data")
-    return Lines([f" {separator()} ".join(parts)])
+    return TensorLine([f" {separator()} ".join(parts)])
 
 
 @dataclass(frozen=True)
@@ -102,25 +93,17 @@ def _alike(a: Any, b: Any) -> bool:
             and a.devices == b.devices and a.dtypes == b.dtypes and a.notes == b.notes)
 
 
-class _TableReport:
+class _TableReport(Reportable):
     """A report shown as header lines, one table, and flag lines; subclasses provide ``table()``."""
 
     header: list
     flags: list
 
-    def table(self) -> Any:
+    def table(self) -> Table:
         raise NotImplementedError
 
-    def to_text(self) -> str:
-        return "\n".join(self.header + [self.table().to_text()] + self.flags)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
-    def _repr_html_(self) -> str:
-        from ..render import html_lines
-
-        return html_lines(self.header) + self.table().to_html() + html_lines(self.flags)
+    def report(self) -> Report:
+        return Report([Lines(self.header), self.table(), Lines(self.flags)])
 
 
 @dataclass(repr=False)
@@ -133,9 +116,7 @@ class ModuleReport(_TableReport):
     rows: list
     flags: list
 
-    def table(self) -> Any:
-        from ..render import Table, fmt_bytes
-
+    def table(self) -> Table:
         headers = ["module", "class", "devices", "dtypes", "params", "buffers", "bytes", "trainable", "note"]
         table = Table(headers, align="llllrrrll")
         for r in self.rows:
@@ -194,15 +175,14 @@ def _emit(node: Any, rows: list, expand: bool) -> None:
 
 def module_report(name: str, module: Any) -> ModuleReport:
     """Where ``module``'s parameters and buffers are, module by module. Never runs forward and never
-    moves anything; the garbage collector is paused during the walk (:func:`.kinds.gc_paused`)."""
+    moves anything; the garbage collector is paused during the walk
+    (:func:`~torchgpu_magic.host.gc_paused`)."""
     with gc_paused():
         return _module_report(name, module)
 
 
 def _module_report(name: str, module: Any) -> ModuleReport:
-    torch = _torch()
-    from ..render import fmt_bytes
-
+    torch = torch_module()
     header = []
     if isinstance(module, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
         raw_ids = getattr(module, "device_ids", None) or []
@@ -270,9 +250,7 @@ class OptimizerReport(_TableReport):
     rows: list
     flags: list
 
-    def table(self) -> Any:
-        from ..render import Table, fmt_bytes
-
+    def table(self) -> Table:
         table = Table(["group", "params", "param devices", "state devices", "state bytes"], align="rrllr")
         for group, n, pdev, sdev, nbytes in self.rows:
             table.add(group, n, pdev, sdev, fmt_bytes(nbytes))
@@ -288,8 +266,6 @@ def optimizer_report(name: str, optimizer: Any) -> OptimizerReport:
     (momentum, Adam's moments...) are, from the optimizer's :func:`~.accounting.account`; step counters
     kept on the cpu by torch's design are said apart, and state that is not where torch needs it is
     flagged."""
-    from ..render import fmt_bytes
-
     acc = account(optimizer)
     rows = [(index, n, join_cells(pdev), join_cells(sdev) if sdev else "(no state yet)", nbytes)
             for index, (n, pdev, sdev, nbytes) in enumerate(acc.groups)]
@@ -328,8 +304,6 @@ def describe(name: str, obj: Any, ns: Optional[Mapping[str, Any]] = None) -> Any
 
 def placement_line(obj: Any) -> str:
     """One line saying where a tensor or module is: ``Linear · cuda:0 · float32 · 4 params · 16 B``."""
-    from ..render import fmt_bytes
-
     sep = f" {separator()} "
     acc = account(obj, gradients=False)
     if acc.kind == "tensor":

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from ..errors import MagicInputError
+from ..render import fmt_bytes
 from .accounting import account, optimizer_tensors, storage_key, tensor_nbytes
 from .bydesign import is_step, step_on_param_device
 
@@ -209,8 +210,6 @@ def _bytes_off(obj: Any, device: Any) -> int:
 def _moved_state(optimizer: Any, device: Any) -> tuple:
     """({param: {key: new tensor}}, bytes moved, note) for the optimizer's state tensors not yet on
     ``device``; step counters stay where torch keeps them, and the note says how many bytes stayed."""
-    from ..render import fmt_bytes
-
     moved: dict = {}
     sizes: dict = {}
     stay: dict = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .walk import _placeables, static_attr
+from .walk import Walk, static_attr
 
 _INDEXABLE = ("ModuleList", "Sequential", "ModuleDict", "ParameterList", "ParameterDict")
 
@@ -65,7 +65,7 @@ def resolve(expr: str, ns: Mapping[str, Any]) -> Any:
 def _did_you_mean(name: str, ns: Mapping[str, Any]) -> str:
     import difflib
 
-    candidates = [n for n, _, _ in _placeables(ns) if "[" not in n and "." not in n]
+    candidates = [n for n, _, _ in Walk(ns) if "[" not in n and "." not in n]
     close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
     if close:
         return "; did you mean " + ", ".join(close) + "?"

@@ -16,7 +16,7 @@ from .accounting import account, device_str, dtype_str, kind_of, optimizer_tenso
 from .bydesign import LOADER_WHY, loader_names, tensor_why
 from .kinds import shape_str
 from .names import resolve
-from .walk import IPYTHON_NAMES, _container_items
+from .walk import IPYTHON_NAMES, container_items
 
 # Containers looked into (one level deep) by the per-cell snapshot only when this small, so a list of a
 # million floats in the namespace never slows every cell down; the full %whereis table looks into all.
@@ -133,7 +133,7 @@ def _examine(name: str, obj: Any, old: Mapping[str, Placed]) -> tuple:
         return (), None, False
     found = []
     if 0 < len(obj) <= SNAPSHOT_CONTAINER_LIMIT:
-        for sub, item in _container_items(name, obj):
+        for sub, item in container_items(name, obj):
             item_kind = kind_of(item)
             if item_kind is not None:
                 placed = _snap_one(sub, item, item_kind, old)
@@ -327,7 +327,7 @@ _DYNAMIC = frozenset({"globals", "vars", "locals", "exec", "eval", "execfile", "
                       "sys", "builtins", "user_ns"})
 
 
-def cell_names(codes: list, source: str, ns: Mapping[str, Any], depth: int = 2) -> Optional[set]:
+def names_bound(codes: list, source: str, ns: Mapping[str, Any], depth: int = 2) -> Optional[set]:
     """The names a cell compiled to ``codes`` can bind or change: those its code mentions (every global
     it loads, stores or deletes, and attribute names), with the functions and classes it defines, and
     the code of the notebook's own functions, classes and objects it calls (``__main__``'s, ``depth``

@@ -9,15 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
-from ..render import fmt_count, join_cells
+from ..caches import table
+from ..host import gc_paused
+from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_count, join_cells
 from .accounting import account, dtype_str, grad_state, kind_of, optimizer_tensors, tensor_columns
-from .kinds import device_order, gc_paused, shape_str
-from .walk import Walk, _container_items
+from .kinds import device_order, shape_str
+from .walk import Walk, container_items
 
 # Rows shown per device when no --top is given: a namespace of a few hundred objects shows whole, one
 # of 10,000 tensors shows its first rows and one line for the rest.
 DEFAULT_TOP = 100
-_SHAPES: dict = {}  # torch.Size: its text, '(4, 8)' (a notebook has few distinct shapes)
+_SHAPES = table()  # torch.Size: its text, '(4, 8)' (a notebook has few distinct shapes)
 
 
 class Row(NamedTuple):
@@ -46,7 +48,7 @@ class Row(NamedTuple):
 
 
 @dataclass(repr=False)
-class NamespaceReport:
+class NamespaceReport(Reportable):
     """The tensors, modules and optimizers of a namespace, grouped by device, with per-device totals
     (each storage counted once, gradients included) and what only IPython's output cache keeps alive.
     ``top`` rows per device are shown (None: all); ``cut`` lists what the walk did not look into."""
@@ -64,8 +66,6 @@ class NamespaceReport:
     elsewhere: dict = field(default_factory=dict)  # {device: objects} left out by a device filter
 
     def tables(self) -> list:
-        from ..render import Table, fmt_bytes
-
         tables = []
         for device in sorted(self.totals, key=device_order):
             rows = [r for r in self.rows if r.device == device]
@@ -105,8 +105,6 @@ class NamespaceReport:
         return total
 
     def footer(self) -> list:
-        from ..render import fmt_bytes
-
         if not self.rows and self.elsewhere:
             where = ", ".join(f"{d} ({n} object{'s' if n != 1 else ''})"
                               for d, n in sorted(self.elsewhere.items(), key=lambda kv: device_order(kv[0])))
@@ -126,18 +124,9 @@ class NamespaceReport:
             lines.append(f"Not looked into: {shown}{more}. Name an object to see it: %whereis NAME.")
         return lines
 
-    def to_text(self) -> str:
-        parts = [t.to_text() for t in self.tables()]
-        footer = self.footer()
-        return "\n\n".join(parts + ["\n".join(footer)] if footer else parts)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text())
-
-    def _repr_html_(self) -> str:
-        from ..render import html_lines
-
-        return "".join(t.to_html() for t in self.tables()) + html_lines(self.footer())
+    def report(self) -> Report:
+        """A table per device, then the footer."""
+        return Report([*self.tables(), Lines(self.footer())], gap=True)
 
     def to_dict(self) -> dict:
         return {
@@ -170,7 +159,7 @@ def _out_cache_items(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
         if kind is not None:
             yield name, obj, kind
         elif type(obj) in (list, tuple, dict):
-            for sub, item in _container_items(name, obj):
+            for sub, item in container_items(name, obj):
                 item_kind = kind_of(item)
                 if item_kind is not None:
                     yield sub, item, item_kind
@@ -201,8 +190,6 @@ def _keys_on(acc: Any, device: str) -> tuple:
 
 def _kept_note(acc: Any) -> str:
     """'+16 B of step counters on cpu (torch keeps ...)' for what an account keeps off its devices."""
-    from ..render import fmt_bytes
-
     return "; ".join(f"+{fmt_bytes(size)} of step counters on {device}, {why}"
                      for _, device, size, why in acc.kept_off)
 
@@ -294,7 +281,8 @@ def namespace_report(
     """Everything placeable in ``ns`` (a shell's user namespace, with its ``Out`` cache), grouped by
     device; only ``device``'s table when given; rows by size (data + gradients) with ``sort='bytes'``,
     by name with ``sort='name'``, else in namespace order; ``top`` rows per device (None: all). Reads
-    only; keeps no reference. The garbage collector is paused during the walk (:func:`.kinds.gc_paused`)."""
+    only; keeps no reference. The garbage collector is paused during the walk
+    (:func:`~torchgpu_magic.host.gc_paused`)."""
     with gc_paused():
         return _namespace_report(ns, device, sort, top)
 

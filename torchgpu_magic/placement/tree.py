@@ -19,7 +19,7 @@ from itertools import accumulate, compress
 from typing import Any
 
 from ..torchapi import STORAGE_ID
-from .kinds import _DEVICE_STR, _torch, device_str, grad_of, storage_key
+from .kinds import DEVICE_TEXT, device_str, grad_of, storage_key, torch_module
 from .offload import execution_device, offload_place
 
 _NOT_NONE = functools.partial(operator.is_not, None)
@@ -100,12 +100,12 @@ class Walk:
     def _read(self, params: list, buffers: list, hooked: list, gradients: bool) -> dict:
         """Read every tensor's facts at once (parameters, then buffers, in one index space); return the
         running sums and lists the nodes are read from."""
-        torch = _torch()
+        torch = torch_module()
         tensors = params + buffers
         n, n_params = len(tensors), len(params)
         span = range(n)
         devs = list(map(_DEVICE, tensors))
-        names = list(map(_DEVICE_STR.get, devs))
+        names = list(map(DEVICE_TEXT.get, devs))
         if None in names:
             names = list(map(device_str, devs))
         for module, p0, b0 in hooked:  # accelerate's offloaded weights: named where the hook keeps them

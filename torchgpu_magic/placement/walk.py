@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Optional
 
-from .accounting import _KIND_BY_TYPE, kind_of
+from ..caches import table
 from .bydesign import holder_why
+from .kinds import KIND_OF_TYPE, kind_of
 
 # Names IPython itself binds in the user namespace; ``Out`` is read separately, as the output cache.
 IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 
 
-def _container_items(name: str, container: Any) -> Iterator[tuple[str, Any]]:
+def container_items(name: str, container: Any) -> Iterator[tuple[str, Any]]:
     """(display name, item) one level inside a list, tuple or dict: ``batch[0]``, ``d['w']``."""
     if isinstance(container, dict):
         for key, item in list(container.items()):
@@ -32,10 +33,13 @@ WALK_DEPTH = 3
 WALK_WIDTH = 1_000
 WALK_LIMIT = 100_000
 _CONTAINERS = (list, tuple, dict)
-# Types whose instances the walk never looks into: code, classes, modules, IPython's own machinery.
-_OPAQUE_MODULES = ("builtins", "IPython", "ipykernel", "ipywidgets", "traitlets", "types", "typing")
-_WALK_TYPE: dict = {}
-_HOLDER_WHY: dict = {}  # type: bydesign.holder_why of its instances (None for most)
+# Types whose instances the walk never looks into: code, classes, modules, IPython's own machinery, and
+# this package's own result objects (``r = %gpumem free -o``), which hold names, strings and numbers and
+# are not the user's memory.
+_OPAQUE_MODULES = ("builtins", "IPython", "ipykernel", "ipywidgets", "traitlets", "types", "typing",
+                   "torchgpu_magic")
+_WALK_TYPE = table()  # per type: whether the walk looks into its instances
+_HOLDER_WHY = table()  # per type: bydesign.holder_why of its instances (None for most)
 
 
 def _walkable(obj: Any) -> bool:
@@ -86,7 +90,7 @@ class Walk:
         self.why: dict = {}  # name: why its tensor is fine on any device (bydesign.holder_why)
 
     def __iter__(self) -> Iterator[tuple[str, Any, str]]:
-        kinds = _KIND_BY_TYPE
+        kinds = KIND_OF_TYPE
         seen: set = set()  # containers, user objects, modules and optimizers already walked (cycles)
         for name, obj in list(self.ns.items()):
             if name[:1] == "_" or name in IPYTHON_NAMES:
@@ -108,7 +112,7 @@ class Walk:
         held = None
         if isinstance(obj, _CONTAINERS):
             size = len(obj)
-            items: Any = _container_items(name, obj)
+            items: Any = container_items(name, obj)
         else:
             attrs = _attributes(obj)
             if not attrs:
@@ -144,12 +148,6 @@ class Walk:
                     yield sub, item, kind
             elif type(item) in _CONTAINERS or _walkable(item):
                 yield from self._inside(sub, item, depth - 1, seen)
-
-
-def _placeables(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
-    """(name, object, kind) for every placeable object of ``ns``: bound to a public name, or held in
-    containers and user objects below one (see :class:`Walk`)."""
-    return iter(Walk(ns))
 
 
 def static_attr(obj: Any, attr: str) -> Any:

@@ -17,14 +17,16 @@ it took to *queue* kernels. This package follows ``docs/timing-method.md``, one 
   streams, the L2 note).
 - :mod:`.results`: :class:`TimingResult`, :class:`TimingComparison` and the kernel table.
 - :mod:`.roofline`: achieved FLOP/s and bytes/s, the bound and the % of peak, from :mod:`.counting`
-  (FLOPs and bytes of one extra, untimed run) and :mod:`.peaks` (the datasheet table, scaled to the SM
-  clock :mod:`.throttle` read after the samples).
+  (FLOPs and bytes of one extra, untimed run, with the FLOP formulas of :mod:`.formulas` beside torch's:
+  causal attention, the fused ops of ``nn`` modules' eval fast paths) and :mod:`.peaks` (the datasheet
+  table, scaled to the SM clock :mod:`.throttle` read after the samples).
 - :mod:`.dispatch`: what the first-run watch and the counter share (their ``TorchDispatchMode`` base,
   which imports no ``torch._dynamo``, and the tensors of an op).
 
 The arrows point one way: engine imports the others, results imports clocks, flags, stats and
 throttle, clocks imports cells (and throttle, lazily), flags imports stats, throttle imports stats;
-roofline imports peaks and (lazily) counting; observe and counting import dispatch. Nothing here
+roofline imports peaks and (lazily) counting; observe and counting import dispatch, counting imports
+formulas. Nothing here
 imports IPython; torch is imported lazily, at the top only by counting. The names callers use are
 re-exported here.
 """

@@ -14,8 +14,9 @@ import io
 import itertools
 from typing import Any, Callable, Iterator, Optional, Union
 
-_TEMPLATE = """
-def _cudatime_cell():
+# The def on line 1, where the magic's own line is: a traceback reads a function's lines from its first
+# line, which must be within the cell's (a one-line %cudatime STATEMENT has only line 1).
+_TEMPLATE = """def _cudatime_cell():
     setup
     _cudatime_args = yield
     while True:
@@ -58,10 +59,12 @@ class CompiledCell:
     before :meth:`run`; calling it again starts afresh (a new setup, e.g. on another device).
     """
 
-    def __init__(self, factory: Callable[[], Any], filename: str) -> None:
+    def __init__(self, factory: Callable[[], Any], filename: str, stmt: str = "", setup: str = "") -> None:
         self._factory = factory
         self._gen: Any = None
         self.filename = filename
+        self.stmt = stmt  # the source timed, and its setup: the task a result names
+        self.setup = setup
 
     @property
     def code(self) -> Any:
@@ -111,7 +114,11 @@ def compile_cell(stmt: Union[str, ast.Module], namespace: dict, setup: Union[str
     code = compile(ast.fix_missing_locations(filled), filename, "exec", dont_inherit=True)
     local: dict = {}
     exec(code, namespace, local)  # defines the generator function only; runs nothing of the cell
-    return CompiledCell(local["_cudatime_cell"], filename)
+    return CompiledCell(local["_cudatime_cell"], filename, _source(stmt), _source(setup))
+
+
+def _source(code: Union[str, ast.Module]) -> str:
+    return code if isinstance(code, str) else ast.unparse(code)
 
 
 class _NullWriter(io.TextIOBase):

@@ -21,6 +21,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from ..caches import table
 from ..errors import MagicInputError
 from ..torchapi import gpu_spin
 from .cells import CompiledCell
@@ -30,7 +31,7 @@ FLUSH_MIN_BYTES = 256 * 2**20  # ... and on CUDA at least 256 MiB, as triton's d
 SPIN_S = 50e-6  # the device-side spin a start event waits behind (each sample; each loop with --cold)
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode warning
 PROTOTYPE_WARNING = "Synchronization debug mode is a prototype feature"  # torch's, once per process
-_SPIN_CYCLES: dict = {}  # CUDA device index -> _sleep cycles lasting SPIN_S, calibrated once per process
+_SPIN_CYCLES = table()  # CUDA device index -> _sleep cycles lasting SPIN_S, calibrated once per process
 
 
 @dataclass(frozen=True)

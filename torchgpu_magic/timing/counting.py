@@ -1,15 +1,19 @@
-"""What one run of a cell does, counted for the roofline: its FLOPs and a lower bound on the bytes it moves.
+"""What one run of a cell does, counted for the roofline: its FLOPs and the bytes its ops read and write.
 
 One extra, untimed run of the cell (never a timing sample) runs under :class:`OpCounter`, a
 ``TorchDispatchMode`` that sees every aten op. FLOPs are those of torch's ``FlopCounterMode``: its table
-of formulas (matmuls, convolutions, attention; plus the CPU flash-attention ops, for which torch has the
-formula but registers none), applied the way its dispatch mode applies them. Each op's FLOPs are kept by
-device and precision, and an arithmetic op without a formula is named. Bytes are the sum of what each
-op reads (its tensor inputs) and writes (its tensor outputs): a lower bound on memory traffic. Each
-tensor is counted once per op (``x + x`` reads ``x`` once), views, allocations and metadata ops are
-free, an op that overwrites an argument (``copy_``, ``fill_``) does not read it, an indexed write
-(``index_put_``, ``scatter_``) is charged only for what it reads, and re-reads by tiled kernels, cache
-misses and spills are not seen.
+of formulas (matmuls, convolutions, attention), with :mod:`.formulas`' additions (causal attention by the
+pairs it attends, the CPU flash-attention ops, the fused ops ``nn`` modules run in eval mode), applied the
+way its dispatch mode applies them. Each op's FLOPs are kept by device and precision, an arithmetic op
+without a formula is named, and an op known to do matrix products whose FLOPs are not counted is named
+apart (the FLOP figure is then incomplete, not just a lower bound). Bytes are the sum of what each
+op reads (its tensor inputs) and writes (its tensor outputs), each once: the traffic of the ops run one
+by one with nothing kept in a cache between them. That is not a bound on the memory traffic either way:
+data that stays in L2 from one op to the next (or from loop to loop) never reaches memory, so the real
+traffic can be less; re-reads by tiled kernels, cache misses and spills make it more. Each tensor is
+counted once per op (``x + x`` reads ``x`` once), views, allocations and metadata ops are free, an op that
+overwrites an argument (``copy_``, ``fill_``) does not read it, and an indexed write (``index_put_``,
+``scatter_``) is charged only for what it reads.
 
 The run happens under ``torch.compiler.set_stance("force_eager")`` (where dynamo is loaded): a
 ``torch.compile``'d function runs its eager ops for the count, so fused kernels are counted as the ops
@@ -24,15 +28,17 @@ op's tensors the first-run watch shares); a torch without them turns the count i
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
 from ..torchapi import compiled_graphs, dispatch_mode_base, dynamo_loaded, is_higher_order_op
 from .dispatch import tensors_in
+from .formulas import NEEDS_OP, UNCOUNTED_MATMULS, registry
 
 # A CUDA build without triton (Windows, some containers) logs "triton not found; flop counting will not
 # work for triton kernels" when this module is first imported: into the user's first %%cudatime. The
@@ -69,13 +75,15 @@ MOVES = frozenset({
     "diagonal_scatter", "as_strided_scatter", "randn", "rand", "randint", "randperm", "randn_like",
     "rand_like", "randint_like", "lift_fresh_copy", "detach_copy", "alias_copy", "_pin_memory",
     "expand_copy", "permute_copy", "view_copy", "t_copy", "transpose_copy", "split_with_sizes_copy",
-    "unbind_copy", "empty_like", "tril_indices", "triu_indices", "one_hot",
+    "unbind_copy", "empty_like", "tril_indices", "triu_indices", "one_hot", "_nested_tensor_from_mask",
+    "_nested_tensor_from_mask_left_aligned", "to_padded_tensor",
 }) | OVERWRITE | PARTIAL
 # Queries of sizes and strides (they reach a mode for tensor subclasses): passed on, as FlopCounterMode does.
 METADATA = frozenset({"sym_is_contiguous", "is_contiguous", "is_strides_like_format",
                       "is_non_overlapping_and_dense", "size", "sym_size", "stride", "sym_stride",
                       "storage_offset", "sym_storage_offset", "numel", "sym_numel", "dim", "layout"})
 CONVOLUTIONS = ("conv", "cudnn_convolution", "mkldnn_convolution")
+RNNS = ("_cudnn_rnn", "miopen_rnn")  # cuDNN's RNN kernels, ruled by its rnn TF32 setting
 _PRECISION = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _PRECISION.update({getattr(torch, n): "fp8" for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
                                                       "float8_e5m2fnuz") if hasattr(torch, n)})
@@ -83,39 +91,85 @@ _PRECISION.update({getattr(torch, n): "fp8" for n in ("float8_e4m3fn", "float8_e
 
 @dataclass
 class Counts:
-    """One run's counts: ``flops`` by (device type, precision), ``bytes`` (lower bound) by device type,
-    how many aten ops ran, the arithmetic ops without a FLOP formula (name -> calls), the higher-order
-    ops not looked into (name -> calls),
-    whether ``torch.compile`` has compiled code in this process (run eagerly for the count), and how
-    long the counting run took (seconds)."""
+    """One run's counts: ``flops`` by (device type, precision), ``bytes`` (read and written by the ops)
+    by device type, how many aten ops ran, the arithmetic ops without a FLOP formula (name -> calls), the
+    ops that do matrix products whose FLOPs are not counted (``unknown``: name -> calls; a fused op no
+    formula covers, or one its formula could not read), the attention ops counted as causal (name ->
+    calls), the higher-order ops not looked into (name -> calls), whether ``torch.compile`` has compiled
+    code in this process (run eagerly for the count), and how long the counting run took (seconds)."""
 
     flops: dict = field(default_factory=dict)
     bytes: dict = field(default_factory=dict)
     ops: int = 0
     uncounted: dict = field(default_factory=dict)
+    unknown: dict = field(default_factory=dict)
+    causal: dict = field(default_factory=dict)
     opaque: dict = field(default_factory=dict)
     compiled: bool = False
     seconds: float = 0.0
 
 
-def precision(func: Any, tensors: list, cuda: bool) -> str:
+def _fp32_precision(op: str) -> Optional[str]:
+    """torch's own answer (>= 2.9) for how CUDA computes an fp32 ``op`` ('matmul', 'conv', 'rnn'): 'tf32'
+    or 'ieee', resolved as ``at::Context::float32Precision`` resolves it (aten/src/ATen/Context.cpp: the
+    op's setting, else the CUDA backend's 'all', else the generic one); None where this torch has no such
+    setting or every level says 'none'."""
+    try:
+        holder = torch.backends.cuda.matmul if op == "matmul" else getattr(torch.backends.cudnn, op)
+        own = holder.fp32_precision
+        for value in (own, torch.backends.cudnn.fp32_precision, torch.backends.fp32_precision):
+            if value in ("tf32", "ieee"):
+                return value
+    except Exception:  # noqa: BLE001 - an older torch, or a setting it refuses: the legacy flag decides
+        return None
+    return None
+
+
+def tf32_allowed() -> dict:
+    """``{'matmul': bool, 'conv': bool, 'rnn': bool}``: whether torch lets cuBLAS (fp32 matmuls) and cuDNN
+    (convolutions, RNNs) use TF32 now. The new setting (``torch.backends.cuda.matmul.fp32_precision``,
+    ``torch.backends.cudnn.conv/rnn.fp32_precision``, which transformers' ``TrainingArguments(tf32=...)``
+    sets) is read first: once it has been used, reading the legacy ``allow_tf32`` raises (torch checks
+    that the two agree, aten/src/ATen/Context.cpp ``allowTF32CuBLAS``). The legacy flag is read only where
+    the new setting says nothing, and a read that fails counts as no TF32: a flag never costs the
+    roofline."""
+    out = {}
+    for op in ("matmul", "conv", "rnn"):
+        new = _fp32_precision(op)
+        if new is not None:
+            out[op] = new == "tf32"
+            continue
+        try:
+            legacy = torch.backends.cuda.matmul if op == "matmul" else torch.backends.cudnn
+            out[op] = bool(legacy.allow_tf32)
+        except Exception:  # noqa: BLE001 - legacy and new settings disagree: no TF32 claimed
+            out[op] = False
+    return out
+
+
+def precision(func: Any, tensors: list, cuda: bool, tf32: Optional[dict] = None) -> str:
     """The precision an op computes in: that of its first floating-point input ('fp32' becomes 'tf32'
-    on CUDA where torch lets cuBLAS / cuDNN use TF32 for this kind of op), or the dtype's name."""
+    on CUDA where torch lets cuBLAS / cuDNN use TF32 for this kind of op: ``tf32``, from
+    :func:`tf32_allowed`, read now when not given), or the dtype's name."""
     dtype = next((t.dtype for t in tensors if t.is_floating_point()), tensors[0].dtype if tensors else None)
     name = _PRECISION.get(dtype) or str(dtype).replace("torch.", "")
     if name == "fp32" and cuda:
         packet = func.overloadpacket.__name__
-        conv = any(word in packet for word in CONVOLUTIONS)
-        if conv and torch.backends.cudnn.allow_tf32 or not conv and torch.backends.cuda.matmul.allow_tf32:
+        kind = ("rnn" if any(word in packet for word in RNNS) else
+                "conv" if any(word in packet for word in CONVOLUTIONS) else "matmul")
+        if (tf32 if tf32 is not None else tf32_allowed())[kind]:
             return "tf32"
     return name
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
-    """The bytes of the distinct elements ``t`` addresses (a broadcast dimension, stride 0, counts once);
-    0 for layouts without strides (sparse, MKL-DNN), which is still a lower bound."""
+    """The bytes of the distinct elements ``t`` addresses (a broadcast dimension, stride 0, counts once;
+    a nested tensor, the elements of its sequences); 0 for layouts without strides (sparse, MKL-DNN):
+    their bytes are not counted."""
     if t.layout != torch.strided:
         return 0
+    if t.is_nested:  # TransformerEncoder's fast path: no sizes or strides, but its element count
+        return t.numel() * t.element_size()
     elements = 1
     for size, stride in zip(t.shape, t.stride()):
         if size == 0:
@@ -145,18 +199,22 @@ class _Rule:
     reads_mutated: bool  # an in-place op that reads what it writes (add_, not copy_ or index_put_)
     partial: bool  # an indexed write: the written argument is charged nothing
     named: bool  # arithmetic without a formula: named as uncounted
+    matmul: bool  # a fused op known to do matrix products that no formula counts (formulas.UNCOUNTED_MATMULS)
 
     @classmethod
     def of(cls, func: Any, formulas: dict) -> _Rule:
         name = func.overloadpacket.__name__
         formula = formulas.get(func.overloadpacket)
+        if getattr(formula, NEEDS_OP, False):
+            formula = functools.partial(formula, func)
         free = func.is_view or name in FREE
         allocates = name.startswith(("empty", "new_empty", "_empty"))
         mutable = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
                         if a.alias_info is not None and a.alias_info.is_write)
         reads = torch.Tag.inplace in func.tags and name not in OVERWRITE and name not in PARTIAL
         named = formula is None and not free and not allocates and name not in MOVES
-        return cls(name, formula, free, allocates, mutable, reads, name in PARTIAL, named)
+        matmul = formula is None and str(func.overloadpacket) in UNCOUNTED_MATMULS
+        return cls(name, formula, free, allocates, mutable, reads, name in PARTIAL, named, matmul)
 
 
 class OpCounter(dispatch_mode_base()):
@@ -181,6 +239,7 @@ class OpCounter(dispatch_mode_base()):
         self.counts = Counts()
         self.rules: dict = {}  # op overload -> _Rule
         self.leaves: set = set()  # op overloads without a decomposition
+        self.tf32 = tf32_allowed()  # read once per run, not per op
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -214,11 +273,17 @@ class OpCounter(dispatch_mode_base()):
         counts = self.counts
         counts.ops += 1
         inputs, outputs = tensors_in(args, kwargs), tensors_in(out)
-        flops = rule.formula(*args, **kwargs, out_val=out) if rule.formula is not None else 0
+        try:
+            flops = rule.formula(*args, **kwargs, out_val=out) if rule.formula is not None else 0
+        except Exception:  # noqa: BLE001 - a formula that cannot read these arguments: FLOPs unknown
+            flops = None
         if flops:
             where = (outputs or inputs)[0].device.type if (outputs or inputs) else "cpu"
-            kind = precision(func, inputs, where == "cuda")
+            kind = precision(func, inputs, where == "cuda", self.tf32)
             counts.flops[(where, kind)] = counts.flops.get((where, kind), 0) + flops
+        elif (flops is None or rule.matmul) and inputs:
+            label = str(func.overloadpacket)
+            counts.unknown[label] = counts.unknown.get(label, 0) + 1
         elif rule.named and inputs:
             label = str(func.overloadpacket)
             counts.uncounted[label] = counts.uncounted.get(label, 0) + 1
@@ -241,26 +306,6 @@ class OpCounter(dispatch_mode_base()):
             counts.bytes[where] = counts.bytes.get(where, 0) + tensor_bytes(t)
 
 
-def _attention_cpu(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query, key, value)
-
-
-def _attention_cpu_backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any,
-                            out_shape: Any = None, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
-def _cpu_attention_formulas() -> dict:
-    """torch's attention formulas for the CPU flash-attention ops, which FlopCounterMode leaves out."""
-    ops = (("_scaled_dot_product_flash_attention_for_cpu", _attention_cpu),
-           ("_scaled_dot_product_flash_attention_for_cpu_backward", _attention_cpu_backward))
-    return {getattr(aten, name): formula for name, formula in ops if hasattr(aten, name)}
-
-
 def compiled_code_exists() -> bool:
     """Whether ``torch.compile`` has compiled a graph in this process (never imports dynamo)."""
     return compiled_graphs() > 0
@@ -278,11 +323,12 @@ def _eager() -> ContextManager[Any]:
 def count(run: Callable[[], Any], silence: Callable[[], ContextManager[Any]]) -> Counts:
     """Call ``run`` (one loop of the cell) once under the counter, silenced, with compiled functions
     running eagerly; return what it did. What ``run`` raises propagates."""
-    formulas = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas()).flop_registry
+    formulas, causal = registry(FlopCounterMode(display=False).flop_registry)
     counter = OpCounter(formulas)
     start = time.perf_counter()
     with silence(), _eager(), counter:
         run()
     counter.counts.seconds = time.perf_counter() - start
     counter.counts.compiled = compiled_code_exists()
+    counter.counts.causal = dict(causal)
     return counter.counts

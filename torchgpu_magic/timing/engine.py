@@ -11,10 +11,11 @@ at most 1 s). ``gc`` is disabled while sampling. Nothing here imports IPython; t
 from __future__ import annotations
 
 import contextlib
-import gc
 import time
 from typing import Any, Callable, ContextManager, Iterator, Optional
 
+from ..caches import table
+from ..host import gc_paused
 from ..torchapi import has_primary_context
 from .cells import CompiledCell, compile_cell, silenced
 from .clocks import Clock, MemoryProbe, Mode, Sample, check_device, clock_for
@@ -41,17 +42,6 @@ KERNEL_MAX_LOOPS = 1000
 
 
 # ---- the measuring loop ---------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _gc_disabled() -> Iterator[None]:
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode] = None,
             silence: Callable[[], ContextManager[Any]] = silenced, show_first: bool = True,
             first: Optional[Sample] = None) -> Run:
@@ -63,7 +53,7 @@ def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode
     mode = mode or Mode()
     kind = clock.kind
     t_start = clock.now()
-    with _gc_disabled():
+    with gc_paused():
         if first is None:
             with contextlib.nullcontext() if show_first else silence():
                 first = clock.measure(cell, 1, mode)
@@ -150,7 +140,7 @@ def _warm_up(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, loops:
 
 
 # ---- the empty-cell floor -------------------------------------------------------------------------------
-_FLOORS: dict = {}
+_FLOORS = table()  # (device, cold): the empty cell's time per loop
 
 
 def empty_cell_floor(device: Any, cold: bool = False, clock: Optional[Clock] = None) -> float:
@@ -184,7 +174,7 @@ def profile_kernels(cell: CompiledCell, device: Any, loops: int,
     on_cuda = getattr(device, "type", None) == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     loops = max(1, min(loops, KERNEL_MAX_LOOPS))
-    with silence(), profile(activities=activities) as prof:
+    with silence(), markers_dropped(), profile(activities=activities) as prof:
         cell.run(loops)
         if on_cuda:
             torch.cuda.synchronize(device)  # its runtime row shows that CUPTI recorded CUDA activity
@@ -199,6 +189,43 @@ def profile_kernels(cell: CompiledCell, device: Any, loops: int,
              for name, (calls, spent) in rows]
     why = None if rows else empty_kernels_reason(on_cuda, ops, runtime)
     return table, why, (busy / 1e6 / loops if busy else None)
+
+
+KINETO_MARKERS = (b"USDT:",)
+"""How the lines start that torch's profiler (Kineto) writes to the process's stderr at every start and
+stop (``USDT:... profiler_start`` / ``profiler_stop``): markers for tracing tools, not messages."""
+
+
+@contextlib.contextmanager
+def markers_dropped() -> Iterator[None]:
+    """Run the block with the process's stderr (file descriptor 2, where Kineto's C++ logger writes,
+    below Python's ``sys.stderr``) going to a temporary file; afterwards write back every line but
+    Kineto's :data:`KINETO_MARKERS`, so its warnings and errors (and anything else written meanwhile)
+    still reach the terminal, or the notebook (ipykernel forwards file descriptor 2). A file, not a
+    pipe: nothing written meanwhile can block on it."""
+    import os
+    import sys
+    import tempfile
+
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to write to: nothing to drop
+        yield
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()  # what Python wrote before goes out before, not into the file
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().splitlines(keepends=True)
+                    if not line.startswith(KINETO_MARKERS)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def tally(events: Any) -> tuple:
@@ -300,7 +327,7 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
         kernels = profile_kernels(cell, device, run.loops, silence) if opts.kernels else None
         result = result_from(run, clock, device, memory, floor, opts, torch.get_num_threads(),
                              torch.__version__, device_name(device), kernels,
-                             touched.working_set(device) if touched else None)
+                             touched.working_set(device) if touched else None, (cell.stmt, cell.setup))
         if opts.roofline:  # FLOPs and bytes, counted in one more run (untimed, after the samples)
             from . import roofline
 

@@ -18,6 +18,7 @@ roofline's counter (:mod:`.dispatch`). torch is imported lazily.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
@@ -51,59 +52,55 @@ def cuda_initialised() -> bool:
         return False
 
 
-_MODE: Any = None  # the TorchDispatchMode subclass, made once on first use
-
-
+@functools.cache
 def _mode_class() -> Any:
-    global _MODE
-    if _MODE is None:
-        from ..torchapi import dispatch_mode_base, fake_tensor_class
-        from .dispatch import tensors_in
+    """The TorchDispatchMode subclass, made once on first use."""
+    from ..torchapi import dispatch_mode_base, fake_tensor_class
+    from .dispatch import tensors_in
 
-        class Watch(dispatch_mode_base()):
-            """Notes the device and storage of every tensor an op reads or writes (fake tensors, which
-            hold no memory and may claim devices this machine lacks, are left out)."""
+    class Watch(dispatch_mode_base()):
+        """Notes the device and storage of every tensor an op reads or writes (fake tensors, which
+        hold no memory and may claim devices this machine lacks, are left out)."""
 
-            def __init__(self, touched: Touched) -> None:
-                super().__init__()
-                self.touched = touched
-                self.seen: set = set()
+        def __init__(self, touched: Touched) -> None:
+            super().__init__()
+            self.touched = touched
+            self.seen: set = set()
 
-            @classmethod
-            def ignore_compile_internals(cls) -> bool:
-                return True  # torch.compile compiles as usual instead of falling back to eager
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True  # torch.compile compiles as usual instead of falling back to eager
 
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                kwargs = kwargs or {}
-                out = func(*args, **kwargs)
-                for tensor in tensors_in(args, kwargs, out):
-                    self.note(tensor)
-                return out
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            for tensor in tensors_in(args, kwargs, out):
+                self.note(tensor)
+            return out
 
-            def note(self, tensor: Any) -> None:
-                # torch's fake tensors exist only once their module is imported (importing it here
-                # would cost seconds: it pulls in much of torch._dynamo's machinery)
-                fake = fake_tensor_class(loaded_only=True)
-                if fake is not None and isinstance(tensor, fake):
-                    return
-                device = str(tensor.device)
-                touched = self.touched
-                if device not in touched.nbytes:
-                    touched.devices.append(device)
-                    touched.nbytes[device] = 0
-                if tensor.device.type == "meta":
-                    return
-                try:
-                    storage = tensor.untyped_storage()
-                    key = (device, storage.data_ptr())
-                    if key not in self.seen:
-                        self.seen.add(key)
-                        touched.nbytes[device] += int(storage.nbytes())
-                except (RuntimeError, NotImplementedError, TypeError):  # sparse and other storage-less kinds
-                    pass
+        def note(self, tensor: Any) -> None:
+            # torch's fake tensors exist only once their module is imported (importing it here
+            # would cost seconds: it pulls in much of torch._dynamo's machinery)
+            fake = fake_tensor_class(loaded_only=True)
+            if fake is not None and isinstance(tensor, fake):
+                return
+            device = str(tensor.device)
+            touched = self.touched
+            if device not in touched.nbytes:
+                touched.devices.append(device)
+                touched.nbytes[device] = 0
+            if tensor.device.type == "meta":
+                return
+            try:
+                storage = tensor.untyped_storage()
+                key = (device, storage.data_ptr())
+                if key not in self.seen:
+                    self.seen.add(key)
+                    touched.nbytes[device] += int(storage.nbytes())
+            except (RuntimeError, NotImplementedError, TypeError):  # sparse and other storage-less kinds
+                pass
 
-        _MODE = Watch
-    return _MODE
+    return Watch
 
 
 @contextlib.contextmanager

@@ -12,9 +12,12 @@ entry, and a FLOP of it gets no percentage.
 
 Each entry's ``clock_mhz`` is the SM clock its tensor figures assume: the H100 whitepaper's 1830 MHz
 (SXM) and 1620 MHz (PCIe), elsewhere the boost clock, or the clock the figure implies (figure / (SMs x
-tensor FLOP per SM per clock)) where NVIDIA states none. When the samples ran at a lower SM clock (the
-median of what NVML read after each of them, :mod:`.throttle`), every FLOP/s peak is scaled by clock /
-``clock_mhz``, and the report says so.
+tensor FLOP per SM per clock)) where NVIDIA states none. Its ``core_clock_mhz`` is the clock its fp32 and
+fp64 figures assume, which is not always the same: an H100 SXM's 67 TFLOP/s fp32 is 132 SMs x 128 FP32
+lanes x 2 FLOP at its 1980 MHz boost clock, not at the tensor figures' 1830 MHz (the same holds for the
+other Hopper entries and B200; elsewhere both figures imply the one boost clock). When the samples ran at
+a lower SM clock (the median of what NVML read after each of them, :mod:`.throttle`), each precision's
+FLOP/s peak is scaled by clock / the clock its own figure assumes, and the report says so.
 
 Nothing here imports torch at import time; it is asked only for a CUDA device.
 """
@@ -29,6 +32,7 @@ LABELS = {"fp64": "fp64", "fp32": "fp32", "tf32": "tf32 dense", "bf16": "bf16 de
           "fp8": "fp8 dense"}
 FALLBACK = {"tf32": "fp32"}  # no TF32 units (Volta, Turing): cuBLAS runs an fp32 GEMM on CUDA cores
 ANY = "*"  # the precision key of a --peak FLOPS figure: it applies to every FLOP
+CORE_PRECISIONS = ("fp64", "fp32")  # figures at the clock of the CUDA cores (GPUModel.core_clock_mhz)
 
 H100_PAGE = "https://www.nvidia.com/en-us/data-center/h100/"
 H100_PDF = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
@@ -60,36 +64,39 @@ class GPUModel:
     clock_mhz: float
     memory_gb: float
     source: str
+    core_clock_mhz: float = 0.0  # the clock the fp32 / fp64 figures assume; 0: clock_mhz
 
 
 def _gpu(name: str, pattern: str, source: str, sms: int, clock_mhz: float, memory_gb: float,
-         bandwidth_gbs: float, **tflops: float) -> GPUModel:
+         bandwidth_gbs: float, core_clock_mhz: float = 0.0, **tflops: float) -> GPUModel:
     return GPUModel(name, pattern, {p: tflops[p] * 1e12 for p in PRECISIONS if p in tflops},
-                    bandwidth_gbs * 1e9, sms, clock_mhz, memory_gb, source)
+                    bandwidth_gbs * 1e9, sms, clock_mhz, memory_gb, source, core_clock_mhz)
 
 
-_HOPPER_SXM = dict(fp64=67, fp32=67, tf32=494.5, bf16=989.5, fp16=989.5, fp8=1979)
-_HOPPER_NVL = dict(fp64=60, fp32=60, tf32=417.5, bf16=835.5, fp16=835.5, fp8=1670.5)
+# fp32 and fp64 (the CUDA-core figures, and Hopper's FP64 tensor figure) at the boost clock: 67 TFLOP/s =
+# 132 x 256 x 1.98 GHz (SXM), 60 = 132 x 256 x 1.776 GHz (NVL), 51 = 114 x 256 x 1.755 GHz (PCIe)
+_HOPPER_SXM = dict(core_clock_mhz=1980, fp64=67, fp32=67, tf32=494.5, bf16=989.5, fp16=989.5, fp8=1979)
+_HOPPER_NVL = dict(core_clock_mhz=1776, fp64=60, fp32=60, tf32=417.5, bf16=835.5, fp16=835.5, fp8=1670.5)
 _A100 = dict(fp64=19.5, fp32=19.5, tf32=156, bf16=312, fp16=312)
 
 # Ordered from the most specific pattern to the least: the first match wins.
 TABLE = (
     _gpu("H100 NVL", r"\bh100 nvl", H100_PAGE, 132, 1545, 94, 3900, **_HOPPER_NVL),
     _gpu("H100 PCIe", r"\bh100\b.*pcie", f"{H100_PDF} ; {HOPPER_CLOCKS}", 114, 1620, 80, 2000,
-         fp64=51, fp32=51, tf32=378, bf16=756.5, fp16=756.5, fp8=1513),
+         core_clock_mhz=1755, fp64=51, fp32=51, tf32=378, bf16=756.5, fp16=756.5, fp8=1513),
     _gpu("H100 SXM", r"\bh100\b", f"{H100_PAGE} ; {HOPPER_CLOCKS}", 132, 1830, 80, 3350, **_HOPPER_SXM),
     _gpu("GH200 144GB HBM3e", r"\bgh200\b.*(144g|hbm3e)", GH200_PAGE, 132, 1830, 144, 4900, **_HOPPER_SXM),
     _gpu("GH200", r"\bgh200\b", GH200_PAGE, 132, 1830, 96, 4000, **_HOPPER_SXM),
     _gpu("H200 NVL", r"\bh200 nvl", H200_PAGE, 132, 1545, 141, 4800, **_HOPPER_NVL),
     _gpu("H200", r"\bh200\b", H200_PAGE, 132, 1830, 141, 4800, **_HOPPER_SXM),
     _gpu("B200", r"\bb200\b", f"{HGX_PAGE} (HGX B200, per GPU)", 148, 1855, 180, 7700,
-         fp64=37, fp32=75, tf32=1100, bf16=2250, fp16=2250, fp8=4500),
+         core_clock_mhz=1980, fp64=37, fp32=75, tf32=1100, bf16=2250, fp16=2250, fp8=4500),
     _gpu("A100 SXM 80GB", r"\ba100\b.*sxm.*80", A100_PDF, 108, 1410, 80, 2039, **_A100),
     _gpu("A100 SXM 40GB", r"\ba100\b.*sxm", A100_PDF, 108, 1410, 40, 1555, **_A100),
     _gpu("A100 PCIe 80GB", r"\ba100\b.*(80gb.*pcie|pcie.*80)", A100_PDF, 108, 1410, 80, 1935, **_A100),
     _gpu("A100 PCIe 40GB", r"\ba100\b.*pcie", A100_PDF, 108, 1410, 40, 1555, **_A100),
     _gpu("L40S", r"\bl40s\b", "https://www.nvidia.com/en-us/data-center/l40s/", 142, 2490, 48, 864,
-         fp32=91.6, tf32=183, bf16=362.05, fp16=362.05, fp8=733),
+         core_clock_mhz=2520, fp32=91.6, tf32=183, bf16=362.05, fp16=362.05, fp8=733),
     _gpu("L4", r"\bl4\b", "https://www.nvidia.com/en-us/data-center/l4/", 58, 2040, 24, 300,
          fp32=30.3, tf32=60, bf16=121, fp16=121, fp8=242.5),
     _gpu("A10G", r"\ba10g\b", "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/ "
@@ -119,7 +126,8 @@ def lookup(name: str) -> Optional[GPUModel]:
 class Peak:
     """The limits one measurement is held against: FLOP/s per precision (after the device's share of
     SMs, before clock scaling), memory bandwidth, where they come from, and the SM clock the samples ran
-    at (``clock_mhz``) against the clock the figures assume (``reference_mhz``)."""
+    at (``clock_mhz``) against the clock the tensor figures assume (``reference_mhz``) and the clock the
+    fp32 / fp64 figures assume (``core_reference_mhz``; None: ``reference_mhz``)."""
 
     name: str
     flops: dict
@@ -128,13 +136,24 @@ class Peak:
     clock_mhz: Optional[float] = None
     reference_mhz: Optional[float] = None
     notes: list = field(default_factory=list)
+    core_reference_mhz: Optional[float] = None
 
-    @property
-    def clock_scale(self) -> float:
-        """clock / reference when the GPU ran below the clock the figures assume, else 1."""
-        if not self.clock_mhz or not self.reference_mhz or self.clock_mhz >= self.reference_mhz:
+    def reference_for(self, precision: str) -> Optional[float]:
+        """The SM clock the figure used for ``precision`` assumes (its fallback's, for tf32 on a GPU
+        without TF32 units); None for ``--peak``."""
+        if ANY in self.flops:
+            return None
+        shown = precision if precision in self.flops else FALLBACK.get(precision, precision)
+        if shown in CORE_PRECISIONS and self.core_reference_mhz:
+            return self.core_reference_mhz
+        return self.reference_mhz
+
+    def scale_for(self, precision: str) -> float:
+        """clock / the clock ``precision``'s figure assumes, when the GPU ran below it; else 1."""
+        reference = self.reference_for(precision)
+        if not self.clock_mhz or not reference or self.clock_mhz >= reference:
             return 1.0
-        return self.clock_mhz / self.reference_mhz
+        return self.clock_mhz / reference
 
     def flops_for(self, precision: str, clocked: bool = True) -> Optional[float]:
         """Peak FLOP/s for ``precision`` (scaled to the clock unless ``clocked`` is False); None if the
@@ -143,7 +162,7 @@ class Peak:
                  or self.flops.get(ANY))
         if not value:
             return None
-        return value * (self.clock_scale if clocked else 1.0)
+        return value * (self.scale_for(precision) if clocked else 1.0)
 
     def label(self, precision: str) -> str:
         """'H100 SXM bf16 dense', or '--peak' for the user's figure."""
@@ -200,4 +219,5 @@ def resolve(model: GPUModel, name: str, sms: int, clock_mhz: Optional[float]) ->
         bandwidth *= int(mig.group(2)) / model.memory_gb
         notes.append(f"roofline: bandwidth scaled to the MIG instance's {mig.group(2)} of "
                      f"{model.memory_gb:g} GB memory slices")
-    return Peak(model.name, flops, bandwidth, model.source, clock_mhz, model.clock_mhz, notes)
+    return Peak(model.name, flops, bandwidth, model.source, clock_mhz, model.clock_mhz, notes,
+                model.core_clock_mhz or model.clock_mhz)

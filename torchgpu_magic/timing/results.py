@@ -2,18 +2,20 @@
 result objects that show themselves: :class:`TimingResult`, :class:`TimingComparison` (``--devices`` /
 ``--threads`` rows) and the ``--kernels`` table.
 
-Every report is text for the terminal (``_repr_pretty_``), HTML for notebooks (``_repr_html_``) and plain
-data for code (``to_dict()``). Nothing here runs the cell; torch is imported only to name a GPU.
+Every report is one :class:`~torchgpu_magic.render.Report` (text for the terminal, HTML for notebooks)
+and plain data for code (``to_dict()``). Nothing here runs the cell; torch is imported only to name a GPU
+and to make a ``Measurement``.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import platform
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from ..render import Table, fmt_bytes, fmt_percent, fmt_seconds, html_lines, is_na
+from ..render import Fields, Lines, Report, Reportable, Table, fmt_bytes, fmt_percent, fmt_seconds, is_na
 from .clocks import Clock, CudaClock, Sample
 from .flags import assess, l2_note, other_streams
 from .stats import Options, Stats, median, ratio
@@ -48,10 +50,13 @@ CUDA_LABEL = CudaClock.label
 _KIND_WORDS = {"device": "device time", "host": "host time", "wall": "synchronized wall time"}
 
 
-@dataclass
-class TimingResult:
-    """One ``%%cudatime`` measurement. Times are seconds per loop; ``samples`` are the per-loop headline
-    times (device time on CUDA, host time on cpu) of every sample that entered the statistics."""
+@dataclass(repr=False)
+class TimingResult(Reportable):
+    """One ``%%cudatime`` measurement, kept raw as torch's ``Measurement`` keeps it: the per-loop
+    headline times of every sample that entered the statistics (``samples``: device time on CUDA, host
+    time on cpu, seconds), ``loops`` per sample and the task (``stmt`` and ``setup``, the cell's source);
+    the statistics (``median``, ``iqr``, ``ci95``...) are derived from the samples, once.
+    :meth:`to_measurement` hands it to ``torch.utils.benchmark.Compare``."""
 
     device: str
     device_name: str
@@ -60,18 +65,7 @@ class TimingResult:
     kind: str
     samples: list
     loops: int
-    median: float
-    q1: float
-    q3: float
-    min: float
-    max: float
-    mean: float
-    std: float
-    ci95: tuple
     first_run: float
-    host: Optional[float]
-    device_time: Optional[float]
-    wall: Optional[float]
     host_samples: list
     device_samples: Optional[list]
     wall_samples: Optional[list]
@@ -79,7 +73,6 @@ class TimingResult:
     memory_peak: Optional[int]
     memory_reserved_growth: Optional[int]
     floor: Optional[float]
-    converged: bool
     stop_reason: str
     elapsed: float
     warmup_loops: int
@@ -97,75 +90,67 @@ class TimingResult:
     kernels_empty: Optional[str] = None
     roofline: Optional[Any] = None  # a roofline.Roofline: FLOP/s, bytes/s, bound, % of peak
     magic: str = "%%cudatime"  # the line form's results say %cudatime
+    stmt: str = ""  # the statement timed (the cell's body)
+    setup: str = ""  # run once before the first run
+
+    # -- derived statistics ------------------------------------------------------------------------------
+    @functools.cached_property
+    def stats(self) -> Stats:
+        """The statistics of :attr:`samples` (median, quartiles, the median's 95 % CI...)."""
+        return Stats.of(self.samples)
+
+    median = property(lambda self: self.stats.median, doc="Median seconds per loop.")
+    q1 = property(lambda self: self.stats.q1, doc="First quartile, seconds per loop.")
+    q3 = property(lambda self: self.stats.q3, doc="Third quartile, seconds per loop.")
+    min = property(lambda self: self.stats.min, doc="Fastest sample, seconds per loop.")
+    max = property(lambda self: self.stats.max, doc="Slowest sample, seconds per loop.")
+    mean = property(lambda self: self.stats.mean, doc="Mean seconds per loop.")
+    std = property(lambda self: self.stats.std, doc="Standard deviation of the samples (NaN for one).")
+    iqr = property(lambda self: self.stats.iqr, doc="Interquartile range, seconds per loop.")
+    ci95 = property(lambda self: (self.stats.ci_low, self.stats.ci_high),
+                    doc="The median's distribution-free 95 % confidence interval.")
+    n = property(lambda self: len(self.samples), doc="The number of samples.")
+    host = property(lambda self: median(self.host_samples), doc="Median host time per loop.")
+    device_time = property(lambda self: _median_of(self.device_samples),
+                           doc="Median device time per loop (None without a device clock).")
+    wall = property(lambda self: _median_of(self.wall_samples),
+                    doc="Median synchronized wall time per loop (None where not measured).")
 
     @property
-    def iqr(self) -> float:
-        return self.q3 - self.q1
+    def converged(self) -> bool:
+        """The stopping rule was met: the median's CI or the IQR within the method's targets."""
+        return self.stats.settled() and self.stop_reason != "max-time"
 
-    @property
-    def n(self) -> int:
-        return len(self.samples)
+    def __repr__(self) -> str:
+        return (f"<TimingResult {self.magic} on {self.device}: {fmt_seconds(self.median)} "
+                f"{_KIND_WORDS[self.kind]} per loop, {self.n} x {self.loops:,} loops>")
 
-    # -- text ----------------------------------------------------------------------------------------
+    # -- the report ------------------------------------------------------------------------------------
     def headline(self) -> str:
         """'50.2 ms device time per loop (median; IQR 12.3 µs, min 50.1 ms; 23 samples x 1 loop)'."""
         loops = f"{self.loops:,} loop{'s' if self.loops != 1 else ''}"
         return (f"{fmt_seconds(self.median)} {_KIND_WORDS[self.kind]} per loop (median; IQR "
                 f"{fmt_seconds(self.iqr)}, min {fmt_seconds(self.min)}; {self.n} samples x {loops})")
 
-    def detail_lines(self) -> list:
-        """The figures under the headline (method step 8), then warnings and notes."""
+    def report(self) -> Report:
+        """The title; the headline and the roofline's line; the figures per loop and the memory; the
+        warnings and notes; the ``--kernels`` table."""
         parts = []
         if self.kind != "host" and self.host is not None:
             parts.append(f"host enqueue {fmt_seconds(self.host)}")
         if self.wall is not None:
             parts.append(f"synchronized wall {fmt_seconds(self.wall)}")
         parts.append(f"first run {fmt_seconds(self.first_run)} (excluded)")
-        lines = ["per loop: " + ", ".join(parts)]
-        if self.memory_peak is None:
-            lines.append("memory: N/A (torch keeps no allocator statistics for this device)")
-        else:
-            lines.append(f"memory: peak {fmt_bytes(self.memory_peak, signed=True)} above the "
-                         f"{fmt_bytes(self.memory_before)} allocated before; reserved "
-                         f"{fmt_bytes(self.memory_reserved_growth, signed=True)}")
-        lines += ["! " + w for w in self.warnings]
-        lines += self.notes
-        return lines
-
-    def to_text(self) -> str:
-        title = f"{self.magic} on {self.device} ({self.device_name}), {self.clock}"
-        achieved = [self.roofline.line()] if self.roofline is not None and self.roofline.line() else []
-        lines = [title, "  " + self.headline()] + ["  " + line for line in achieved + self.detail_lines()]
-        if self.kernels is not None:
-            lines.append(self.kernel_table().to_text(indent="  "))
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text() if not cycle else "TimingResult(...)")
-
-    def _repr_html_(self) -> str:
-        table = Table(["", "per loop"], align="lr",
-                      title=f"{self.magic} on {self.device} ({self.device_name}), {self.clock}")
-        table.add(f"median {_KIND_WORDS[self.kind]}", fmt_seconds(self.median))
-        table.add("IQR", fmt_seconds(self.iqr))
-        table.add("min / max", f"{fmt_seconds(self.min)} / {fmt_seconds(self.max)}")
-        table.add("samples x loops", f"{self.n} x {self.loops:,}")
-        if self.roofline is not None and self.roofline.line():
-            table.add("achieved", self.roofline.line())
-        if self.kind != "host" and self.host is not None:
-            table.add("host enqueue", fmt_seconds(self.host))
-        if self.wall is not None:
-            table.add("synchronized wall", fmt_seconds(self.wall))
-        table.add("first run (excluded)", fmt_seconds(self.first_run))
-        table.add("peak memory above before", fmt_bytes(self.memory_peak, signed=True))
-        table.add("reserved growth", fmt_bytes(self.memory_reserved_growth, signed=True))
-        out = table.to_html() + html_lines(["! " + w for w in self.warnings] + self.notes)
-        if self.kernels is not None:
-            out += self.kernel_table().to_html()
-        return out
+        memory = ("N/A (torch keeps no allocator statistics for this device)" if self.memory_peak is None
+                  else f"peak {fmt_bytes(self.memory_peak, signed=True)} above the "
+                       f"{fmt_bytes(self.memory_before)} allocated before; reserved "
+                       f"{fmt_bytes(self.memory_reserved_growth, signed=True)}")
+        achieved = self.roofline.line() if self.roofline is not None else ""
+        return Report([Lines([self.headline()] + ([achieved] if achieved else [])),
+                       Fields([("per loop", ", ".join(parts)), ("memory", memory)]),
+                       Lines(["! " + w for w in self.warnings] + self.notes),
+                       *([self.kernel_table()] if self.kernels is not None else [])],
+                      title=f"{self.magic} on {self.device} ({self.device_name}), {self.clock}", indent="  ")
 
     def kernel_table(self) -> Table:
         """The ``--kernels`` table of this result (call only when ``kernels`` is set)."""
@@ -173,13 +158,36 @@ class TimingResult:
         return kernel_table(self.kernels or [], self.clock == CUDA_LABEL, self.kernels_empty,
                             self.cold or self.flush_l2, busy)
 
+    # -- data ------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """Plain data (seconds, bytes; None for N/A): every field, plus ``iqr``."""
+        """Plain data (seconds, bytes; None for N/A): every field, and the statistics derived from them."""
         out = {name: _plain(getattr(self, name)) for name in self.__dataclass_fields__}
-        out["iqr"] = _plain(self.iqr)
+        out.update({name: _plain(getattr(self, name)) for name in _DERIVED})
         out["kernels"] = None if self.kernels is None else [_plain(vars(row)) for row in self.kernels]
         out["roofline"] = None if self.roofline is None else _plain(self.roofline.to_dict())
         return out
+
+    def to_measurement(self, label: Optional[str] = None, sub_label: Optional[str] = None,
+                       description: Optional[str] = None) -> Any:
+        """This result as a ``torch.utils.benchmark.Measurement``, so that ``Compare`` can put it beside
+        others: each sample is one run of ``loops`` loops. ``label`` / ``sub_label`` name Compare's
+        group and row, ``description`` its column (the device, unless given); the task is the cell."""
+        from torch.utils.benchmark import Measurement, TaskSpec
+
+        task = TaskSpec(self.stmt or "pass", self.setup, label=label, sub_label=sub_label,
+                        description=self.device if description is None else description,
+                        num_threads=self.threads)
+        return Measurement(self.loops, [t * self.loops for t in self.samples], task,
+                           metadata={"device": self.device, "device_name": self.device_name,
+                                     "clock": self.clock, "kind": self.kind})
+
+
+_DERIVED = ("median", "q1", "q3", "min", "max", "mean", "std", "ci95", "iqr", "host", "device_time", "wall",
+            "converged")
+
+
+def _median_of(values: Optional[list]) -> Optional[float]:
+    return median(values) if values else None
 
 
 def kernel_table(rows: Sequence[KernelRow], device: bool, empty: Optional[str] = None,
@@ -212,8 +220,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-@dataclass
-class TimingComparison:
+@dataclass(repr=False)
+class TimingComparison(Reportable):
     """Rows of :class:`TimingResult` (``--devices`` / ``--threads``) with speed-up against the first row."""
 
     rows: list  # [(label, TimingResult)]
@@ -247,28 +255,15 @@ class TimingComparison:
             out += [f"{label}: {n}" for n in result.notes if n not in shared]
         return out + shared
 
-    def _kernel_tables(self) -> list:
-        out = []
+    def report(self) -> Report:
+        """The table, then each row's warnings and notes and ``--kernels`` tables, indented."""
+        kernels = []
         for label, result in self.rows:
             if result.kernels is not None:
                 table = result.kernel_table()
                 table.title = f"{label}: {table.title}"
-                out.append(table)
-        return out
-
-    def to_text(self) -> str:
-        return "\n".join([self.table().to_text()] + ["  " + line for line in self.notes()]
-                         + [table.to_text(indent="  ") for table in self._kernel_tables()])
-
-    def __str__(self) -> str:
-        return self.to_text()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.to_text() if not cycle else "TimingComparison(...)")
-
-    def _repr_html_(self) -> str:
-        return (self.table().to_html() + html_lines(self.notes())
-                + "".join(table.to_html() for table in self._kernel_tables()))
+                kernels.append(table)
+        return Report([self.table(), Report([Lines(self.notes()), *kernels], indent="  ")])
 
     def to_dict(self) -> dict:
         return {"rows": [dict(label=label, speedup=_plain(s), **result.to_dict())
@@ -304,36 +299,40 @@ def l2_cache_bytes(device: Any) -> Optional[int]:
 
 def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optional[float],
                 opts: Options, threads: int, torch_version: str, name: str,
-                kernels: Optional[tuple] = None, working_set: Optional[int] = None) -> TimingResult:
-    """Turn a :class:`Run` into a :class:`TimingResult` with its statistics, warnings and notes. When the
-    cell's work is mostly on streams the events do not see, the headline is the synchronized wall time.
-    ``kernels`` is the ``--kernels`` pass (rows, why there are none, GPU busy time per loop);
-    ``working_set`` the bytes the first run touched on the device."""
+                kernels: Optional[tuple] = None, working_set: Optional[int] = None,
+                task: tuple = ("", "")) -> TimingResult:
+    """Turn a :class:`Run` into a :class:`TimingResult` with its warnings and notes. When the cell's work
+    is mostly on streams the events do not see, the headline is the synchronized wall time. ``kernels``
+    is the ``--kernels`` pass (rows, why there are none, GPU busy time per loop); ``working_set`` the
+    bytes the first run touched on the device; ``task`` the cell's (statement, setup)."""
     rows, empty, busy = kernels if kernels is not None else (None, None, None)
     host = [s.host / s.loops for s in run.samples]
     wall = [s.wall / s.loops for s in run.samples] if run.samples[0].wall is not None else None
     dev = [s.device / s.loops for s in run.samples] if run.samples[0].device is not None else None
-    host_m = median(host)
-    wall_m = median(wall) if wall else None
-    dev_m = median(dev) if dev else None
-    kind = "wall" if run.kind == "device" and other_streams(dev_m, wall_m, run.loops, opts.flush_l2,
-                                                            opts.cold) else run.kind
-    per = [Clock.primary(s, kind) / s.loops for s in run.samples]
-    stats = Stats.of(per)
-    settled = stats.settled()
-    warnings = assess(stats, kind, host_m, dev_m, wall_m, run.loops, floor, opts.cold, opts.flush_l2,
-                      run.syncs, busy)
+    kind = "wall" if run.kind == "device" and other_streams(_median_of(dev), _median_of(wall), run.loops,
+                                                            opts.flush_l2, opts.cold) else run.kind
     watch = getattr(clock, "watch", None)
-    clocks = watch.summary() if watch is not None else None
-    clock_warnings, clock_notes = clock_lines(clocks)
-    warnings += clock_warnings
+    l2 = l2_cache_bytes(device) if run.kind == "device" else None
+    result = TimingResult(
+        device=str(device), device_name=name, torch_version=torch_version, clock=clock.label, kind=kind,
+        samples=[Clock.primary(s, kind) / s.loops for s in run.samples], loops=run.loops,
+        first_run=Clock.primary(run.first, kind), host_samples=host, device_samples=dev, wall_samples=wall,
+        memory_before=memory[0], memory_peak=memory[1], memory_reserved_growth=memory[2], floor=floor,
+        stop_reason=run.stop, elapsed=run.elapsed, warmup_loops=run.warmup_runs, threads=threads,
+        cold=opts.cold, flush_l2=opts.flush_l2, host_syncs=run.syncs, working_set=working_set, l2_cache=l2,
+        gpu_busy=busy, sm_clock=watch.summary() if watch is not None else None, kernels=rows,
+        kernels_empty=empty, stmt=task[0], setup=task[1])
+    stats = result.stats
+    clock_warnings, clock_notes = clock_lines(result.sm_clock)
+    warnings = assess(stats, kind, result.host, result.device_time, result.wall, run.loops, floor, opts.cold,
+                      opts.flush_l2, run.syncs, busy) + clock_warnings
     if run.stop == "max-time":
         warnings.append(f"not converged within --max-time {opts.max_time:g} s: the median's 95 % CI is "
                         f"+-{fmt_percent(stats.rel_ci)} (want < 1 %), IQR/median "
                         f"{fmt_percent(stats.rel_iqr)} (want < 2 %)")
     notes = []
-    if run.stop == "fixed" and not settled:
-        notes.append(f"-r {len(per)}: fixed sample count; the median's 95 % CI is "
+    if run.stop == "fixed" and not stats.settled():
+        notes.append(f"-r {result.n}: fixed sample count; the median's 95 % CI is "
                      f"+-{fmt_percent(stats.rel_ci)}")
     if run.kind == "host":
         notes.append("host time (perf_counter): cpu work is finished when the call returns")
@@ -347,18 +346,6 @@ def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optio
             "twice the last-level cache"
         notes.append(f"--flush-l2: {fmt_bytes(clock.flush_bytes)} ({what}) is overwritten before every "
                      "loop, outside the timed span")
-    l2 = l2_cache_bytes(device) if run.kind == "device" else None
     notes += [line for line in [l2_note(working_set, l2, opts.flush_l2)] if line] + clock_notes
-    first = Clock.primary(run.first, kind)
-    return TimingResult(
-        device=str(device), device_name=name, torch_version=torch_version, clock=clock.label, kind=kind,
-        samples=per, loops=run.loops, median=stats.median, q1=stats.q1, q3=stats.q3, min=stats.min,
-        max=stats.max, mean=stats.mean, std=stats.std, ci95=(stats.ci_low, stats.ci_high), first_run=first,
-        host=host_m, device_time=dev_m, wall=wall_m, host_samples=host, device_samples=dev, wall_samples=wall,
-        memory_before=memory[0], memory_peak=memory[1], memory_reserved_growth=memory[2], floor=floor,
-        converged=settled and run.stop != "max-time", stop_reason=run.stop, elapsed=run.elapsed,
-        warmup_loops=run.warmup_runs, threads=threads, cold=opts.cold, flush_l2=opts.flush_l2,
-        host_syncs=run.syncs, working_set=working_set, l2_cache=l2, gpu_busy=busy, sm_clock=clocks,
-        warnings=warnings, notes=notes, kernels=rows, kernels_empty=empty,
-    )
-
+    result.warnings, result.notes = warnings, notes
+    return result

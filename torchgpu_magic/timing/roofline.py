@@ -4,7 +4,7 @@ the roofline bound (compute or memory) and the percentage of the peak.
 After the samples, :func:`attach` reads the device's peaks (:mod:`.peaks`: the datasheet table scaled to
 the SM clock the samples ran at, from the result's per-sample clock readings (:mod:`.throttle`), or
 ``--peak``), runs the cell once more, untimed, under the counter (:mod:`.counting`:
-FLOPs by the formulas of torch's ``FlopCounterMode``, a lower bound on bytes), and puts a
+FLOPs by the formulas of torch's ``FlopCounterMode``, the bytes each op reads and writes), and puts a
 :class:`Roofline` on the :class:`~.results.TimingResult` with its notes.
 
 With FLOPs of several precisions, the compute time at peak is the sum of each precision's FLOPs over
@@ -36,7 +36,7 @@ def parse_peak(text: str) -> tuple:
     for part in parts:
         match = _NUMBER.fullmatch(part)
         value = float(match.group(1)) * _SI[match.group(2)] if match else 0.0
-        if not match or not value > 0 or len(parts) > 2:
+        if not match or not 0 < value < float("inf") or len(parts) > 2:  # 1e400 reads as inf
             raise MagicInputError(f"--peak takes FLOPS[,BYTES_PER_S]: one or two numbers per second above 0, "
                                   f"with an optional k/M/G/T/P (e.g. 1.5e12,2e11 or 1.5T,200G); got {text!r}")
         values.append(value)
@@ -45,11 +45,13 @@ def parse_peak(text: str) -> tuple:
 
 @dataclass(repr=False)
 class Roofline:
-    """The roofline of one measurement: per-loop ``flops`` and ``bytes`` (a lower bound) on the timed
-    device, the per-loop ``seconds`` they took (the headline median), FLOPs by precision, the peaks held
-    against them (FLOP/s per precision present, bandwidth, their name and source, the clock scaling),
-    the ops no FLOP formula counts, the higher-order ops not looked into, and ``error`` when the
-    counting run failed."""
+    """The roofline of one measurement: per-loop ``flops`` and ``bytes`` (read and written by the ops) on
+    the timed device, the per-loop ``seconds`` they took (the headline median), FLOPs by precision, the
+    peaks held against them (FLOP/s per precision present, bandwidth, their name and source, the SM clock
+    the samples ran at, the clock each precision's figure assumes and the scale applied to it), the ops no
+    FLOP formula counts, the attention ops counted as causal, the ops that do matrix products whose FLOPs
+    are not counted (``unknown``: then no FLOP/s percentage, intensity or bound is given, the bytes
+    stand), the higher-order ops not looked into, and ``error`` when the counting run failed."""
 
     seconds: float
     flops: Optional[int] = None
@@ -60,10 +62,12 @@ class Roofline:
     peak_flops: dict = field(default_factory=dict)
     peak_bandwidth: Optional[float] = None
     clock_mhz: Optional[float] = None
-    reference_mhz: Optional[float] = None
-    clock_scale: float = 1.0
+    reference_mhz: dict = field(default_factory=dict)
+    clock_scales: dict = field(default_factory=dict)
     peak_labels: dict = field(default_factory=dict)
     uncounted: dict = field(default_factory=dict)
+    unknown: dict = field(default_factory=dict)
+    causal: dict = field(default_factory=dict)
     opaque: dict = field(default_factory=dict)
     other_devices: dict = field(default_factory=dict)
     compiled: bool = False
@@ -82,7 +86,9 @@ class Roofline:
 
     @property
     def intensity(self) -> Optional[float]:
-        """FLOPs per byte moved (None when nothing was moved)."""
+        """FLOPs per byte moved (None when nothing was moved, or some matrix work was not counted)."""
+        if self.unknown:
+            return None
         return self.flops / self.bytes if self.flops is not None and self.bytes else None
 
     @property
@@ -106,7 +112,7 @@ class Roofline:
     def flops_fraction(self) -> Optional[float]:
         """Achieved FLOP/s over the peak for this mix of precisions."""
         compute = self.compute_time
-        return compute / self.seconds if compute and self.seconds > 0 else None
+        return compute / self.seconds if compute and self.seconds > 0 and not self.unknown else None
 
     @property
     def bandwidth_fraction(self) -> Optional[float]:
@@ -117,7 +123,7 @@ class Roofline:
     def ridge(self) -> Optional[float]:
         """The ridge point (FLOP/B) for this mix of precisions: peak FLOP/s over bandwidth."""
         compute = self.compute_time
-        if not compute or not self.peak_bandwidth:
+        if not compute or not self.peak_bandwidth or self.unknown:
             return None
         return self.flops / compute / self.peak_bandwidth
 
@@ -125,14 +131,15 @@ class Roofline:
     def bound(self) -> Optional[str]:
         """'compute' or 'memory': which of the two takes longer at peak; None without both peaks."""
         compute, memory = self.compute_time, self.memory_time
-        if compute is None or memory is None or (not compute and not memory):
+        if compute is None or memory is None or (not compute and not memory) or self.unknown:
             return None
         return "compute" if compute >= memory else "memory"
 
     # -- text ---------------------------------------------------------------------------------------------
     def _peak_label(self) -> str:
         counted = [k for k, v in self.flops_by_precision.items() if v]
-        clocked = f" at {self.clock_mhz:,.0f} MHz" if self.clock_scale < 1 and self.clock_mhz else ""
+        scaled = any(self.clock_scales.get(k, 1.0) < 1 for k in counted)
+        clocked = f" at {self.clock_mhz:,.0f} MHz" if scaled and self.clock_mhz else ""
         if len(counted) == 1:
             return self.peak_labels.get(counted[0], self.peak_name or "") + clocked
         mix = ", ".join(f"{k} {fmt_percent(self.flops_by_precision[k] / self.flops)}" for k in counted)
@@ -144,11 +151,17 @@ class Roofline:
         if not self.flops and not self.bytes:
             return None
         flops = fmt_si(self.achieved_flops, "FLOP/s") if self.flops else "no FLOPs counted"
+        if self.unknown:
+            shown = ", ".join(sorted(self.unknown))
+            flops = (f"{flops} and more not counted ({shown})" if self.flops else
+                     f"FLOPs not counted ({shown})")
         if self.flops and self.flops_fraction is not None:
             flops += f" ({fmt_percent(self.flops_fraction)} of {self._peak_label()})"
         moved = fmt_si(self.achieved_bandwidth, "B/s")
         if self.bandwidth_fraction is not None:
             moved += f" ({fmt_percent(self.bandwidth_fraction)} of {fmt_si(self.peak_bandwidth, 'B/s')})"
+        if self.unknown:
+            return f"{flops}, {moved}"
         intensity = f"intensity {fmt_si(self.intensity or 0, 'FLOP/B')}"
         if self.bound is None:
             return f"{flops}, {moved}; {intensity}"
@@ -162,7 +175,7 @@ class Roofline:
         parts = []
         for value, unit, fraction in ((self.achieved_flops, "FLOP/s", self.flops_fraction),
                                       (self.achieved_bandwidth, "B/s", self.bandwidth_fraction)):
-            text = fmt_si(value, unit)
+            text = "FLOPs not counted" if unit == "FLOP/s" and self.unknown else fmt_si(value, unit)
             parts.append(text + (f" ({fmt_percent(fraction)})" if fraction is not None else ""))
         return ", ".join(parts)
 
@@ -189,26 +202,29 @@ def analyse(counts: Any, device_type: str, seconds: float, peak: Optional[peaks.
     between a sample and its reading) is dropped, and the peak taken at the table's clock."""
     by_precision = {kind: n for (where, kind), n in counts.flops.items() if where == device_type}
     rl = Roofline(seconds, sum(by_precision.values()), counts.bytes.get(device_type, 0), by_precision,
-                  uncounted=dict(counts.uncounted), opaque=dict(counts.opaque), compiled=counts.compiled,
+                  uncounted=dict(counts.uncounted), unknown=dict(counts.unknown), causal=dict(counts.causal),
+                  opaque=dict(counts.opaque),
+                  compiled=counts.compiled,
                   count_seconds=counts.seconds)
     rl.other_devices = {where: {"bytes": counts.bytes.get(where, 0),
                                 "flops": sum(n for (w, _), n in counts.flops.items() if w == where)}
                         for where in {w for w, _ in counts.flops} | set(counts.bytes) if where != device_type}
     if peak is not None:
         rl.peak_name, rl.peak_source, rl.peak_bandwidth = peak.name, peak.source, peak.bandwidth
-        rl.clock_mhz, rl.reference_mhz, rl.clock_scale = peak.clock_mhz, peak.reference_mhz, peak.clock_scale
+        rl.clock_mhz = peak.clock_mhz
+        rl.reference_mhz = {kind: mhz for kind in by_precision if (mhz := peak.reference_for(kind))}
         _hold_against(rl, peak, clocked=True)
-        if rl.clock_scale < 1 and (rl.flops_fraction or 0) > 1:
-            rl.clock_scale = 1.0
+        references = _references(rl)
+        if rl.clock_scales and (rl.flops_fraction or 0) > 1:
             _hold_against(rl, peak, clocked=False)
             rl.notes.append(f"roofline: the SM clock NVML read after the samples ({rl.clock_mhz:,.0f} MHz, "
                             "their median) is below what the achieved FLOP/s need (the GPU slowed down "
-                            f"before it was read): peaks at the table's {rl.reference_mhz:,.0f} MHz")
-        elif rl.clock_scale < 1:
+                            f"before it was read): peaks at the table's {references} MHz")
+        elif rl.clock_scales:
             scaled = ", ".join(f"{kind} {fmt_si(value, 'FLOP/s')}" for kind, value in rl.peak_flops.items()
                                if value and rl.flops_by_precision.get(kind))
             rl.notes.append(f"roofline: FLOP/s peaks scaled to the SM clock the samples ran at, "
-                            f"{rl.clock_mhz:,.0f} of the {rl.reference_mhz:,.0f} MHz the table's figures "
+                            f"{rl.clock_mhz:,.0f} of the {references} MHz the table's figures "
                             "assume (the median of NVML's readings after each sample)"
                             + (f": {scaled}" if scaled else ""))
         rl.notes += peak.notes
@@ -217,16 +233,33 @@ def analyse(counts: Any, device_type: str, seconds: float, peak: Optional[peaks.
 
 
 def _hold_against(rl: Roofline, peak: peaks.Peak, clocked: bool) -> None:
+    """The peaks for the counted precisions, each scaled to the clock (unless not ``clocked``); the scales
+    below 1 that were applied are kept in ``clock_scales``."""
     rl.peak_flops = {kind: peak.flops_for(kind, clocked) for kind in rl.flops_by_precision}
     rl.peak_labels = {kind: peak.label(kind) for kind in rl.flops_by_precision}
+    rl.clock_scales = {kind: peak.scale_for(kind) for kind in rl.flops_by_precision
+                       if clocked and peak.scale_for(kind) < 1}
+
+
+def _references(rl: Roofline) -> str:
+    """'1,830' when the counted precisions' figures assume one clock; '1,830 (bf16) / 1,980 (fp32)' when
+    the tensor-core and the CUDA-core figures assume different ones."""
+    by_clock: dict = {}
+    for kind, mhz in rl.reference_mhz.items():
+        if rl.flops_by_precision.get(kind):
+            by_clock.setdefault(mhz, []).append(kind)
+    if len(by_clock) <= 1:
+        return ", ".join(f"{mhz:,.0f}" for mhz in by_clock)
+    return " / ".join(f"{mhz:,.0f} ({', '.join(kinds)})" for mhz, kinds in sorted(by_clock.items()))
 
 
 def _count_notes(rl: Roofline, peak: Optional[peaks.Peak]) -> list:
     """What the counts are, and what they leave out."""
     counted = f"{fmt_si(rl.flops, 'FLOP')} and " if rl.flops else "no FLOPs and "
     notes = [f"roofline: {counted}{fmt_si(rl.bytes, 'B')} per loop, counted in one extra untimed run of the "
-             "cell (--no-roofline skips it, for a cell that must not run again); bytes are a lower bound: "
-             "each op's inputs read and outputs written once, views free"]
+             "cell (--no-roofline skips it, for a cell that must not run again); bytes: each op's inputs "
+             "read and outputs written once, views free (not a bound on memory traffic: less where data "
+             "stays in L2 between ops, more where tiled kernels re-read)"]
     if rl.uncounted:
         ranked = sorted(rl.uncounted.items(), key=lambda item: -item[1])
         shown = ", ".join(f"{name} x{calls}" for name, calls in ranked[:UNCOUNTED_SHOWN])
@@ -234,6 +267,15 @@ def _count_notes(rl: Roofline, peak: Optional[peaks.Peak]) -> list:
         shown += f" and {more} more" if more > 0 else ""
         notes.append(f"roofline: FLOPs count matmuls, convolutions and attention (torch's FlopCounterMode); "
                      f"not counted: {shown}; the FLOP figure is a lower bound")
+    if rl.causal:
+        ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.causal.items()))
+        notes.append(f"roofline: causal attention ({ops}) counted by the (query, key) pairs it attends, "
+                     "s(s+1)/2 of s x s for a square mask, as the kernels skip the masked tiles (the "
+                     "convention of FlashAttention's benchmarks: half of full attention)")
+    if rl.unknown:
+        ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.unknown.items()))
+        notes.append(f"roofline: {ops} did matrix products whose FLOPs are not counted (no formula reads "
+                     "them): no FLOP/s percentage, intensity or bound; the bytes stand")
     if rl.opaque:
         ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.opaque.items()))
         notes.append(f"roofline: the FLOPs and bytes inside {ops} are not counted (a higher-order op: the "

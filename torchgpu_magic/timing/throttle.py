@@ -37,9 +37,8 @@ class ClockWatch:
 
         index = getattr(device, "index", None) or 0
         try:
-            mapping = next((m for m in gpumap.gpu_map() if m.torch_index == index), None)
-            found = nvml.clock_reader(mapping.nvml_index) if mapping and mapping.nvml_index is not None \
-                else None
+            target = gpumap.nvml_target(index)
+            found = nvml.clock_reader(target[0]) if target is not None else None
         except Exception:  # noqa: BLE001 - a report without clock figures, never a failed measurement
             found = None
         if found is None:

@@ -1,0 +1,228 @@
+"""What this machine has, read without any NVIDIA software: its NVIDIA GPUs, their kernel driver, its OS.
+
+NVML and CUDA can only say what the driver says; where there is no driver they cannot tell "no GPU" from
+"a GPU without a driver", and the two need opposite advice (nothing to install, or a driver to install).
+So this module reads what the operating system itself knows:
+
+- Linux: the PCI bus in sysfs (``/sys/bus/pci/devices/*/{vendor,class,device}``): NVIDIA's vendor id
+  0x10de with a display class (0x03: VGA 0x0300, 3D controller 0x0302) is an NVIDIA GPU whether or not a
+  driver is installed, and each device's ``driver`` link names the kernel driver bound to it (``nvidia``,
+  ``nouveau``, ``vfio-pci``). A container sees the host's PCI devices and the host's kernel, so this also
+  tells, inside one, whether the host has a GPU and a loaded driver. The loaded NVIDIA kernel module and
+  its version come from ``/proc/driver/nvidia/version`` (or ``/sys/module/nvidia``). Names come from the
+  pci.ids database where the system has one (``/usr/share/misc/pci.ids``, ``/usr/share/hwdata/pci.ids``).
+- WSL: no PCI bus to read; Windows' driver is shared into Linux through ``/dev/dxg`` (GPU
+  paravirtualisation, WSL 2 only) and ``/usr/lib/wsl/lib`` (libcuda.so, libnvidia-ml.so.1 and nvidia-smi
+  from the Windows driver) -- Microsoft's and NVIDIA's "CUDA on WSL" guides.
+- macOS: no NVIDIA driver for any current macOS, so never an NVIDIA GPU torch can use.
+- The distribution (``/etc/os-release``), to name its own driver package.
+
+Every reader takes ``root`` (the file system to read), so tests script a sysfs tree in a temporary folder;
+:func:`survey` reads :data:`ROOT` when given none (a test of the whole report points it at such a tree)
+and also takes ``system`` and ``release`` (``platform.system()`` and ``platform.release()``). Standard
+library only; nothing here raises for a file it cannot read.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+__all__ = ["ROOT", "NVIDIA_VENDOR", "PCIGPU", "Distribution", "Machine", "nvidia_pci_gpus", "kernel_driver",
+           "distribution", "is_wsl", "wsl_gpu", "survey"]
+
+ROOT = "/"
+NVIDIA_VENDOR = "0x10de"
+_DISPLAY_CLASS = "0x03"  # PCI base class 03h: display controller (VGA 0300, XGA 0301, 3D 0302, other 0380)
+_PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
+
+
+@dataclass(frozen=True)
+class PCIGPU:
+    """An NVIDIA display device on the PCI bus: its address, device id, name (from pci.ids, where the system
+    has it) and the kernel driver bound to it (None when none is)."""
+
+    address: str
+    device: str
+    name: Optional[str] = None
+    driver: Optional[str] = None
+
+    def label(self) -> str:
+        """How a report names it: the marketing name where pci.ids has one, else the PCI ids."""
+        return f"NVIDIA {self.name}" if self.name else f"NVIDIA device 10de:{self.device.replace('0x', '')}"
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """The Linux distribution from os-release: ``id`` ('ubuntu'), ``like`` ('debian'), ``name``."""
+
+    id: str
+    like: tuple = ()
+    name: str = ""
+
+    def is_a(self, *ids: str) -> bool:
+        return self.id in ids or any(i in ids for i in self.like)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the OS says about NVIDIA hardware here.
+
+    ``nvidia_gpus`` is a tuple (empty: the PCI bus was read and has none) or None (it could not be read:
+    not Linux, sysfs absent or empty, as under WSL or some sandboxes). ``kernel_driver`` is the loaded
+    NVIDIA kernel module's version ('' when loaded and its version unknown), None when not loaded.
+    ``wsl`` is True under Windows' WSL; ``wsl_gpu`` then says whether Windows shares a GPU (/dev/dxg) and
+    ``wsl_nvidia`` whether that includes NVIDIA's driver (its files in /usr/lib/wsl/lib).
+    """
+
+    system: str
+    nvidia_gpus: Optional[tuple] = None
+    kernel_driver: Optional[str] = None
+    wsl: bool = False
+    wsl_gpu: bool = False
+    wsl_nvidia: bool = False
+    distribution: Optional[Distribution] = None
+
+    @property
+    def has_nvidia_gpu(self) -> Optional[bool]:
+        """True or False where this machine can say, None where it cannot (Windows, an unreadable bus)."""
+        if self.system == "Darwin":
+            return False
+        if self.wsl:
+            return True if self.wsl_nvidia else None
+        if self.nvidia_gpus is None:
+            return None
+        return bool(self.nvidia_gpus)
+
+    def gpu_names(self) -> str:
+        """'NVIDIA H100 80GB HBM3' or '2 x ...' or 'NVIDIA device 10de:2330, ...' for a report."""
+        labels = [g.label() for g in self.nvidia_gpus or ()]
+        if labels and len(set(labels)) == 1 and len(labels) > 1:
+            return f"{len(labels)} x {labels[0]}"
+        return ", ".join(labels)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _read(root: str, path: str) -> Optional[str]:
+    try:
+        with open(os.path.join(root, path), encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def nvidia_pci_gpus(root: str = "/") -> Optional[tuple]:
+    """The NVIDIA display devices on the PCI bus (:class:`PCIGPU`), in address order; None where the bus
+    cannot be read or lists no device at all (a machine always has some: an empty list means a sandbox or
+    a system without sysfs, not a machine without GPUs)."""
+    base = os.path.join(root, "sys/bus/pci/devices")
+    try:
+        addresses = sorted(os.listdir(base))
+    except OSError:
+        return None
+    if not addresses:
+        return None
+    found = []
+    for address in addresses:
+        vendor = (_read(base, f"{address}/vendor") or "").strip().lower()
+        klass = (_read(base, f"{address}/class") or "").strip().lower()
+        if vendor != NVIDIA_VENDOR or not klass.startswith(_DISPLAY_CLASS):
+            continue
+        device = (_read(base, f"{address}/device") or "").strip().lower()
+        link = os.path.join(base, address, "driver")
+        driver = os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+        found.append(PCIGPU(address, device, driver=driver))
+    if found:
+        names = _pci_names(root, {g.device for g in found})
+        found = [PCIGPU(g.address, g.device, names.get(g.device), g.driver) for g in found]
+    return tuple(found)
+
+
+def _pci_names(root: str, devices: set) -> dict:
+    """Device id -> name from the pci.ids database (NVIDIA's block only), where the system has one."""
+    for path in _PCI_IDS:
+        text = _read(root, path)
+        if text is None:
+            continue
+        names: dict = {}
+        inside = False
+        for line in text.splitlines():
+            if line.startswith("10de "):
+                inside = True
+            elif inside and line and not line.startswith(("\t", "#")):
+                break
+            elif inside and line.startswith("\t") and not line.startswith("\t\t"):
+                ident, _, name = line.strip().partition(" ")
+                if f"0x{ident.lower()}" in devices:
+                    names[f"0x{ident.lower()}"] = name.strip()
+        return names
+    return {}
+
+
+def kernel_driver(root: str = "/") -> Optional[str]:
+    """The loaded NVIDIA kernel module's version ('580.95.05'), '' when it is loaded but says no version,
+    None when it is not loaded. Inside a container this is the host's: the kernel is shared."""
+    text = _read(root, "proc/driver/nvidia/version")
+    if text is not None:
+        match = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)", text)
+        return match.group(1) if match else ""
+    if os.path.isdir(os.path.join(root, "sys/module/nvidia")):
+        return (_read(root, "sys/module/nvidia/version") or "").strip()
+    return None
+
+
+def distribution(root: str = "/") -> Optional[Distribution]:
+    """The distribution named by ``/etc/os-release`` (or ``/usr/lib/os-release``), or None."""
+    text = _read(root, "etc/os-release") or _read(root, "usr/lib/os-release")
+    if not text:
+        return None
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            fields[key.strip()] = value.strip().strip('"').strip("'")
+    if not fields.get("ID"):
+        return None
+    return Distribution(fields["ID"].lower(), tuple(fields.get("ID_LIKE", "").lower().split()),
+                        fields.get("PRETTY_NAME") or fields.get("NAME", ""))
+
+
+def is_wsl(root: str = "/", release: Optional[str] = None) -> bool:
+    """Whether Linux runs under Windows' WSL: its kernel release says 'microsoft' (WSL 1: 'Microsoft',
+    WSL 2: '...-microsoft-standard-WSL2')."""
+    text = release if release is not None else (_read(root, "proc/sys/kernel/osrelease") or "")
+    return "microsoft" in text.lower()
+
+
+def wsl_gpu(root: str = "/") -> tuple:
+    """``(shared, nvidia)`` under WSL: whether Windows shares a GPU with Linux (/dev/dxg, WSL 2's GPU
+    paravirtualisation) and whether NVIDIA's Windows driver is among it (its libraries in /usr/lib/wsl/lib,
+    or its folder in /usr/lib/wsl/drivers)."""
+    shared = os.path.exists(os.path.join(root, "dev/dxg"))
+    lib = os.path.join(root, "usr/lib/wsl/lib")
+    nvidia = any(os.path.exists(os.path.join(lib, name)) for name in ("libnvidia-ml.so.1", "libcuda.so.1"))
+    try:
+        folders = os.listdir(os.path.join(root, "usr/lib/wsl/drivers"))
+    except OSError:
+        folders = []
+    nvidia = nvidia or any(folder.lower().startswith("nv") for folder in folders)
+    return shared, nvidia
+
+
+def survey(root: Optional[str] = None, system: Optional[str] = None,
+           release: Optional[str] = None) -> Machine:
+    """Everything this module reads, for this machine (or the tree at ``root``, :data:`ROOT` by default)."""
+    root = ROOT if root is None else root
+    system = platform.system() if system is None else system
+    if system != "Linux":
+        return Machine(system)
+    release = platform.release() if release is None and root == "/" else release
+    wsl = is_wsl(root, release)
+    shared, nvidia = wsl_gpu(root) if wsl else (False, False)
+    return Machine(system, nvidia_gpus=None if wsl else nvidia_pci_gpus(root),
+                   kernel_driver=kernel_driver(root), wsl=wsl, wsl_gpu=shared, wsl_nvidia=nvidia,
+                   distribution=distribution(root))

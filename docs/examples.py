@@ -93,7 +93,7 @@ SESSIONS: dict = {
     "readme-oom": (
         Example("readme-oom", (
             "import torch\nmodel = torch.nn.Linear(1024, 1024)\nh = torch.randn(8192, 1024)",
-            "distances = (h[:, None] - h[None]).norm(dim=-1)"), head=11, fails=True),
+            "distances = (h[:, None] - h[None]).norm(dim=-1)"), head=10, fails=True),
     ),
     # docs/gpuinfo.md
     "gpuinfo": (
@@ -119,7 +119,7 @@ SESSIONS: dict = {
     "cudatime": (
         Quiet("import torch"),
         Example("cudatime-roofline", ("w = torch.randn(512, 512)",
-                                      "%%cudatime -r 20 --peak 150G,20G\nw @ w")),
+                                      "%%cudatime -r 20 --peak 400G,20G\nw @ w")),
         Example("cudatime-threads", ("%%cudatime -r 10 --threads 1,2 --no-roofline\nw @ w",)),
     ),
     # docs/whereis.md
@@ -190,7 +190,7 @@ SESSIONS: dict = {
             "batch_first=True)\nencoder = torch.nn.TransformerEncoder(layer, num_layers=6, "
             "enable_nested_tensor=False)\nencoder_opt = torch.optim.AdamW(encoder.parameters())\n"
             "tokens = torch.randn(8, 256, 512)",
-            "%%cudamem --predict cuda --arch hopper --capacity 80GiB --top 4\nencoder.cuda()\n"
+            "%%cudamem --predict cuda --arch hopper --capacity 79.11GiB --top 4\nencoder.cuda()\n"
             "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
             "    loss = encoder(tokens.cuda()).square().mean()\nloss.backward()\nencoder_opt.step()\n"
             "encoder_opt.zero_grad()")),
@@ -359,6 +359,18 @@ def _quiet(shell: object, cell: Quiet, where: str) -> None:
         raise RuntimeError(f"{where}: a quiet cell failed:\n{text}")
 
 
+def _fresh(shell: object) -> None:
+    """Start a session as a new kernel would: no names, and no earlier session's error still holding its
+    frames' tensors (an out-of-memory example would otherwise list them as holders)."""
+    import gc
+
+    from torchgpu_magic.magics.shell import release_traceback
+
+    shell.reset(new_session=True)
+    release_traceback(shell)
+    gc.collect()
+
+
 def run(names: Optional[set] = None) -> dict:
     """Run the sessions holding ``names`` (all when None) in one fresh shell each; {name: block text}."""
     from IPython.core.interactiveshell import InteractiveShell
@@ -372,7 +384,7 @@ def run(names: Optional[set] = None) -> dict:
     for session, steps in SESSIONS.items():
         if session not in wanted:
             continue
-        shell.reset(new_session=True)
+        _fresh(shell)
         shell.run_line_magic("load_ext", "torchgpu_magic")
         try:
             for step in steps:
@@ -398,7 +410,7 @@ def run(names: Optional[set] = None) -> dict:
             if session in TEARDOWN:
                 _run_cell(shell, TEARDOWN[session], shown=False)
             shell.run_line_magic("unload_ext", "torchgpu_magic")
-    shell.reset(new_session=True)
+    _fresh(shell)
     return outputs
 
 

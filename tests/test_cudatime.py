@@ -184,14 +184,22 @@ def test_kernels_in_a_real_kernel_shows_no_profiler_markers(monkeypatch):
     runner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(runner)
     nb = nbformat.v4.new_notebook()
+    # The last cell writes a mark to file descriptor 2 and waits (up to 60 s) until ipykernel's thread that
+    # forwards that descriptor has passed it on: what the profiler wrote there before the mark has been
+    # forwarded by then, in order, whatever the machine's load (no sleep that a slow machine outlasts).
     cells = ["%load_ext torchgpu_magic\nimport torch\nx = torch.ones(64, 64)",
              "%%cudatime -n 1 -r 3 --warmup 0 --no-roofline --kernels\ny = x @ x",
-             "import time\ntime.sleep(2)"]  # stderr forwarded late lands here
+             "import os, sys, threading\nforwarded, write = threading.Event(), sys.stderr.write\n"
+             "def seen(text):\n    if 'end of fd 2' in text:\n        forwarded.set()\n"
+             "    return write(text)\n"
+             "sys.stderr.write = seen\nos.write(2, b'end of fd 2\\n')\nforwarded.wait(60)\n"
+             "del sys.stderr.write"]
     nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
     with runner.this_python_kernel() as kernel:
         NotebookClient(nb, kernel_name=kernel, timeout=300,
                        resources={"metadata": {"path": str(ROOT)}}).execute()
     text = "".join(runner.cell_text(cell) for cell in nb.cells[1:])
+    assert "end of fd 2" in text, text  # the descriptor was forwarded up to the end
     assert "top ops by self CPU time" in text and "USDT" not in text and "profiler_st" not in text, text
 
 

@@ -118,7 +118,7 @@ def marker(count: int, owners: tuple, hint: bool) -> str:
     return f"{dots} {count} frame{'s' if count != 1 else ''} inside {inside}" + (f" ({HINT})" if hint else "")
 
 
-def structured(itb: Any, etype: type, value: BaseException, tb: Any, parts: list) -> Optional[list]:
+def structured(itb: Any, etype: type, value: BaseException, parts: list) -> Optional[list]:
     """IPython's structured traceback (``itb``: the shell's ``InteractiveTB``, in its current mode) of
     the frames ``parts`` shows (from :func:`runs`), with one marker line per collapsed run where it was.
     None when IPython's layout is not the one this splices into (then the caller shows IPython's own)."""
@@ -309,7 +309,7 @@ class Tracebacks:
             parts = runs(tb, cell, lambda who: who is not None, skip_hidden)
         else:
             parts = runs(tb, cell, lambda who: who in MACHINERY, skip_hidden)
-        body = structured(itb, etype, value, tb, parts)
+        body = structured(itb, etype, value, parts)
         if body is None:  # a layout this cannot splice into: IPython's own, under the explanation
             body = itb.structured_traceback(etype, value, tb, tb_offset=0) if head else None
         return (head + body if body is not None else None), bool(head)

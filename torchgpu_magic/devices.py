@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .caches import cache
+from .caches import cache, table
 from .errors import MagicInputError
 from .torchapi import cuda_device_counter, function_mode_depth
 
@@ -41,6 +41,7 @@ ORDER_VAR = "TORCHGPU_MAGIC_LOCAL_RANK"
 """Where ``%ontorch local --cluster`` leaves an engine's order among the engines on its host, for engines
 no launcher gave a local rank."""
 
+_FIXED = table()  # 'cpu' / 'meta' -> their torch.device, once resolved (they exist everywhere)
 _SPEC = re.compile(r"^(?P<kind>[a-z]+)(?::(?P<index>\d+))?$")
 _HINTS = {"gpu": "cuda", "nvidia": "cuda", "cuda0": "cuda:0", "rocm": "cuda", "hip": "cuda", "apple": "mps"}
 
@@ -94,6 +95,12 @@ def device_option(spec: Any, takes: tuple = EVERY, exists: bool = True,
     """
     import torch
 
+    # cpu and meta exist everywhere: once resolved, no parse, no list of the devices here, no new
+    # torch.device per cell (%%ontorch cpu asks before every cell)
+    if not isinstance(spec, torch.device):
+        fixed = _FIXED.get(str(spec).strip().strip("'\"").strip().lower())
+        if fixed is not None and fixed.type in takes:
+            return fixed
     refused = refused or {}
     valid = _valid(takes, exists)
     if isinstance(spec, torch.device):
@@ -128,6 +135,8 @@ def device_option(spec: Any, takes: tuple = EVERY, exists: bool = True,
     if kind == "local":
         return local_device()[0]
     if kind in ("cpu", "meta"):
+        if index is None and not isinstance(spec, torch.device):
+            _FIXED[text] = torch.device(kind)
         return torch.device(kind)
     if kind == "cuda":
         return _resolve_indexed("cuda", index, _cuda_count(), _cuda_missing, valid)
@@ -242,11 +251,14 @@ def current_state() -> DeviceState:
     already initialised (never initialising one: that would create a CUDA context)."""
     import torch
 
+    # An initialised backend has a device, so is_initialized() alone decides, and it asks nothing else
+    # (counting devices asks NVML before CUDA starts): %%ontorch captures this around every cell.
     current = []
-    if _cuda_count() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
         current.append(("cuda", torch.cuda.current_device()))
-    if _xpu_count() and torch.xpu.is_initialized():
-        current.append(("xpu", torch.xpu.current_device()))
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_initialized():
+        current.append(("xpu", xpu.current_device()))
     return DeviceState(_raw_default_device(), torch.get_default_dtype(), tuple(current))
 
 
@@ -261,7 +273,8 @@ def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:
     """
     import torch
 
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     if device.type in ("cuda", "xpu") and device.index is not None:
         guard = _module(device.type).device(device.index)
         guard.__enter__()
@@ -284,7 +297,8 @@ def use_device(device: Any, dtype: Optional[Any] = None) -> Iterator[Any]:
     ends (exception, ``KeyboardInterrupt``, ``SystemExit``). Nestable. Yields the ``torch.device``."""
     import torch
 
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     saved = current_state()
     try:
         apply(device, dtype, saved)

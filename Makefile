@@ -19,8 +19,8 @@ DIST_VENV := .venv-dist
 # InformationOnly kind: nothing to act on) at every install; the installs here leave that one message out.
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: venv demo lab test test-ipython7 test-simulated test-simulated-mps test-simulated-xpu test-simulated-rocm \
-  lint browser-deps dist bench pictures examples clean
+.PHONY: venv demo lab test test-main test-ipython7 test-simulated test-simulated-mps test-simulated-xpu \
+  test-simulated-rocm lint browser-deps dist bench pictures examples clean
 
 # .venv and torch: the torch of $(PYTHON) when it has one (a CUDA build you installed keeps working).
 # Installs for the demo use pip's --no-compile: bytecode is then written on first import for the modules
@@ -102,14 +102,26 @@ browser-deps:
 lint: $(VENV)/.test
 	$(VPY) -m ruff check torchgpu_magic tests benchmarks notebooks docs
 
-test: $(VENV)/.test browser-deps lint
+# `make test` runs every leg in TEST_LEGS in turn, each a make target of its own, and every one of them even
+# when an earlier one failed: one broken leg must not hide what the others would say. It ends with one line
+# per leg (passed or failed, and its seconds) and fails if any leg did. A new leg is a target added to the
+# list (`TEST_LEGS += test-xyz`).
+TEST_LEGS := lint test-main test-ipython7 test-simulated test-cudabuild test-simulated-mps test-simulated-xpu \
+  test-simulated-rocm
+
+test: $(VENV)/.test browser-deps
+	@failed=0; summary=; \
+	for leg in $(TEST_LEGS); do \
+	  start=$$(date +%s); \
+	  if $(MAKE) --no-print-directory $$leg; then status=passed; else status=FAILED; failed=1; fi; \
+	  summary="$$summary$$(printf '  %-18s %s in %d s' $$leg $$status $$(( $$(date +%s) - start )))\n"; \
+	done; \
+	printf 'make test, by leg:\n%b' "$$summary"; \
+	if [ $$failed = 1 ]; then echo "make test: FAILED (a leg above failed)"; exit 1; fi
+
+# The whole suite under this venv's IPython, notebooks and the browser included.
+test-main: $(VENV)/.test
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory test-ipython7
-	$(MAKE) --no-print-directory test-simulated
-	$(MAKE) --no-print-directory test-cudabuild
-	$(MAKE) --no-print-directory test-simulated-mps
-	$(MAKE) --no-print-directory test-simulated-xpu
-	$(MAKE) --no-print-directory test-simulated-rocm
 
 # The shell-level suite again under IPython 7.34 (Colab); notebooks and the browser need a newer Jupyter.
 test-ipython7: $(OLD_VENV)/.installed

@@ -23,10 +23,16 @@ Dask, W workers:
 - a tick against a bare ``Client.run`` of an empty function to all workers (before: 1.8-3.7x);
 - bytes per worker per tick (pickled request arguments and reply).
 
+The magics on equal terms (``--only magics``; issue 30), 2 engines and 2 workers: ``%gpuinfo --cluster NAME
+-o`` and ``%whereis --cluster NAME -o`` through a real InteractiveShell, each against the bare round trip
+the user would otherwise make to the same engines, the arms alternated, median of the per-pair ratios:
+``rc[:].apply_sync(lambda: 1)`` on ipyparallel (target <= 1.3; the rows above compare with the package's
+own ping, which is not a bare round trip), ``client.run(lambda: 1)`` on Dask (target <= 1.5).
+
 Run: ``PYTHONPATH=$PWD python benchmarks/bench_cluster.py [--engines 8] [--workers 4] [--rounds 5]
-[--only ipyparallel|dask]``. The engines and workers need this package importable: they inherit this process's
-PYTHONPATH. Equal terms: both arms of a row ask the same engines or workers, holding the same objects, in the
-same run.
+[--only ipyparallel|dask|magics] [--pairs 30]``. The engines and workers need this package importable:
+they inherit this process's PYTHONPATH. Equal terms: both arms of a row ask the same engines or workers,
+holding the same objects, in the same run.
 """
 from __future__ import annotations
 
@@ -323,16 +329,80 @@ def bench_dask(args: argparse.Namespace) -> None:
         local.close()
 
 
+def _one() -> int:
+    return 1
+
+
+def _magic_rows(label: str, shell: Any, name: str, bare: Callable[[], Any], pairs: int,
+                target: float) -> None:
+    """``%gpuinfo --cluster NAME -o`` and ``%whereis --cluster NAME -o`` against ``bare``, alternated."""
+    arms = {"bare": bare,
+            "%gpuinfo --cluster": lambda: shell.run_line_magic("gpuinfo", f"--cluster {name} -o"),
+            "%whereis --cluster": lambda: shell.run_line_magic("whereis", f"--cluster {name} -o")}
+    for arm in arms.values():  # first calls apart: imports on both sides, the bridge's first look
+        for _ in range(3):
+            arm()
+    times: dict = {arm: [] for arm in arms}
+    for _ in range(pairs):
+        for arm, call in arms.items():
+            start = time.perf_counter()
+            call()
+            times[arm].append(time.perf_counter() - start)
+    base = times["bare"]
+    print(f"{label}: bare {statistics.median(base) * 1e3:.2f} ms")
+    for arm in list(arms)[1:]:
+        ratio = statistics.median(a / b for a, b in zip(times[arm], base))
+        verdict = "met" if ratio <= target else "MISSED"
+        took = statistics.median(times[arm]) * 1e3
+        print(f"  {arm:<20} {took:7.2f} ms  {ratio:.2f}x (target <= {target:g}: {verdict})")
+
+
+def bench_magics(args: argparse.Namespace) -> None:
+    """The two report magics against a bare round trip to the same 2 engines / 2 workers (issue 30)."""
+    import distributed
+    import ipyparallel as ipp
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "torchgpu_magic")
+    ipc = ipp.Cluster(n=2, log_level=40)
+    rc = ipc.start_and_connect_sync()
+    try:
+        rc.wait_for_engines(2, timeout=300, block=True)
+        rc[:].apply_sync(_warm)
+        shell.user_ns["rc"] = rc
+        _magic_rows("ipyparallel, 2 engines, against rc[:].apply_sync(lambda: 1)", shell, "rc",
+                    lambda: rc[:].apply_sync(_one), args.pairs, 1.3)
+    finally:
+        shell.user_ns.pop("rc", None)
+        ipc.stop_cluster_sync()
+    local = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                     dashboard_address=None, silence_logs=40)
+    client = distributed.Client(local)
+    try:
+        client.run(_warm)
+        shell.user_ns["client"] = client
+        _magic_rows("Dask, 2 workers, against client.run(lambda: 1)", shell, "client",
+                    lambda: client.run(_one), args.pairs, 1.5)
+    finally:
+        shell.user_ns.pop("client", None)
+        client.close()
+        local.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=("ipyparallel", "dask"), default=None)
+    parser.add_argument("--pairs", type=int, default=30, help="alternated calls per arm of the magics rows")
+    parser.add_argument("--only", choices=("ipyparallel", "dask", "magics"), default=None)
     args = parser.parse_args()
     import os
 
     print(f"load average before: {os.getloadavg()[0]:.2f}")
+    if args.only in (None, "magics"):
+        bench_magics(args)
     if args.only in (None, "ipyparallel"):
         bench_ipyparallel(args)
     if args.only in (None, "dask"):

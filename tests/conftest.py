@@ -33,6 +33,8 @@ def pytest_addoption(parser: Any) -> None:
 def pytest_configure(config: Any) -> None:
     """Under ``--simulate-gpu`` / ``--simulate NAME``, install the simulated machine before any test (or
     test module) runs."""
+    config.addinivalue_line("markers", "fresh_process: checks what a new Python process does (a subprocess "
+                                       "runs the whole check): the same in every leg of this interpreter")
     device = simulated_legs.install_for_run(config)
     config._simulated_gpu = device if config._simulated_machine == "h100" else None
 
@@ -54,6 +56,10 @@ def _has_cuda() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+OWN_PROCESS_SKIP = ("runs in a process of its own (a fresh interpreter or a Jupyter kernel), which "
+                    "the simulated machine does not reach: the same check as in the ordinary leg, which runs it")
 
 
 # The tests where the build of torch matters, run again by `make test-cudabuild` (`pytest -m cudabuild`) on a
@@ -85,8 +91,15 @@ def pytest_itemcollected(item: Any) -> None:
 
 
 def pytest_collection_modifyitems(config: Any, items: list) -> None:
-    """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel)."""
+    """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel), and,
+    under a simulated machine, the tests whose whole check runs in a process of its own (`notebook`,
+    `fresh_process`): the simulation lives in this process, so there they would repeat the ordinary leg's
+    run exactly, at the price of a torch import or a kernel each."""
     if config._simulated_machine is not None:
+        own = pytest.mark.skip(reason=OWN_PROCESS_SKIP)
+        for item in items:
+            if "notebook" in item.keywords or "fresh_process" in item.keywords:
+                item.add_marker(own)
         reason = ("needs a real CUDA GPU: the simulated machines simulate torch only up to the first kernel, "
                   "and these tests run kernels")
     elif _has_cuda():
@@ -151,6 +164,8 @@ def ip(_shell: Any) -> Any:
 
     Default device, dtype and thread count are checked to be restored by the test's end.
     """
+    import gc
+
     import torch
 
     from torchgpu_magic import load_ipython_extension, unload_ipython_extension
@@ -166,7 +181,8 @@ def ip(_shell: Any) -> Any:
         # results their frames keep alive in a cycle (holders/failed.py), which the next test's holders
         # would otherwise count as its own.
         release_traceback(_shell)
-        _shell.reset(new_session=False)
+        _shell.reset(new_session=False)  # runs a full collection, of what is not frozen
+        gc.freeze()  # what outlived the test (modules it imported, their caches): out of the next walk
         after = (torch.get_default_dtype(), torch.get_num_threads(), _default_device())
         assert after == before, f"test left torch state changed: {before} -> {after}"
 

@@ -11,13 +11,14 @@ statistics), plus ``torch.cuda.Event`` / ``Stream``, whose C base classes a CPU 
 torch's own code. NVML is the scripted ``h100`` scenario (tests/fake_pynvml.py), whose SM clock follows
 the simulated GPU: 1980 MHz while it has worked in the last 100 ms, else 345 MHz and "idle".
 
-The GPU is a timeline on the host clock, one stream deep: a kernel (``_sleep(cycles)``, at the H100's
-1980 MHz) starts when the GPU is free, and no sooner than a launch latency after it was queued; an event
-completes when the work queued before it has; ``synchronize`` waits for the timeline; a host that has
-queued :data:`QUEUE_DEPTH` unfinished kernels blocks, as CUDA's launch queue does. A real CUDA tensor
-still fails (the CPU build has no CUDA kernels): a test that reaches one took the CUDA path. Where a test
-needs a CUDA tensor's metadata and its kernels' time but no values (the roofline's counts), it makes a
-:class:`CudaStandIn`.
+The GPU is a timeline on the simulated machine's clock (:class:`SimulatedTime`: the host's CPU time and
+its waits for the GPU, which a loaded machine's preemptions do not move), one stream deep: a kernel
+(``_sleep(cycles)``, at the H100's 1980 MHz) starts when the GPU is free, and no sooner than a launch
+latency after it was queued; an event completes when the work queued before it has; ``synchronize``
+waits for the timeline; a host that has queued :data:`QUEUE_DEPTH` unfinished kernels blocks, as CUDA's
+launch queue does. A real CUDA tensor still fails (the CPU build has no CUDA kernels): a test that reaches
+one took the CUDA path. Where a test needs a CUDA tensor's metadata and its kernels' time but no values
+(the roofline's counts), it makes a :class:`CudaStandIn`.
 
 The GPU allocates (tests/simulated_allocator.py): every stand-in's storage is a block of torch's CUDA
 caching allocator, as the C++ allocator would hand it out, so ``memory_allocated``, ``memory_reserved``,
@@ -30,6 +31,7 @@ a host PID or not listed, beside other processes, as :meth:`SimulatedGPU.use_sce
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import threading
@@ -56,39 +58,58 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "addmv", "mv"})
 
 
-class Timeline:
-    """The simulated GPU's work, in ``time.perf_counter`` seconds."""
+class SimulatedTime:
+    """The simulated machine's clock, in seconds: the CPU time of the thread that installed the simulation
+    (the one that runs the cells), plus the host's waits for the GPU. A span on it is what the host did,
+    never how long a loaded machine kept the host from running (preemption stops this clock: measured here
+    at load 6, a 20 us piece of Python took at most 0.3 ms on it against 24 ms of real time), so what
+    %%cudatime derives from the GPU's spans (a kernel's length, a spin that covers the host's launches)
+    does not move with the machine's load. A wait for the GPU (a synchronize, an event, a full launch
+    queue) takes no real time and sets the clock to the moment waited for. The CUDA clock of %%cudatime
+    reads its host and wall times here too (``CudaClock.host_time``), so the host, wall and device figures
+    of a sample share one clock and can be compared with each other. Any thread may read it."""
 
     def __init__(self) -> None:
-        self.busy_until = 0.0
+        self._cpu = time.pthread_getcpuclockid(threading.get_ident())
+        self._waited = 0.0
+
+    def now(self) -> float:
+        return time.clock_gettime(self._cpu) + self._waited
+
+    def wait_until(self, moment: float) -> None:
+        """The host waits for the GPU until ``moment``: the clock moves there."""
+        self._waited += max(0.0, moment - self.now())
+
+
+class Timeline:
+    """The simulated GPU's work, in :class:`SimulatedTime` seconds."""
+
+    def __init__(self, clock: SimulatedTime) -> None:
+        self.clock = clock
+        self.busy_until = -math.inf  # never worked
         self.pending: deque = deque()  # end times of queued kernels
 
     def launch(self, seconds: float) -> None:
-        now = time.perf_counter()
+        now = self.clock.now()
         while self.pending and self.pending[0] <= now:
             self.pending.popleft()
         if len(self.pending) >= QUEUE_DEPTH:  # the launch queue is full: the host waits for a slot
-            wait_until(self.pending.popleft())
-            now = time.perf_counter()
+            self.clock.wait_until(self.pending.popleft())
+            now = self.clock.now()
         start = max(now + LAUNCH_S, self.busy_until)
         self.busy_until = start + seconds
         self.pending.append(self.busy_until)
 
     def stamp(self) -> float:
         """When an event recorded now completes."""
-        return max(time.perf_counter() + EVENT_S, self.busy_until)
+        return max(self.clock.now() + EVENT_S, self.busy_until)
+
+    def done(self, moment: float) -> bool:
+        """Whether the GPU has reached ``moment``."""
+        return self.clock.now() >= moment
 
     def busy_recently(self) -> bool:
-        return time.perf_counter() - self.busy_until < BUSY_WINDOW_S
-
-
-def wait_until(moment: float) -> None:
-    """Block the host until ``perf_counter()`` reaches ``moment`` (sleeping first, then spinning)."""
-    left = moment - time.perf_counter()
-    if left > 2e-3:
-        time.sleep(left - 1e-3)
-    while time.perf_counter() < moment:
-        pass
+        return self.clock.now() - self.busy_until < BUSY_WINDOW_S
 
 
 class Properties:
@@ -120,7 +141,8 @@ class SimulatedGPU:
         self.nvml_module = fake_pynvml.make("h100", self._link_clocks)
         self.uuid = self.nvml_module.machine.gpus[0].uuid
         self.properties = Properties(self.uuid.split("-", 1)[1])
-        self.timeline = Timeline()
+        self.clock = SimulatedTime()
+        self.timeline = Timeline(self.clock)
         self.contexts: set = set()
         self.current = 0
         self.debug_mode = 0
@@ -183,7 +205,7 @@ class SimulatedGPU:
         """CUDA not initialised, no context, an idle GPU (a fresh process, as far as the tests can tell)."""
         torch.cuda._initialized = False
         torch.cuda._cached_device_count = None
-        self.timeline = Timeline()
+        self.timeline = Timeline(self.clock)
         self.contexts.clear()
         self.current = 0
         self.debug_mode = 0
@@ -238,7 +260,7 @@ class SimulatedGPU:
 
     def synchronize(self) -> None:
         self.work()
-        wait_until(self.timeline.busy_until)
+        self.clock.wait_until(self.timeline.busy_until)
 
     def sleep(self, cycles: int) -> None:
         self.work()
@@ -295,11 +317,11 @@ def event_class(sim: SimulatedGPU) -> type:
             """A stream waiting for this event: one stream deep, the wait is already in order."""
 
         def query(self) -> bool:
-            return self.moment is None or time.perf_counter() >= self.moment
+            return self.moment is None or sim.timeline.done(self.moment)
 
         def synchronize(self) -> None:
             if self.moment is not None:
-                wait_until(self.moment)
+                sim.clock.wait_until(self.moment)
 
         def elapsed_time(self, end: Any) -> float:
             if not (self.enable_timing and end.enable_timing):
@@ -307,7 +329,7 @@ def event_class(sim: SimulatedGPU) -> type:
             if self.moment is None or end.moment is None or not end.query():
                 raise RuntimeError("CUDA error: device not ready")
             # a GPU's event timestamps are whole nanoseconds: the span of a 1.5 ms kernel reads 1.5 ms, never
-            # the 1.4999999985 ms that subtracting two perf_counter readings near 10^4 s can leave
+            # the 1.4999999985 ms that subtracting two clock readings far from zero can leave
             return round((end.moment - self.moment) * 1e9) / 1e6
 
     return Event
@@ -324,7 +346,7 @@ def stream_class(sim: SimulatedGPU) -> type:
             self.device = torch.device("cuda", self.device_index)
 
         def query(self) -> bool:
-            return time.perf_counter() >= sim.timeline.busy_until
+            return sim.timeline.done(sim.timeline.busy_until)
 
         def synchronize(self) -> None:
             sim.host_sync()
@@ -453,6 +475,7 @@ def install(patch: Any) -> SimulatedGPU:
     whose ``undo()`` takes it all out again). Call only where :func:`usable` says None."""
     from torchgpu_magic import caches
     from torchgpu_magic.gpus import nvml, processes
+    from torchgpu_magic.timing import clocks
 
     sim = SimulatedGPU()
     C, cuda = torch._C, torch.cuda
@@ -494,6 +517,7 @@ def install(patch: Any) -> SimulatedGPU:
         patch.setattr(module, "Event", event_class(sim))
         patch.setattr(module, "Stream", stream_class(sim))
     caches.reset_caches()  # what this package remembered about the torch it saw before
+    patch.setattr(clocks.CudaClock, "host_time", staticmethod(sim.clock.now))
     patch.setitem(sys.modules, "pynvml", sim.nvml_module)
     nvml.reset()
     # The scenario's host PIDs name processes of the host's PID namespace, not this one's: whether a

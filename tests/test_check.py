@@ -12,6 +12,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+import types
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -39,8 +42,30 @@ def _gone(pid: int) -> bool:
 
 
 # ---- the runner -------------------------------------------------------------------------------------------
+class _LimitFromItsFirstLine(subprocess.Popen):
+    """A step's process whose limit starts to count once it has written its first line to its log (or
+    ended): the hung step below writes that line after starting its child, so the child exists before the
+    kill in that order, not by a race between the limit and a loaded machine starting two interpreters."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._log, self._header = Path(kwargs["stdout"].name), kwargs["stdout"].tell()
+        self._waited = False
+
+    def wait(self, timeout=None):
+        if timeout is not None and not self._waited:  # the limit's wait; the kill's come after it
+            self._waited = True
+            for _ in range(1200):  # 60 s at most
+                if len(self._log.read_text()) > self._header or self.poll() is not None:
+                    break
+                time.sleep(0.05)
+        return super().wait(timeout)
+
+
 def test_a_hung_step_is_killed_with_its_process_group_and_the_next_step_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "KILL_GRACE_S", 0.5)
+    monkeypatch.setattr(runner, "subprocess", types.SimpleNamespace(**{**vars(subprocess),
+                                                                      "Popen": _LimitFromItsFirstLine}))
     hung = Step("hung", "hangs, with a child that ignores SIGTERM", _python("""
         import subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", "import signal, time; "

@@ -110,6 +110,7 @@ _SHELL = ("from IPython.core.interactiveshell import InteractiveShell\n"
           "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'torchgpu_magic')\n")
 
 
+@pytest.mark.fresh_process
 def test_every_path_survives_in_a_fresh_process():
     code = (_SHELL + f"r = ip.run_cell({SETUP!r}); r.raise_error()\nimport torch\n"
             f"cases = {_cases(True)!r} if {CAPACITY_KNOWN} else {_cases(False)!r}\n"
@@ -128,6 +129,7 @@ def _cuda_build() -> bool:
     return bool(getattr(torch._C, "_has_cuda", False)) and torch.version.cuda is not None
 
 
+@pytest.mark.fresh_process
 @pytest.mark.skipif(_cuda_build(), reason="a CUDA build runs fake cuda tensors")
 def test_the_hazard_is_real_a_fake_cuda_tensors_first_autograd_op_aborts_this_torch():
     """Why %%cudamem stands cpu in for cuda here: the same step on fake cuda tensors kills the process."""
@@ -137,6 +139,7 @@ def test_the_hazard_is_real_a_fake_cuda_tensors_first_autograd_op_aborts_this_to
     assert done.returncode != 0 and "survived" not in done.stdout
 
 
+@pytest.mark.fresh_process
 def test_a_torch_without_memtracker_gets_one_line():
     code = ("import sys\nsys.modules['torch.distributed._tools.mem_tracker'] = None\n" + _SHELL +
             "ip.run_cell('import torch\\nx = torch.ones(3)')\n"
@@ -150,6 +153,7 @@ def test_a_torch_without_memtracker_gets_one_line():
     assert all("has no MemTracker" in line and "tested with 2.11, 2.12, 2.13" in line for line in lines)
 
 
+@pytest.mark.fresh_process
 def test_torch_cuda_scripted_as_an_h100_still_predicts_on_cpu_with_its_capacity():
     """As a harness that makes torch.cuda answer like an H100 on this machine (issue 19's
     --simulate-gpu): the prediction takes the H100's capacity and generation, and runs on cpu."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 OUR_MAGICS = {"gpuinfo", "ontorch", "cudatime", "whereis", "gpumem", "cudamem"}
@@ -16,6 +17,7 @@ def _ours(shell):
     return found
 
 
+@pytest.mark.fresh_process
 def test_import_is_light():
     code = (
         "import sys, torchgpu_magic\n"
@@ -26,6 +28,7 @@ def test_import_is_light():
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.fresh_process
 def test_loading_imports_only_the_magics():
     """`%load_ext` registers the magics and nothing else: the core (placement, timing, inventory, memory,
     cluster...), torch, pynvml and ipywidgets wait for a magic's first use, so loading stays cheap."""
@@ -40,6 +43,36 @@ def test_loading_imports_only_the_magics():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.fresh_process
+def test_each_magics_module_is_imported_at_its_first_use_not_at_load():
+    """`%load_ext` registers a stand-in per magic; a magic's module is compiled and run when the magic is
+    first used or asked about (its help is the real one), and never by `%unload_ext`."""
+    code = (
+        "import sys\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "shell = InteractiveShell.instance()\n"
+        "mods = lambda: sorted(m.rsplit('.', 1)[1] for m in sys.modules\n"
+        "                      if m.startswith('torchgpu_magic.magics.')\n"
+        "                      and m.rsplit('.', 1)[1] not in ('base', 'shell', 'explainers'))\n"
+        "shell.run_line_magic('load_ext', 'torchgpu_magic')\n"
+        "print('loaded', mods())\n"
+        "shell.run_line_magic('unload_ext', 'torchgpu_magic')\n"
+        "print('unloaded', mods())\n"
+        "shell.run_line_magic('load_ext', 'torchgpu_magic')\n"
+        "shell.run_line_magic('ontorch', '')\n"
+        "print('used', mods())\n"
+        "doc = shell.find_cell_magic('cudatime').__doc__\n"
+        "print('help', 'docs/cudatime.md' in doc)\n"
+        "print('after', mods(), shell.find_cell_magic('cudatime').__self__.__class__.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "loaded []" and lines[1] == "unloaded []"
+    assert lines[3] == "used ['ontorch']"
+    assert lines[4] == "help True"  # the real docstring
+    assert lines[5] == "after ['cudatime', 'ontorch'] CUDATimeMagics"
 
 
 def test_whereis_help_states_the_default_top():

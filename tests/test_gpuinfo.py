@@ -95,6 +95,7 @@ def fake_pynvml_uuid(index):
     return fake_pynvml.fake_uuid(f"a100-{index}")
 
 
+@pytest.mark.fresh_process
 def test_module_entry_point_subprocess():
     out = subprocess.run([sys.executable, "-m", "torchgpu_magic"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)

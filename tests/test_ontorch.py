@@ -107,6 +107,30 @@ def test_last_expression_is_the_cells_value_and_semicolon_silences_it(tip):
     assert value is None
 
 
+@pytest.mark.parametrize("body, value", [
+    ("y = 2\ny * 21", 42),
+    ("y = 2\n(y *\n 21)\n# a comment after it", 42),
+    ("y = 2; y * 21", 42),  # the expression shares its line: compiled from the tree each time
+    ("y = 2\ny * 21;", None),
+    ("y = 2\nfor i in range(2):\n    y += i", None),
+])
+def test_a_cell_run_again_is_compiled_from_its_text_and_behaves_the_same(tip, body, value):
+    """The second run of the same cell compiles its text (the first run's parse says where the shown
+    expression starts): the same value, and a traceback with the same line numbers."""
+    for _ in range(2):
+        result, _ = cell(tip, f"%%ontorch meta -q\n{body}")
+        assert result == value
+    for _ in range(2):
+        error, out = failing(tip, f"%%ontorch meta -q\n{body}\nraise ValueError('after')\n1 + 1")
+        assert isinstance(error, ValueError)
+        line = 2 + body.count("\n") + 1
+        assert f"----> {line} raise ValueError('after')" in out, out
+    for _ in range(2):  # an error in the shown expression itself, on its own line
+        error, out = failing(tip, f"%%ontorch meta -q\n{body}\ny = 0\n\n1 / y")
+        assert isinstance(error, ZeroDivisionError)
+        assert f"----> {2 + body.count(chr(10)) + 3} 1 / y" in out, out
+
+
 # ---- restoring ----------------------------------------------------------------------------------------
 
 
@@ -547,9 +571,12 @@ def test_cuda_availability_is_asked_once_not_before_every_cell(tip, monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", counting)
     for _ in range(5):
         cell(tip, "%%ontorch cpu\nx = torch.ones(2)")
+    assert asked == []  # cpu exists everywhere, and saving the state asks only is_initialized()
+    for _ in range(5):
+        cell(tip, "%ontorch")  # what auto is here: the remembered count
     assert len(asked) <= 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # before CUDA starts this changes what it sees
-    cell(tip, "%%ontorch cpu\nx = torch.ones(2)")
+    cell(tip, "%ontorch")
     assert len(asked) == 2
 
 

@@ -9,6 +9,7 @@ import time
 import fake_pynvml
 import pytest
 from conftest import run, run_error
+from fake_clock import VirtualTime
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
@@ -41,7 +42,8 @@ def _nothing_left_behind():
     assert _live_widgets() - before == set(), "widgets were left open"
 
 
-def _wait_for(predicate, timeout=3.0):
+def _wait_for(predicate, timeout=30.0):
+    """Poll until ``predicate()`` holds; ``timeout`` only guards against a hang (a loaded machine is slow)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -57,6 +59,18 @@ def _magics(ip):
 
 def _panel(ip):
     return _magics(ip)._panel
+
+
+def _virtual_panel(targets, interval=0.25, **kw):
+    """A panel over a sampler on virtual time (tests/fake_clock.py), started and waiting after its first
+    tick: the test moves the clock with ``p.clock.advance_to(t, p.sampler)``."""
+    sampler = memory.Sampler(targets, interval=interval)
+    sampler.schedule = clock = VirtualTime()
+    p = panel.MemoryPanel(sampler, **kw)
+    p.clock = clock
+    sampler.start()
+    clock.settle(sampler)
+    return p
 
 
 def _shown_model_ids(captured) -> list:
@@ -77,15 +91,15 @@ def test_panel_on_host_only_says_so_and_shows_rss():
 
 def test_panel_shows_nvml_split_and_follows_changes(fake_nvml):
     module = fake_nvml("h100_busy")
-    p = panel.MemoryPanel(memory.Sampler([H100], interval=0.05))
-    p.sampler.start()
+    p = _virtual_panel([H100])
     try:
-        assert _wait_for(lambda: "30.0 GiB" in p.gpus.value)
+        assert "30.0 GiB" in p.gpus.value
         assert "12.0 GiB" in p.gpus.value and "79.6 GiB" in p.gpus.value
         assert "other processes" in p.gpus.value
         module.machine.gpus[0].compute[0].usedGpuMemory = 50 * 1024 * MiB
-        assert _wait_for(lambda: "50.0 GiB" in p.gpus.value)
-        assert _wait_for(lambda: '<svg class="tgm-spark"' in p.gpus.value)  # history is drawn
+        p.clock.advance_to(0.25, p.sampler)
+        assert "50.0 GiB" in p.gpus.value
+        assert '<svg class="tgm-spark"' in p.gpus.value  # history is drawn
     finally:
         p.close()
     assert not p.sampler.running
@@ -93,11 +107,11 @@ def test_panel_shows_nvml_split_and_follows_changes(fake_nvml):
 
 def test_gpu_lost_shows_in_the_panel(fake_nvml):
     module = fake_nvml("h100_busy")
-    p = panel.MemoryPanel(memory.Sampler([H100], interval=0.05))
-    p.sampler.start()
+    p = _virtual_panel([H100])
     try:
         module.machine.gpus[0].errors.update(fake_pynvml._lost_errors())
-        assert _wait_for(lambda: "fallen off the bus" in p.status.value)
+        p.clock.advance_to(0.25, p.sampler)
+        assert "fallen off the bus" in p.status.value
         assert p.sampler.running and p.sampler.last_error is None
     finally:
         p.close()
@@ -122,12 +136,13 @@ def test_updates_are_batched_one_message_per_widget(fake_nvml, monkeypatch):
 
 
 def test_update_from_the_thread_never_prints(capfd):
-    p = panel.MemoryPanel(memory.Sampler([], interval=0.05))
-    p.sampler.start()
+    p = _virtual_panel([])
     try:
-        time.sleep(0.3)
+        for n in range(1, 6):
+            p.clock.advance_to(n * 0.25, p.sampler)
     finally:
         p.close()
+    assert len(p.sampler.history) == 6  # six ticks drew the panel from the thread
     out, err = capfd.readouterr()
     assert out == "" and err == ""
 
@@ -151,13 +166,11 @@ def test_buttons_pause_reset_and_empty_cache():
 
 def test_closing_the_widget_stops_the_sampler_and_closes_every_widget():
     closed = []
-    p = panel.MemoryPanel(memory.Sampler([], interval=5.0), on_close=lambda: closed.append(1))
-    p.sampler.start()
+    p = _virtual_panel([], interval=5.0, on_close=lambda: closed.append(1))
     ids = p.model_ids()
     assert ids <= _live_widgets() and len(ids) >= 10
-    t0 = time.monotonic()
     p.widget.close()
-    assert time.monotonic() - t0 < 1.0  # within one (5 s) interval
+    assert p.clock.woken == [True] and p.clock.now() == 0.0  # the close cut the 5 s wait short
     assert not p.sampler.running and p.closed and closed == [1]
     assert ids & _live_widgets() == set()
     p.close()  # idempotent
@@ -253,13 +266,14 @@ def test_closing_the_widget_unhooks_the_cell_events(ip):
     assert magics._post_cell not in ip.events.callbacks["post_run_cell"]
 
 
-def test_unload_stops_the_sampler_within_one_interval(ip):
+def test_unload_stops_the_sampler_within_one_interval(ip, monkeypatch):
+    clock = VirtualTime()
+    monkeypatch.setattr(memory.Sampler, "schedule", clock)
     with capture_output():
         run(ip, "%gpumem --widget --interval 5")
-    time.sleep(0.1)
-    t0 = time.monotonic()
+    clock.settle(_panel(ip).sampler)
     torchgpu_magic.unload_ipython_extension(ip)
-    assert time.monotonic() - t0 < 1.0
+    assert clock.woken == [True] and clock.now() == 0.0  # the unload cut the 5 s wait short
     assert _threads() == []
     torchgpu_magic.load_ipython_extension(ip)
 

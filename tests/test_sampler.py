@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 
 import fake_pynvml
 import pytest
+from fake_clock import VirtualTime
 
 from torchgpu_magic import gpumem as memory
 from torchgpu_magic import host
@@ -72,44 +72,72 @@ def test_cell_peak_rss_is_this_cells_own():
 
 
 # ---- the sampler -----------------------------------------------------------------------------------
+# The thread runs on virtual time (tests/fake_clock.py): each test moves the clock itself and looks at
+# which ticks happened when, so none depends on how soon a loaded machine schedules the thread.
+def _on_virtual_time(interval, work=lambda n: 0.0, **kw):
+    """A sampler on virtual time whose callback notes each tick's (virtual) time and spends ``work(n)``
+    virtual seconds in the n-th; returns (sampler, clock, tick times, snapshots)."""
+    clock, times, snapshots = VirtualTime(), [], []
+
+    def tick(snapshot):
+        times.append(clock.now())
+        snapshots.append(snapshot)
+        clock.spend(work(len(times) - 1))
+
+    sampler = memory.Sampler(kw.pop("targets", []), interval=interval, callback=tick, **kw)
+    sampler.schedule = clock
+    return sampler, clock, times, snapshots
+
+
 def test_sampler_thread_is_named_daemon_and_ticks_without_drift():
-    got = []
-    sampler = memory.Sampler([], interval=0.05, callback=got.append)
+    sampler, clock, times, _ = _on_virtual_time(0.25, work=lambda n: 0.0625)
     sampler.start()
     try:
+        clock.settle(sampler)
         (thread,) = _sampler_threads()
         assert thread.daemon
-        time.sleep(0.6)
+        for n in range(1, 9):
+            clock.advance_to(n * 0.25, sampler)
     finally:
         assert sampler.stop()
-    times = [s.time for s in got]
-    assert len(times) >= 8
-    # drift-free: the n-th tick is near start + n * interval, not start + n * (interval + work)
-    for n, t in enumerate(times):
-        assert abs(t - times[0] - n * 0.05) < 0.04, (n, t - times[0])
+    # drift-free: the n-th tick is at start + n * interval, not start + n * (interval + work)
+    assert times == [n * 0.25 for n in range(9)]
+
+
+def test_after_a_stall_the_sampler_skips_the_missed_ticks_instead_of_bursting():
+    sampler, clock, times, _ = _on_virtual_time(0.25, work=lambda n: 0.75 if n == 1 else 0.0)
+    sampler.start()
+    try:
+        clock.settle(sampler)
+        for moment in (0.25, 1.25, 1.5):  # the tick at 0.25 lasts until 1.0: those at 0.5 and 0.75 are gone
+            clock.advance_to(moment, sampler)
+    finally:
+        assert sampler.stop()
+    assert times == [0.0, 0.25, 1.25, 1.5]
 
 
 def test_stop_ends_the_thread_within_one_interval():
-    sampler = memory.Sampler([], interval=5.0)
+    sampler, clock, times, _ = _on_virtual_time(5.0)
     sampler.start()
-    time.sleep(0.1)
-    t0 = time.monotonic()
+    clock.settle(sampler)
     assert sampler.stop()
-    assert time.monotonic() - t0 < 1.0  # far less than the 5 s interval: it waits on an Event
+    # no virtual time passed: the Event cut the 5 s wait short (a thread that slept would never end)
+    assert clock.woken == [True] and clock.now() == 0.0 and times == [0.0]
     assert not sampler.running
 
 
 def test_interval_change_takes_effect_at_once():
-    got = []
-    sampler = memory.Sampler([], interval=30.0, callback=got.append)
+    sampler, clock, times, _ = _on_virtual_time(30.0)
     sampler.start()
     try:
-        time.sleep(0.1)
-        sampler.interval = 0.05
-        time.sleep(0.5)
+        clock.settle(sampler)
+        sampler.interval = 0.25  # cuts the 30 s wait short: a tick now, then every 0.25 s
+        clock.settle(sampler)
+        clock.advance_to(0.25, sampler)
+        clock.advance_to(0.5, sampler)
     finally:
         sampler.stop()
-    assert len(got) >= 5
+    assert times == [0.0, 0.0, 0.25, 0.5]
     with pytest.raises(MagicInputError):
         sampler.interval = 0
 
@@ -124,48 +152,52 @@ def test_history_is_bounded():
 
 
 def test_callback_errors_are_kept_not_raised():
+    ticks = []
+
     def broken(_):
+        ticks.append(1)
         raise RuntimeError("view is gone")
 
-    sampler = memory.Sampler([], interval=0.05, callback=broken)
+    sampler = memory.Sampler([], interval=0.25, callback=broken)
+    sampler.schedule = clock = VirtualTime()
     sampler.start()
     try:
-        time.sleep(0.2)
-        assert sampler.running
+        clock.settle(sampler)
+        clock.advance_to(0.25, sampler)
+        assert sampler.running and len(ticks) == 2  # the error of the first tick stopped nothing
     finally:
         sampler.stop()
     assert sampler.last_error == "RuntimeError: view is gone"
 
 
 def test_pause_and_resume():
-    got = []
-    sampler = memory.Sampler([], interval=0.05, callback=got.append)
+    sampler, clock, times, _ = _on_virtual_time(0.25)
     sampler.start()
     try:
-        time.sleep(0.15)
+        clock.settle(sampler)
+        clock.advance_to(0.25, sampler)
         sampler.pause()
-        time.sleep(0.06)
-        paused_at = len(got)
-        time.sleep(0.3)
-        assert len(got) == paused_at
-        sampler.resume()
-        time.sleep(0.2)
-        assert len(got) > paused_at
+        clock.advance_to(0.5, sampler)
+        clock.advance_to(0.75, sampler)
+        assert times == [0.0, 0.25] and sampler.running  # paused: the schedule goes on, no sample
+        sampler.resume()  # samples at once, then on the new schedule
+        clock.settle(sampler)
+        clock.advance_to(1.0, sampler)
     finally:
         sampler.stop()
+    assert times == [0.0, 0.25, 0.75, 1.0]
 
 
 def test_gpu_lost_mid_run_becomes_a_problem_not_a_traceback(fake_nvml):
     module = fake_nvml("h100_busy")
-    got = []
-    sampler = memory.Sampler([H100], interval=0.05, callback=got.append)
+    sampler, clock, _, got = _on_virtual_time(0.25, targets=[H100])
     sampler.start()
     try:
-        time.sleep(0.15)
+        clock.settle(sampler)
         assert got[-1].gpus[0].process == 30720 * MiB
         module.machine.gpus[0].errors.update(fake_pynvml._lost_errors())
-        time.sleep(0.2)
-        assert sampler.running
+        clock.advance_to(0.25, sampler)
+        assert sampler.running and len(got) == 2
     finally:
         sampler.stop()
     lost = got[-1].gpus[0]

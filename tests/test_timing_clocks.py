@@ -109,6 +109,7 @@ def test_a_sample_without_device_time_falls_back_to_wall_then_host():
     assert timing.Clock.primary(timing.Sample(1, host=1.0, wall=2.0, device=3.0), "host") == 1.0
 
 
+@pytest.mark.fresh_process
 def test_the_watch_costs_no_torch_dynamo_import_and_compiled_code_still_compiles():
     """torch wraps a dispatch mode's __torch_dispatch__ in a lazy torch._dynamo import (seconds, charged to
     the first run); the watch marks its frames as never compiled instead. A torch.compile'd function run

@@ -171,6 +171,7 @@ def test_flops_equal_flop_counter_modes_own_count(case):
     assert flops(count(fn)) == reference.get_total_flops() > 0
 
 
+@pytest.mark.fresh_process
 def test_counting_does_not_import_dynamo():
     """FlopCounterMode's own mode imports torch._dynamo on first use (seconds); the counter does not."""
     import subprocess
@@ -183,6 +184,7 @@ def test_counting_does_not_import_dynamo():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.fresh_process
 def test_a_cuda_build_without_triton_gets_no_triton_warning_from_the_counter():
     """torch's flop counter logs "triton not found" at import on a CUDA build without triton (Windows):
     the counter never looks into Triton kernels, so the user's first %%cudatime must not show it."""

@@ -115,6 +115,7 @@ def test_fake_tensors_and_the_mode():
     assert logging.getLogger(torchapi.FAKE_TENSOR_LOGGER).name == torchapi.FAKE_TENSOR_LOGGER
 
 
+@pytest.mark.fresh_process
 def test_fake_tensor_class_loaded_only_imports_nothing():
     code = ("import sys, torch\nfrom torchgpu_magic import torchapi\n"
             "loaded = 'torch._subclasses.fake_tensor' in sys.modules\n"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import accelerators
-from .caches import cache
+from .caches import cache, table
 from .errors import MagicInputError
 from .torchapi import cuda_device_counter, function_mode_depth
 
@@ -42,6 +42,7 @@ ORDER_VAR = "TORCHGPU_MAGIC_LOCAL_RANK"
 """Where ``%ontorch local --cluster`` leaves an engine's order among the engines on its host, for engines
 no launcher gave a local rank."""
 
+_FIXED = table()  # 'cpu' / 'meta' -> their torch.device, once resolved (they exist everywhere)
 _SPEC = re.compile(r"^(?P<kind>[a-z]+)(?::(?P<index>\d+))?$")
 _HINTS = {"gpu": "cuda", "nvidia": "cuda", "cuda0": "cuda:0", "rocm": "cuda", "hip": "cuda", "apple": "mps"}
 
@@ -95,6 +96,12 @@ def device_option(spec: Any, takes: tuple = EVERY, exists: bool = True,
     """
     import torch
 
+    # cpu and meta exist everywhere: once resolved, no parse, no list of the devices here, no new
+    # torch.device per cell (%%ontorch cpu asks before every cell)
+    if not isinstance(spec, torch.device):
+        fixed = _FIXED.get(str(spec).strip().strip("'\"").strip().lower())
+        if fixed is not None and fixed.type in takes:
+            return fixed
     refused = refused or {}
     valid = _valid(takes, exists)
     if isinstance(spec, torch.device):
@@ -129,6 +136,8 @@ def device_option(spec: Any, takes: tuple = EVERY, exists: bool = True,
     if kind == "local":
         return local_device()[0]
     if kind in ("cpu", "meta"):
+        if index is None and not isinstance(spec, torch.device):
+            _FIXED[text] = torch.device(kind)
         return torch.device(kind)
     if kind == "cuda":
         return _resolve_indexed("cuda", index, _cuda_count(), _cuda_missing, valid)
@@ -238,6 +247,8 @@ def current_state() -> DeviceState:
     already initialised (never initialising one: that would create a CUDA context)."""
     import torch
 
+    # An initialised backend has a device, so is_initialized() alone decides, and it asks nothing else
+    # (counting devices asks NVML before CUDA starts): %%ontorch captures this around every cell.
     current = []
     for kind in ("cuda", "xpu"):
         if (_cuda_count() if kind == "cuda" else _xpu_count()) and accelerators.initialised(kind) is not None:
@@ -256,7 +267,8 @@ def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:
     """
     import torch
 
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     if device.type in ("cuda", "xpu") and device.index is not None:
         guard = _module(device.type).device(device.index)
         guard.__enter__()
@@ -279,7 +291,8 @@ def use_device(device: Any, dtype: Optional[Any] = None) -> Iterator[Any]:
     ends (exception, ``KeyboardInterrupt``, ``SystemExit``). Nestable. Yields the ``torch.device``."""
     import torch
 
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     saved = current_state()
     try:
         apply(device, dtype, saved)

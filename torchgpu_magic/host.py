@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Optional
 
 
@@ -209,8 +209,7 @@ class MemoryLimit:
         return f"{self.name} ({fmt_bytes(self.limit)}, {fmt_bytes(self.used)} used{where})"
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "where": self.where, "limit": self.limit, "used": self.used,
-                "available": self.available}
+        return dict(asdict(self), available=self.available)
 
 
 ROOT = "/"

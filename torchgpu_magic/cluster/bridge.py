@@ -10,7 +10,7 @@ A :class:`Bridge` runs one of our engine-side functions (named by its dotted pat
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..errors import MagicInputError
@@ -98,11 +98,9 @@ class Reply:
     cpus: Optional[int] = None  # the CPUs the engine's process may run on
     threads: Optional[int] = None  # torch's intra-op threads there
     fix: str = ""  # what to do about ``problem``, where the reply knows better than its code
+
     def to_dict(self) -> dict:
-        return {"engine": self.engine, "key": self.key, "ok": self.ok, "value": self.value,
-                "problem": self.problem, "message": self.message, "host": self.host, "pid": self.pid,
-                "seconds": self.seconds, "since": self.since, "cpus": self.cpus, "threads": self.threads,
-                "fix": self.fix}
+        return asdict(self)
 
     def error_text(self) -> str:
         """'timeout: no answer in 5 s' / 'busy since 19:40:12 (...)' / 'no_package: No module named

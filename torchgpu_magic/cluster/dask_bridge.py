@@ -269,11 +269,14 @@ class DaskBridge(Bridge):
         return [key for key in keys if key in told], left
 
     def _fill(self, answers: dict, replies: dict) -> None:
+        from .remote import answer_of
+
         missing = []
         for key, answer in answers.items():
             reply = replies.get(key)
             if reply is None:
                 continue
+            answer = answer_of(answer)
             if isinstance(answer, BaseException):
                 from_exception(reply, type(answer).__name__, str(answer))
                 if reply.message.startswith("No module named"):

@@ -47,9 +47,10 @@ def _kinds() -> list:
     return out
 
 
-def kind_of(obj: Any) -> str:
-    """'ipyparallel' / 'ipyparallel cluster' / 'dask' / 'dask cluster', or '' for anything else."""
-    for kind, classes in _kinds():
+def kind_of(obj: Any, kinds: Optional[list] = None) -> str:
+    """'ipyparallel' / 'ipyparallel cluster' / 'dask' / 'dask cluster', or '' for anything else
+    (``kinds``: :func:`_kinds`' answer, when the caller asked it once for many objects)."""
+    for kind, classes in _kinds() if kinds is None else kinds:
         if isinstance(obj, classes):
             return kind
     return ""
@@ -59,15 +60,8 @@ def candidates(ns: dict) -> dict:
     """The user's cluster objects in ``ns``, by name (names starting with '_' are IPython's output
     history, left out): ``{name: kind}``."""
     kinds = _kinds()
-    found = {}
-    for name, obj in ns.items():
-        if name.startswith("_"):
-            continue
-        for kind, classes in kinds:
-            if isinstance(obj, classes):
-                found[name] = kind
-                break
-    return found
+    found = {name: kind_of(obj, kinds) for name, obj in ns.items() if not name.startswith("_")}
+    return {name: kind for name, kind in found.items() if kind}
 
 
 def connect(ns: dict, name: Optional[str], px_view: Any = None) -> Bridge:

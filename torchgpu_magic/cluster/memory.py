@@ -215,7 +215,7 @@ class ClusterSampler:
         by_cells: dict = {}
         for reply in replies:
             if reply.ok and reply.value is not None and "rss" in reply.value and "torch" in reply.value:
-                self._answer(reply, now)
+                self._answer(reply)
                 self._covered[reply.engine] = seq
                 if "cell_peaks" in reply.value:
                     first = reply.value.get("cells_from", 0)
@@ -262,7 +262,7 @@ class ClusterSampler:
                 self._push(row["engine"], reserved if reserved else row["rss"])
                 row["history"] = list(self._history[row["engine"]])
 
-    def _answer(self, reply: Any, now: float) -> None:
+    def _answer(self, reply: Any) -> None:
         """Take one engine's sample: its host's GPU rows when it reports them, its own row."""
         data = reply.value
         self._take_gpus(reply.host, data.get("gpus") or [])

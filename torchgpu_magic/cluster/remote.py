@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -79,21 +80,30 @@ _LOCK = threading.Lock()
 
 
 async def dask_call(target: str, args: tuple, kwargs: dict, deadline: float, call_id: str,
-                    caller: Optional[tuple] = None, dask_worker: Any = None) -> dict:
+                    caller: Optional[tuple] = None, dask_worker: Any = None) -> bytes:
     """``Client.run``'s entry on a Dask worker (it passes ``dask_worker``): :func:`call` in a thread, the
     event loop free meanwhile; past ``deadline`` seconds the call is interrupted and the answer says
     'timeout', so one slow worker cannot hold the ``Client.run`` of all. ``caller``: the notebook's
-    (host, process group), for :func:`sigint_held`."""
+    (host, process group), for :func:`sigint_held`. The answer travels pickled (:func:`answer_of` reads
+    it): one bytes frame costs Dask less to carry than the nested dict inside it, which it walks element
+    by element (measured: a 1.3 KB report cost a fifth of a bare ``Client.run`` as a dict, nothing as
+    bytes)."""
     loop = asyncio.get_running_loop()
     with sigint_held(caller):
         future = loop.run_in_executor(None, _tracked, call_id, dask_worker, target, args, kwargs)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), deadline)
+            answer = await asyncio.wait_for(asyncio.shield(future), deadline)
         except asyncio.TimeoutError:
             interrupt(call_id)
-            return _stopped(f"no answer in {deadline:g} s; our call there was stopped", "timeout")
+            answer = _stopped(f"no answer in {deadline:g} s; our call there was stopped", "timeout")
         except KeyboardInterrupt:  # never into the worker's event loop, which it would stop
-            return _stopped("interrupted")
+            answer = _stopped("interrupted")
+    return pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def answer_of(sent: Any) -> Any:
+    """What :func:`dask_call` answered: its pickled answer read back (anything else as it came)."""
+    return pickle.loads(sent) if isinstance(sent, bytes) else sent
 
 
 def process_group() -> Optional[tuple]:
@@ -219,7 +229,8 @@ def running() -> list:
                       if call_id not in _CANCELLED or any(idents.values()))
 
 
-_NOT_TARGETS = ("call", "dask_call", "interrupt", "running", "Entry", "process_group", "sigint_held")
+_NOT_TARGETS = ("call", "dask_call", "answer_of", "interrupt", "running", "Entry", "process_group",
+                "sigint_held")
 
 
 def namespace() -> dict:

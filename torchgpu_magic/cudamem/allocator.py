@@ -158,17 +158,12 @@ class CachingAllocatorModel:
             if neighbour is None or not neighbour.free:
                 continue
             self._unlist(neighbour)
-            if neighbour is block.prev:
-                neighbour.size += block.size
-                neighbour.next = block.next
-                if block.next is not None:
-                    block.next.prev = neighbour
-                block = neighbour
-            else:
-                block.size += neighbour.size
-                block.next = neighbour.next
-                if neighbour.next is not None:
-                    neighbour.next.prev = block
+            first, second = (neighbour, block) if neighbour is block.prev else (block, neighbour)
+            first.size += second.size
+            first.next = second.next
+            if second.next is not None:
+                second.next.prev = first
+            block = first
         self._put(block)
 
 

@@ -171,6 +171,21 @@ class CellLog:
 
 
 # ---- the sampler thread ----------------------------------------------------------------------------
+class Schedule:
+    """The clock the sampler thread keeps its schedule on: monotonic time, and a wait on the thread's
+    Event that a stop, a resume or a new interval cuts short (True when it did). Tests give a
+    :class:`Sampler` virtual time instead (``tests/fake_clock.py``), so that no test depends on how soon
+    a loaded machine schedules the thread."""
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    @staticmethod
+    def wait(event: threading.Event, seconds: float) -> bool:
+        return event.wait(seconds)
+
+
 class Sampler:
     """Samples memory every ``interval`` seconds in a named daemon thread and hands each
     :class:`MemorySnapshot` to ``callback`` (called in the sampler thread; exceptions are kept in
@@ -188,6 +203,8 @@ class Sampler:
     torch under ``warnings.catch_warnings``, which is process-wide and would swallow the warnings of
     the user's running cell.
     """
+
+    schedule: Schedule = Schedule()
 
     def __init__(
         self,
@@ -283,17 +300,18 @@ class Sampler:
         return True
 
     def _run(self) -> None:
-        next_at = time.monotonic()
+        clock = self.schedule
+        next_at = clock.now()
         while not self._stopping:
             if not self._paused:
                 self.sample_now()
             next_at += self._interval
-            now = time.monotonic()
+            now = clock.now()
             if next_at <= now:  # a slow sample or a suspended machine: skip the missed ticks
                 next_at = now + self._interval
-            if self._wake.wait(next_at - now):
+            if clock.wait(self._wake, next_at - now):
                 self._wake.clear()
-                next_at = time.monotonic()  # interval changed, resumed, or stopping: re-plan from now
+                next_at = clock.now()  # interval changed, resumed, or stopping: re-plan from now
 
     # -- samples
     def sample_now(self) -> MemorySnapshot:

@@ -16,17 +16,55 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .base import TorchGPUMagics
-from .cudamem import CUDAMemMagics
-from .cudatime import CUDATimeMagics
-from .gpuinfo import GPUInfoMagics
-from .gpumem import GPUMemMagics
-from .ontorch import OnTorchMagics
-from .whereis import WhereIsMagics
 
-__all__ = ["TorchGPUMagics", "instance", "load", "unload"]
+__all__ = ["MAGICS", "TorchGPUMagics", "instance", "load", "unload"]
 
-# One Magics class per magic, in the order %lsmagic and the README list them.
-_PARTS = (GPUInfoMagics, OnTorchMagics, CUDATimeMagics, WhereIsMagics, GPUMemMagics, CUDAMemMagics)
+# Each magic: its name, the module of this package it lives in, its class there, and the forms IPython
+# knows it in; in the order %lsmagic and the README list them. The modules are imported at a magic's
+# first use, not at %load_ext: compiling and running all six (their options built into argparse
+# parsers) was most of what loading cost where no bytecode is cached (the CI machines'
+# PYTHONDONTWRITEBYTECODE).
+MAGICS = (
+    ("gpuinfo", "gpuinfo", "GPUInfoMagics", ("line",)),
+    ("ontorch", "ontorch", "OnTorchMagics", ("line", "cell")),
+    ("cudatime", "cudatime", "CUDATimeMagics", ("line", "cell")),
+    ("whereis", "whereis", "WhereIsMagics", ("line",)),
+    ("gpumem", "gpumem", "GPUMemMagics", ("line",)),
+    ("cudamem", "cudamem", "CUDAMemMagics", ("cell",)),
+)
+
+
+class FirstUse:
+    # What `load` registers under a magic's name until the magic is first used: calling it, or reading
+    # anything of it (`%ontorch?` reads its __doc__, IPython looks for attributes on what it calls), has
+    # the extension make the magic's class, which registers the real magic in its place; then the real
+    # one answers. As IPython 9 declares its own magics (IPython.core.magic.LazyMagic), and on IPython
+    # 7.34 too. `__self__` is the extension, so that `unload` finds and removes it without loading.
+    __slots__ = ("__self__", "_name", "_module", "_class")
+
+    def __init__(self, owner: TorchGPUMagics, name: str, module: str, cls: str) -> None:
+        self.__self__, self._name, self._module, self._class = owner, name, module, cls
+
+    def resolve(self) -> Any:
+        """The real magic (its bound method), its class made and registered first if need be."""
+        import importlib
+
+        cls = getattr(importlib.import_module(f"{__name__}.{self._module}"), self._class)
+        return getattr(self.__self__.part(cls), self._name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of a cell's traceback
+        return self.resolve()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.resolve(), name)
+
+    @property
+    def __doc__(self) -> Optional[str]:
+        return self.resolve().__doc__
+
+    def __repr__(self) -> str:
+        return f"<torchgpu_magic's %{self._name}, loaded at first use>"
 
 
 def instance(shell: Any) -> Optional[TorchGPUMagics]:
@@ -36,11 +74,17 @@ def instance(shell: Any) -> Optional[TorchGPUMagics]:
 
 
 def load(shell: Any) -> None:
-    """Register the magics on ``shell`` once; a second call is a no-op."""
+    """Register the magics on ``shell`` once (each as a :class:`FirstUse` until its first use); a second
+    call is a no-op."""
     if instance(shell) is not None:
         return
-    magics = TorchGPUMagics(shell, _PARTS)
-    shell.register_magics(magics, *magics.parts)
+    magics = TorchGPUMagics(shell)
+    shell.register_magics(magics)
+    tables = shell.magics_manager.magics
+    for name, module, cls, kinds in MAGICS:
+        stand_in = FirstUse(magics, name, module, cls)
+        for kind in kinds:
+            tables[kind][name] = stand_in
     magics.start()
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, magics_class
@@ -61,29 +61,36 @@ def usage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
 @magics_class
 class TorchGPUMagics(Magics):
     """The extension in one shell. It defines no magic itself: it is registered under this name so that
-    ``instance`` finds it, makes one instance of each magic's class (:attr:`parts`), and owns the closers
-    that undo whatever those hooked into the shell (event callbacks, formatters, threads)."""
+    ``instance`` finds it, makes each magic's class when that magic is first used (:meth:`part`; until
+    then ``load`` has a stand-in registered under the magic's name), and owns the closers that undo
+    whatever the magics hooked into the shell (event callbacks, formatters, threads)."""
 
-    def __init__(self, shell: Any, parts: Iterable[type[MagicsPart]]) -> None:
+    def __init__(self, shell: Any) -> None:
         from .explainers import Tracebacks
 
         super().__init__(shell)
         self._closers: list[Callable[[], None]] = []
         self._cluster_closer = False  # whether unload closes the clients --cluster connected
         self.tracebacks = Tracebacks(shell)  # the user's cell first, errors explained above
-        self.parts: list[MagicsPart] = [cls(shell, self) for cls in parts]
+        self.parts: list[MagicsPart] = []  # the magics' classes made so far
 
     def part(self, cls: type[P]) -> P:
-        """This shell's instance of the magic class ``cls`` (one of :attr:`parts`)."""
-        return next(part for part in self.parts if isinstance(part, cls))
+        """This shell's instance of the magic class ``cls``, made (and registered with IPython, in place of
+        the stand-in ``load`` put there, and started) the first time it is asked for."""
+        for part in self.parts:
+            if isinstance(part, cls):
+                return part
+        made = cls(self.shell, self)
+        self.shell.register_magics(made)
+        self.parts.append(made)
+        made.start()
+        return made
 
     def start(self) -> None:
-        """Hook the always-on features of every part into the shell (called once, by ``load``): the
-        traceback wrapper first, then each part's (a part may register an explainer with it)."""
+        """Hook the always-on features into the shell (called once, by ``load``): the traceback wrapper,
+        with the explainers of device-mismatch and out-of-memory errors."""
         self.tracebacks.install()
         self.add_closer(self.tracebacks.uninstall)
-        for part in self.parts:
-            part.start()
 
     def add_closer(self, closer: Callable[[], None]) -> None:
         """Remember ``closer`` to undo something hooked into the shell; run by :meth:`close`."""
@@ -129,5 +136,5 @@ class MagicsPart(Magics):
         return bridge
 
     def start(self) -> None:
-        """Hook what is always on into the shell, once, at load; a magic that waits to be used has
-        nothing to hook here."""
+        """Hook what this magic needs into the shell, once, when its class is first made (at its first
+        use); a magic that waits to be used has nothing to hook here."""

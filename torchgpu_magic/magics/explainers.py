@@ -118,7 +118,7 @@ def marker(count: int, owners: tuple, hint: bool) -> str:
     return f"{dots} {count} frame{'s' if count != 1 else ''} inside {inside}" + (f" ({HINT})" if hint else "")
 
 
-def structured(itb: Any, etype: type, value: BaseException, tb: Any, parts: list) -> Optional[list]:
+def structured(itb: Any, etype: type, value: BaseException, parts: list) -> Optional[list]:
     """IPython's structured traceback (``itb``: the shell's ``InteractiveTB``, in its current mode) of
     the frames ``parts`` shows (from :func:`runs`), with one marker line per collapsed run where it was.
     None when IPython's layout is not the one this splices into (then the caller shows IPython's own)."""
@@ -178,6 +178,7 @@ class Tracebacks:
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
+        self.cell = functools.partial(is_cell_file, shell)  # whether a file name is one of its cells
         self.explainers: list = [explain_mismatch, explain_oom]
         self.explained: Optional[int] = None  # id() of the last exception shown with its explanation
         self._installed = False
@@ -228,10 +229,6 @@ class Tracebacks:
         from ..explain import mismatch, oomerror
 
         source = getattr(getattr(result, "info", None), "raw_cell", "") or ""
-
-        def cell(filename: str) -> bool:
-            return is_cell_file(self.shell, filename)
-
         if not isinstance(error, ValueError) and oomerror.oom_facts(error) is not None:
             what = "out-of-memory error"
             explain = functools.partial(explain_oom, tracebacks=ipython_tracebacks(self.shell))
@@ -240,7 +237,7 @@ class Tracebacks:
         else:
             return
         try:
-            report = explain(error, source, self.shell.user_ns, cell)
+            report = explain(error, source, self.shell.user_ns, self.cell)
         except Exception as exc:  # noqa: BLE001 - an explanation must never add a traceback of its own
             print(f"torchgpu_magic: could not explain this {what} ({type(exc).__name__}: {exc})")
             return
@@ -294,10 +291,7 @@ class Tracebacks:
         for _ in range(offset or 0):
             tb = tb.tb_next if tb is not None else None
         explanation = self._explain(value)
-
-        def cell(filename: str) -> bool:
-            return is_cell_file(shell, filename)
-
+        cell = self.cell
         ours = False
         entry = tb
         while entry is not None and not ours:
@@ -315,7 +309,7 @@ class Tracebacks:
             parts = runs(tb, cell, lambda who: who is not None, skip_hidden)
         else:
             parts = runs(tb, cell, lambda who: who in MACHINERY, skip_hidden)
-        body = structured(itb, etype, value, tb, parts)
+        body = structured(itb, etype, value, parts)
         if body is None:  # a layout this cannot splice into: IPython's own, under the explanation
             body = itb.structured_traceback(etype, value, tb, tb_offset=0) if head else None
         return (head + body if body is not None else None), bool(head)
@@ -328,8 +322,7 @@ class Tracebacks:
         source = getattr(getattr(result, "info", None), "raw_cell", "") or ""
         for explainer in self.explainers:
             try:
-                found = explainer(value, source, self.shell.user_ns,
-                                  lambda filename: is_cell_file(self.shell, filename))
+                found = explainer(value, source, self.shell.user_ns, self.cell)
             except Exception:  # noqa: BLE001 - an explanation must never add a traceback of its own
                 continue
             if found is not None:

@@ -29,35 +29,11 @@ The public names are re-exported here, so callers keep writing ``placement.names
 """
 from __future__ import annotations
 
-from .accounting import (
-    ROLES,
-    Account,
-    account,
-    device_str,
-    devices_of,
-    dtype_str,
-    is_floating,
-    kind_of,
-    storage_key,
-    tensor_nbytes,
-)
+from .accounting import account, device_str, devices_of, dtype_str, kind_of, storage_key
 from .kinds import shape_str
-from .modules import (
-    MAX_MODULE_ROWS,
-    ModuleReport,
-    ModuleRow,
-    OptimizerReport,
-    TensorLine,
-    describe,
-    module_report,
-    optimizer_report,
-    placement_line,
-    tensor_line,
-)
+from .modules import describe, module_report, optimizer_report, placement_line
 from .names import resolve
 from .scan import (
-    SNAPSHOT_CONTAINER_LIMIT,
-    Placed,
     SnapshotCache,
     changed,
     changed_elsewhere,
@@ -66,14 +42,11 @@ from .scan import (
     namespace_snapshot,
     watch_line,
 )
-from .table import DEFAULT_TOP, NamespaceReport, Row, namespace_report
-from .walk import IPYTHON_NAMES
+from .table import DEFAULT_TOP, namespace_report
 
 __all__ = [
-    "DEFAULT_TOP", "IPYTHON_NAMES", "MAX_MODULE_ROWS", "ROLES", "SNAPSHOT_CONTAINER_LIMIT", "Account",
-    "ModuleReport", "ModuleRow", "NamespaceReport", "OptimizerReport", "Placed", "Row", "SnapshotCache",
-    "TensorLine", "account", "names_bound", "changed", "changed_elsewhere", "footer_line", "describe",
-    "device_str", "devices_of", "dtype_str", "is_floating", "kind_of", "module_report", "namespace_report",
+    "DEFAULT_TOP", "SnapshotCache", "account", "names_bound", "changed", "changed_elsewhere", "footer_line",
+    "describe", "device_str", "devices_of", "dtype_str", "kind_of", "module_report", "namespace_report",
     "namespace_snapshot", "optimizer_report", "placement_line", "resolve", "shape_str", "storage_key",
-    "tensor_line", "tensor_nbytes", "watch_line",
+    "watch_line",
 ]

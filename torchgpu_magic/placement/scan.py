@@ -269,9 +269,14 @@ def changed_elsewhere(before: Mapping[str, Placed], touched: Mapping[str, Any], 
     its device here instead of a snapshot entry (after a busy cell each read of a tensor misses the
     CPU's caches)."""
     here = str(device)
-    rest = {name: obj for name, obj in touched.items()
-            if kind_of(obj) != "tensor" or device_str(obj.device) != here}
-    return changed(before, namespace_snapshot(rest, cache))
+    if here in ("cpu", "meta"):  # a flag read, where .device would make a torch.device per tensor
+        flag = "is_cpu" if here == "cpu" else "is_meta"
+        rest = {name: obj for name, obj in touched.items()
+                if kind_of(obj) != "tensor" or not getattr(obj, flag)}
+    else:
+        rest = {name: obj for name, obj in touched.items()
+                if kind_of(obj) != "tensor" or device_str(obj.device) != here}
+    return changed(before, namespace_snapshot(rest, cache)) if rest else []
 
 
 FOOTER_SKIPS = "the default device skips from_numpy, torch.Tensor(), torch.normal, device= and older objects"

@@ -27,12 +27,15 @@ _DEVICE = operator.attrgetter("device")
 _DTYPE = operator.attrgetter("dtype")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _EMPTY: frozenset = frozenset()
+_NONE: tuple = ()  # a leaf's children and a node's notes until it has some: no list per module
 
 
 class ModuleNode:
     """Placement facts of one module's subtree: its devices and dtypes, parameter and buffer elements,
     storage bytes (each storage counted in the first module holding it), trainable elements, notes (tied
-    weights, accelerate), and the number of modules in it."""
+    weights, accelerate), and the number of modules in it. ``children`` and ``notes`` are an empty tuple
+    where there are none (most modules of a big model are leaves without notes): one object per module
+    instead of three, which the garbage collector then walks after the report."""
 
     __slots__ = ("name", "cls", "children", "devices", "dtypes", "params", "buffers", "nbytes",
                  "trainable", "notes", "n_modules")
@@ -40,11 +43,11 @@ class ModuleNode:
     def __init__(self, name: str, cls: str) -> None:
         self.name = name
         self.cls = cls
-        self.children: list = []
+        self.children: Any = _NONE
         self.devices: Any = _EMPTY
         self.dtypes: Any = _EMPTY
         self.params = self.buffers = self.nbytes = self.trainable = 0
-        self.notes: list = []
+        self.notes: Any = _NONE
         self.n_modules = 1
 
 
@@ -198,7 +201,7 @@ class Walk:
             children = module._modules
             if children:
                 prefix = name + "." if name else ""
-                subs = here.children
+                here.children = subs = []
                 n_modules = 1
                 for child_name, child in children.items():
                     if child is not None:
@@ -223,6 +226,10 @@ class Walk:
             return here
 
         tree = node("", root)
+        # the recursive closure refers to itself through its cell: left so, that cycle would keep the
+        # whole walk (every node, every storage tuple) for the garbage collector to find, a full pass
+        # over tens of thousands of objects after each report
+        node = None
         if facts["ties"]:  # tied weights: say where each is counted
             self._tie_notes(root, tree)
         return tree
@@ -242,10 +249,10 @@ class Walk:
         runs_on = execution_device(module)
         self.hooks.append((runs_on, places))
         if places:
-            node.notes.append(f"accelerate: weights on {'+'.join(sorted(places))}, loaded onto {runs_on} "
-                              "for each forward")
+            node.notes = [*node.notes, f"accelerate: weights on {'+'.join(sorted(places))}, loaded onto "
+                                       f"{runs_on} for each forward"]
         elif runs_on is not None and (module._parameters or module._buffers):
-            node.notes.append(f"accelerate: runs on {runs_on}")
+            node.notes = [*node.notes, f"accelerate: runs on {runs_on}"]
 
     @staticmethod
     def _tie_notes(root: Any, tree: ModuleNode) -> None:
@@ -266,4 +273,5 @@ class Walk:
                         continue
                     first = firsts.setdefault(id(tensor), prefix + key)
                     if first != prefix + key and module_name in nodes:
-                        nodes[module_name].notes.append(f"{key} tied to {first} (counted there)")
+                        holder = nodes[module_name]
+                        holder.notes = [*holder.notes, f"{key} tied to {first} (counted there)"]

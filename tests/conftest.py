@@ -58,8 +58,8 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-OWN_PROCESS_SKIP = ("runs in a process of its own (a fresh interpreter or a Jupyter kernel), which "
-                    "the simulated machine does not reach: the same check as in the ordinary leg, which runs it")
+OWN_PROCESS_SKIP = ("runs in a process of its own (a fresh interpreter or a Jupyter kernel), which the "
+                    "simulated machine does not reach: the same check as in the ordinary leg, which runs it")
 
 
 # The tests where the build of torch matters, run again by `make test-cudabuild` (`pytest -m cudabuild`) on a

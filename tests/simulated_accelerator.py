@@ -17,7 +17,6 @@ The simulated H100 (tests/simulated_gpu.py) and the ROCm MI300X (tests/simulated
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -276,8 +275,9 @@ class EventClock:
         return self.timeline.stamp()
 
     @staticmethod
-    def done(moment: Optional[float]) -> bool:
-        return moment is None or time.perf_counter() >= moment
+    def done(timeline: Any, moment: Optional[float]) -> bool:
+        """Whether ``timeline``'s GPU has reached ``moment`` (an event never recorded is done)."""
+        return moment is None or timeline.done(moment)
 
     @staticmethod
     def span_ms(start: float, end: float) -> float:

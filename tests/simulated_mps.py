@@ -29,7 +29,7 @@ from typing import Any, Optional
 import simulated_accelerator
 import torch
 from simulated_accelerator import Backend, EventClock, GiB, Ledger
-from simulated_gpu import Timeline, wait_until
+from simulated_gpu import SimulatedTime, Timeline
 
 CHIP = "Apple M2 Max"
 GPU_CORES = 38
@@ -62,7 +62,8 @@ class SimulatedMPS(Backend):
     device_allocator = False  # torch 2.11: MPSAllocator is not yet a c10::DeviceAllocator
 
     def __init__(self) -> None:
-        self.timeline = Timeline()
+        self.clock = SimulatedTime()  # the installing thread's CPU time plus its waits (simulated_gpu)
+        self.timeline = Timeline(self.clock)
         self.ledger = Ledger(RECOMMENDED)
         self.driver = 0  # what the Metal driver allocated for this process (the allocator's heaps)
         self.events: dict = {}
@@ -72,7 +73,7 @@ class SimulatedMPS(Backend):
         self.generator = torch.Generator()
 
     def reset(self) -> None:
-        self.timeline = Timeline()
+        self.timeline = Timeline(self.clock)
         self.ledger = Ledger(RECOMMENDED)
         self.driver = 0
         self.events.clear()
@@ -106,7 +107,7 @@ class SimulatedMPS(Backend):
         self.timeline.launch(seconds)
 
     def synchronize(self, index: int = 0) -> None:
-        wait_until(self.timeline.busy_until)
+        self.clock.wait_until(self.timeline.busy_until)
 
     def current(self) -> int:
         return 0
@@ -137,12 +138,12 @@ class SimulatedMPS(Backend):
         self.events[ident][1] = self.timeline.stamp()
 
     def query_event(self, ident: int) -> bool:
-        return EventClock.done(self.events[ident][1])
+        return EventClock.done(self.timeline, self.events[ident][1])
 
     def synchronize_event(self, ident: int) -> None:
         moment = self.events[ident][1]
         if moment is not None:
-            wait_until(moment)
+            self.clock.wait_until(moment)
 
     def elapsed(self, start: int, end: int) -> float:
         first, last = self.events[start], self.events[end]
@@ -214,6 +215,11 @@ def install(patch: Any) -> SimulatedMPS:
     simulated_accelerator.wire(patch, sim)
     patch.setenv("PATH", sim.write_sysctl() + os.pathsep + os.environ.get("PATH", ""))
     _forget_apple_facts(patch)
+    from torchgpu_magic.timing import clocks
+
+    # %%cudatime's clocks read host and wall time on the simulated clock, as on the H100
+    for clock in (clocks.EventClock, clocks.SyncClock):
+        patch.setattr(clock, "host_time", staticmethod(sim.clock.now))
     return sim
 
 

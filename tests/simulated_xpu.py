@@ -20,13 +20,12 @@ last_level_cache_size=196608KB, max_compute_units=448, ..., gpu_eu_count=448, gp
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Optional
 
 import simulated_accelerator
 import torch
 from simulated_accelerator import Backend, EventClock, Ledger, MiB
-from simulated_gpu import Timeline, wait_until
+from simulated_gpu import SimulatedTime, Timeline
 
 NAME = "Intel(R) Data Center GPU Max 1100"
 TOTAL = 49136 * MiB
@@ -69,13 +68,14 @@ class SimulatedXPU(Backend):
 
     def __init__(self) -> None:
         self.properties = Properties()
+        self.clock = SimulatedTime()  # the installing thread's CPU time plus its waits (simulated_gpu)
         self.reset()
 
     def reset(self) -> None:
         """XPU not initialised, an idle GPU, nothing allocated (a fresh process, as far as tests can tell)."""
         torch.xpu._initialized = False
         torch.xpu._cached_device_count = None
-        self.timeline = Timeline()
+        self.timeline = Timeline(self.clock)
         self.ledger = Ledger(TOTAL)
         self.index = 0
 
@@ -103,7 +103,7 @@ class SimulatedXPU(Backend):
 
     def synchronize(self, index: int = 0) -> None:
         self._index(index)
-        wait_until(self.timeline.busy_until)
+        self.clock.wait_until(self.timeline.busy_until)
 
     def launch(self, seconds: float) -> None:
         """Queue ``seconds`` of GPU work (a SYCL kernel) on the one queue."""
@@ -162,11 +162,11 @@ def event_class(sim: SimulatedXPU) -> type:
             """One queue: the wait is already in order."""
 
         def query(self) -> bool:
-            return EventClock.done(self.moment)
+            return EventClock.done(sim.timeline, self.moment)
 
         def synchronize(self) -> None:
             if self.moment is not None:
-                wait_until(self.moment)
+                sim.clock.wait_until(self.moment)
 
         def elapsed_time(self, end: Any) -> float:
             if not (self.enable_timing and end.enable_timing):
@@ -189,7 +189,7 @@ def stream_class(sim: SimulatedXPU) -> type:
             self.device = torch.device("xpu", self.device_index)
 
         def query(self) -> bool:
-            return time.perf_counter() >= sim.timeline.busy_until
+            return sim.timeline.done(sim.timeline.busy_until)
 
         def is_capturing(self) -> bool:
             """No XPU graph is being captured (what optimizers ask before a step)."""
@@ -271,4 +271,9 @@ def install(patch: Any) -> SimulatedXPU:
         patch.setattr(module, "Stream", stream_class(sim))
     simulated_accelerator.fresh_caches(patch, xpu, ("get_device_capability",))
     simulated_accelerator.wire(patch, sim)
+    from torchgpu_magic.timing import clocks
+
+    # %%cudatime's clocks read host and wall time on the simulated clock, as on the H100
+    for clock in (clocks.EventClock, clocks.SyncClock):
+        patch.setattr(clock, "host_time", staticmethod(sim.clock.now))
     return sim

@@ -19,7 +19,8 @@ DIST_VENV := .venv-dist
 # InformationOnly kind: nothing to act on) at every install; the installs here leave that one message out.
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: venv demo lab test test-main test-ipython7 test-simulated lint browser-deps dist bench pictures examples clean
+.PHONY: venv demo lab test test-main test-ipython7 test-simulated test-simulated-mps test-simulated-xpu \
+  test-simulated-rocm lint browser-deps dist bench pictures examples clean
 
 # .venv and torch: the torch of $(PYTHON) when it has one (a CUDA build you installed keeps working).
 # Installs for the demo use pip's --no-compile: bytecode is then written on first import for the modules
@@ -105,7 +106,8 @@ lint: $(VENV)/.test
 # when an earlier one failed: one broken leg must not hide what the others would say. It ends with one line
 # per leg (passed or failed, and its seconds) and fails if any leg did. A new leg is a target added to the
 # list (`TEST_LEGS += test-xyz`).
-TEST_LEGS := lint test-main test-ipython7 test-simulated test-cudabuild
+TEST_LEGS := lint test-main test-ipython7 test-simulated test-cudabuild test-simulated-mps test-simulated-xpu \
+  test-simulated-rocm
 
 test: $(VENV)/.test browser-deps
 	@failed=0; summary=; \
@@ -137,6 +139,21 @@ test-simulated: $(VENV)/.test
 	  $(VPY) -m pytest -q --simulate-gpu --ignore=tests/test_browser.py --ignore=tests/test_notebooks.py \
 	    $(PYTEST_ARGS); \
 	else echo "test-simulated: skipped, this torch is a CUDA build: run the gpu-marked tests on its GPU"; fi
+
+# The files where the device matters, again as on an Apple M2 Max Mac (mps), an Intel GPU Max 1100 (xpu)
+# and an AMD MI300X under ROCm with AMD SMI and no NVML (rocm): tests/simulated_mps.py, simulated_xpu.py,
+# simulated_rocm.py put each machine where a GPU build's C extension sits, and every magic is checked on it
+# (tests/test_simulated_machines.py). The real-kernel test of test_oom.py runs in a kernel of its own,
+# which the simulation does not reach. Skipped, with one line, where torch is a build for a GPU.
+SIMULATED_TESTS := tests/test_accelerators.py tests/test_simulated_machines.py tests/test_gpus_backendcauses.py \
+  tests/test_cudatime.py tests/test_gpumem_figures.py tests/test_sampler.py tests/test_holders.py \
+  tests/test_oom.py tests/test_cudamem.py
+test-simulated-mps test-simulated-xpu test-simulated-rocm: test-simulated-%: $(VENV)/.test
+	@if $(VPY) -c 'import sys, torch; sys.exit(torch.accelerator.current_accelerator() is not None)'; then \
+	  echo "$(VPY) -m pytest -q --simulate $* (the files where the device matters)"; \
+	  $(VPY) -m pytest -q -p no:cacheprovider --simulate $* $(SIMULATED_TESTS) \
+	    --deselect tests/test_oom.py::test_in_a_real_kernel $(PYTEST_ARGS); \
+	else echo "test-simulated-$*: skipped, this torch is a build for a GPU: it has its own backend"; fi
 
 # Rebuilt from scratch whenever .venv changes (it is small): the layer, then IPython 7.34 and the package.
 # Jupyter looks for data files (nbconvert's templates, kernelspecs) under sys.prefix/share/jupyter: the

@@ -13,6 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import simulated_legs  # noqa: E402 - found through the path above
+from simulated_legs import simulated_mps, simulated_rocm, simulated_xpu  # noqa: E402, F401 - fixtures
+
 
 def pytest_addoption(parser: Any) -> None:
     parser.addoption(
@@ -20,22 +23,20 @@ def pytest_addoption(parser: Any) -> None:
         help="run as on a machine with one H100 80GB and CUDA 13: torch.cuda answers as it would before any "
              "kernel runs (a real CUDA tensor still fails) and NVML is the scripted h100 scenario; needs a "
              "CPU-only build of torch (tests/simulated_gpu.py)")
+    parser.addoption(
+        "--simulate", choices=sorted(simulated_legs.MACHINES), default=None,
+        help="run as on a simulated machine: h100 (= --simulate-gpu), mps (an M2 Max Mac), xpu (an Intel "
+             "GPU Max 1100), rocm (an AMD MI300X under ROCm); needs a CPU-only build of torch "
+             "(tests/simulated_legs.py)")
 
 
 def pytest_configure(config: Any) -> None:
-    """Under ``--simulate-gpu``, install the simulated H100 before any test (or test module) runs."""
+    """Under ``--simulate-gpu`` / ``--simulate NAME``, install the simulated machine before any test (or
+    test module) runs."""
     config.addinivalue_line("markers", "fresh_process: checks what a new Python process does (a subprocess "
                                        "runs the whole check): the same in every leg of this interpreter")
-    config._simulated_gpu = None
-    if not config.getoption("--simulate-gpu"):
-        return
-    import simulated_gpu
-
-    why = simulated_gpu.usable()
-    if why:
-        raise pytest.UsageError(why)
-    config._simulation_patch = pytest.MonkeyPatch()
-    config._simulated_gpu = simulated_gpu.install(config._simulation_patch)
+    device = simulated_legs.install_for_run(config)
+    config._simulated_gpu = device if config._simulated_machine == "h100" else None
 
 
 def pytest_unconfigure(config: Any) -> None:
@@ -45,9 +46,8 @@ def pytest_unconfigure(config: Any) -> None:
 
 
 def pytest_report_header(config: Any) -> Any:
-    if getattr(config, "_simulated_gpu", None) is not None:
-        return "simulated GPU: one NVIDIA H100 80GB HBM3, CUDA 13.0 (torch.cuda up to the first kernel)"
-    return None
+    machine = getattr(config, "_simulated_machine", None)
+    return f"simulated machine: {simulated_legs.MACHINES[machine]}" if machine else None
 
 
 def _has_cuda() -> bool:
@@ -58,8 +58,8 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-OWN_PROCESS_SKIP = ("runs in a process of its own (a fresh interpreter or a Jupyter kernel), which "
-                    "--simulate-gpu does not reach: the same check as in the ordinary leg, which runs it")
+OWN_PROCESS_SKIP = ("runs in a process of its own (a fresh interpreter or a Jupyter kernel), which the "
+                    "simulated machine does not reach: the same check as in the ordinary leg, which runs it")
 
 
 # The tests where the build of torch matters, run again by `make test-cudabuild` (`pytest -m cudabuild`) on a
@@ -92,15 +92,15 @@ def pytest_itemcollected(item: Any) -> None:
 
 def pytest_collection_modifyitems(config: Any, items: list) -> None:
     """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel), and,
-    under ``--simulate-gpu``, the tests whose whole check runs in a process of its own (`notebook`,
+    under a simulated machine, the tests whose whole check runs in a process of its own (`notebook`,
     `fresh_process`): the simulation lives in this process, so there they would repeat the ordinary leg's
     run exactly, at the price of a torch import or a kernel each."""
-    if config._simulated_gpu is not None:
+    if config._simulated_machine is not None:
         own = pytest.mark.skip(reason=OWN_PROCESS_SKIP)
         for item in items:
             if "notebook" in item.keywords or "fresh_process" in item.keywords:
                 item.add_marker(own)
-        reason = ("needs a real CUDA GPU: --simulate-gpu simulates torch.cuda only up to the first kernel, "
+        reason = ("needs a real CUDA GPU: the simulated machines simulate torch only up to the first kernel, "
                   "and these tests run kernels")
     elif _has_cuda():
         return
@@ -123,6 +123,8 @@ def simulated_gpu(request: Any, monkeypatch: Any) -> Any:
     from torchgpu_magic.gpus import nvml
 
     sim = request.config._simulated_gpu
+    if request.config._simulated_machine not in (None, "h100"):
+        pytest.skip(f"needs the simulated H100; this run simulates {request.config._simulated_machine}")
     if sim is None:
         why = simulated_gpu.usable()
         if why:

@@ -41,6 +41,7 @@ from collections import deque
 from typing import Any, Optional
 
 import fake_pynvml
+import simulated_accelerator
 import simulated_allocator
 import torch
 
@@ -246,6 +247,11 @@ class SimulatedGPU:
         before, self.current = self.current, self._index(device)
         return before
 
+    def maybe_exchange_device(self, device: int) -> int:
+        """``_cuda_maybeExchangeDevice``: here as ``exchange_device``, but its own function, as in torch
+        (torch._dynamo keeps one handler per function and refuses the same one twice)."""
+        return self.exchange_device(device)
+
     def work(self) -> None:
         """Anything that runs on the device creates its primary context."""
         if self.current not in self.contexts:
@@ -344,6 +350,10 @@ def stream_class(sim: SimulatedGPU) -> type:
 
         def synchronize(self) -> None:
             sim.host_sync()
+
+        def is_capturing(self) -> bool:
+            """No CUDA graph is being captured (what optimizers ask torch.accelerator's stream)."""
+            return False
 
         def wait_event(self, event: Any) -> None:
             """One timeline: already in order."""
@@ -475,7 +485,7 @@ def install(patch: Any) -> SimulatedGPU:
         "_cuda_getDevice": lambda: sim.current,
         "_cuda_setDevice": sim.set_device,
         "_cuda_exchangeDevice": sim.exchange_device,
-        "_cuda_maybeExchangeDevice": sim.exchange_device,
+        "_cuda_maybeExchangeDevice": sim.maybe_exchange_device,
         "_cuda_synchronize": sim.synchronize,
         "_cuda_sleep": sim.sleep,
         "_cuda_set_sync_debug_mode": sim.set_debug_mode,
@@ -501,7 +511,7 @@ def install(patch: Any) -> SimulatedGPU:
     patch.setattr(cuda, "_device_count_nvml", lambda: -1)
     patch.setattr(cuda, "_get_device_properties", sim.get_properties, raising=False)
     patch.setattr(cuda, "_exchange_device", sim.exchange_device)
-    patch.setattr(cuda, "_maybe_exchange_device", sim.exchange_device)
+    patch.setattr(cuda, "_maybe_exchange_device", sim.maybe_exchange_device)
     patch.setattr(cuda, "default_generators", (torch.Generator(),))
     for module in (cuda, cuda.streams):
         patch.setattr(module, "Event", event_class(sim))
@@ -517,4 +527,5 @@ def install(patch: Any) -> SimulatedGPU:
     real_exists = processes._pid_exists
     patch.setattr(processes, "_pid_exists",
                   lambda pid: pid not in sim.memory.host_pids() and real_exists(pid))
+    simulated_accelerator.wire(patch, simulated_accelerator.CudaBackend())  # torch.accelerator over it
     return sim

@@ -424,10 +424,11 @@ def test_fit_for_a_gpu_leaves_a_margin_and_says_so(mip):
 
 def _generation_line() -> str:
     """What the report says of the GPU generation it predicted for: this machine's GPU (cuda:0, as
-    ``--predict cuda`` resolves it) where torch sees one, else unknown."""
+    ``--predict cuda`` resolves it) where torch sees one, else unknown (also on ROCm: a gfx target has no
+    CUDA compute capability)."""
     import torch
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or torch.version.hip:
         return "GPU generation: unknown (name it with --arch)"
     major, minor = torch.cuda.get_device_capability(0)
     return f"(sm_{major}{minor}, this GPU)"

@@ -41,10 +41,10 @@ def test_device_specs(spec, parsed):
     assert targets.parse_device(spec) == parsed
 
 
-@pytest.mark.parametrize("spec", [pytest.param("gpu", id="the-word-gpu"), "cuda:x", "cpu:1", "mps", "meta",
+@pytest.mark.parametrize("spec", [pytest.param("gpu", id="the-word-gpu"), "cuda:x", "cpu:1", "npu", "meta",
                                   ""])
 def test_devices_it_cannot_predict_for_are_refused_in_one_line(spec):
-    with pytest.raises(MagicInputError, match="it takes cpu, cuda or cuda:N"):
+    with pytest.raises(MagicInputError, match="it takes cpu, cuda, cuda:N, mps, xpu or xpu:N"):
         targets.parse_device(spec)
 
 

@@ -301,7 +301,7 @@ def test_syntax_error_is_shown_from_the_users_text(tip, code, line, text):
 def test_devices_error_lists_only_devices_it_takes(tip):
     from torchgpu_magic import devices
 
-    takes = ", ".join([d for d in devices.available_devices() if d != "meta"] + ["auto"])
+    takes = ", ".join([devices.option_name(d) for d in devices.available_devices() if d != "meta"] + ["auto"])
     for spec in ("bogus", "mps:7", "gpu", "meta"):
         error = run_error(tip, f"%cudatime {FAST} --devices {spec} 1 + 1")
         assert isinstance(error, UsageError) and str(error).startswith("%cudatime: --devices: ")

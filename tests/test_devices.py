@@ -163,8 +163,9 @@ OPTIONS = [
     ("%%cudatime --cluster nowhere --devices {spec}\nx = 1", "%%cudatime: --devices: ",
      ("auto", "local", "cpu", "cuda", "mps", "xpu"), False),
     ("%%cudamem {spec}\nx = 1", "%%cudamem: ", ("cpu", "cuda", "mps", "xpu"), True),
-    ("%%cudamem --predict {spec}\nx = 1", "%%cudamem: --predict: ", ("cpu", "cuda"), False),
-    ("%%cudamem --fit x --capacity 1GiB {spec}\nx = 1", "%%cudamem: --predict: ", ("cpu", "cuda"), False),
+    ("%%cudamem --predict {spec}\nx = 1", "%%cudamem: --predict: ", ("cpu", "cuda", "mps", "xpu"), False),
+    ("%%cudamem --fit x --capacity 1GiB {spec}\nx = 1", "%%cudamem: --predict: ",
+     ("cpu", "cuda", "mps", "xpu"), False),
     ("%gpumem holders {spec}", "%gpumem: ", ("cpu", "cuda", "mps", "xpu"), True),
     ("%whereis --device {spec}", "%whereis: --device: ", devices.KINDS, True),
 ]

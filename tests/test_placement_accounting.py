@@ -195,6 +195,7 @@ def test_pinned_is_no_without_a_cuda_context_and_never_asks_torch(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     assert bydesign.pinned(NeverAsk(), "cpu") == "no"
+    _script_cuda()
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # initialised, but no context yet
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda index: False, raising=False)
@@ -202,7 +203,16 @@ def test_pinned_is_no_without_a_cuda_context_and_never_asks_torch(monkeypatch):
     assert bydesign.pinned(NeverAsk(), "cuda:0") == "-"
 
 
+def _script_cuda() -> None:
+    """The device layer remembers a CPU-only build once it has seen one (it asks around every cell); a
+    test that scripts torch.cuda as a CUDA build's makes it forget, so that the script is what it asks."""
+    from torchgpu_magic import caches
+
+    caches.reset_caches()
+
+
 def test_pinned_asks_torch_once_a_gpu_has_a_context_and_is_by_design(monkeypatch):
+    _script_cuda()
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda index: index == 1, raising=False)

@@ -145,7 +145,28 @@ def _gpu_reports(fake_nvml):
     busy = fake_nvml("h100_busy").machine.gpus[0].uuid
     reports = [inventory.build_report(view_fn=lambda: cuda_view([bare(busy)]))]
     fake_nvml("gpu_lost")
-    return reports + [inventory.build_report(view_fn=lambda: inventory.TorchView(version="2.13.0+cpu"))]
+    return reports + [inventory.build_report(view_fn=lambda: inventory.TorchView(version="2.13.0+cpu"))] \
+        + _accelerator_reports()
+
+
+def _accelerator_reports():
+    """%gpuinfo's report where NVML does not see the GPU: an MI300X torch uses (AMD SMI's figures, a
+    process, a warning), and a Mac whose torch cannot use MPS (the reason, no GPU rows)."""
+    from torchgpu_magic.gpus.accelerated import AcceleratorReport, DeviceRow
+    from torchgpu_magic.gpus.causes import Diagnosis
+
+    mi300x = DeviceRow("cuda:0", "AMD Instinct MI300X", "gfx942", 304, 192 * 1024 * MiB, 4 * MiB, 6 * MiB,
+                       5 * MiB, used=900 * MiB, total=192 * 1024 * MiB, utilization=3, temperature=41,
+                       power=140.0, processes=[(4242, "python", 600 * MiB, True)])
+    gpu_less = DeviceRow(None, "AMD Instinct MI300X")
+    rocm = AcceleratorReport("ROCm", "2.13.0+rocm6.4", "ROCm, HIP 6.4", [("AMD GPUs (AMD SMI)", "2")],
+                             [mi300x, gpu_less], [], {"HIP_VISIBLE_DEVICES": "0"}, ["a note"],
+                             [Diagnosis("gfx", "gfx942 is not in this build", "install a build for it")],
+                             pid=4242)
+    mac = AcceleratorReport("MPS", "2.13.0", "no MPS", [("chip", "Apple M2 Max")], [],
+                            [Diagnosis("no_mps", "this torch has no MPS", "pip install torch")],
+                            {"PYTORCH_MPS_HIGH_WATERMARK_RATIO": None}, show_processes=False, pid=1)
+    return [rocm, mac]
 
 
 def _memory_reports():

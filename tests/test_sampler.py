@@ -222,7 +222,7 @@ def test_peaks_fold_samples_and_cells():
                                (memory.CellGPU(0, 0, 3 * MiB),))
     sampler.note_cell(record)
     assert sampler.sample_now().host.peak_rss == first.host.rss + 512 * MiB
-    assert sampler._peaks[0] == 3 * MiB
+    assert sampler._peaks["cuda:0"] == 3 * MiB
     sampler.reset_peaks()
     assert sampler.latest.host.peak_rss < first.host.rss + 512 * MiB
 
@@ -240,34 +240,39 @@ def test_hundred_start_stop_cycles_leave_no_thread():
 
 
 class _ScriptedCuda:
-    """torch.cuda's allocator counters on scripted figures: allocations of known size, exact."""
+    """The device layer's allocator figures for one initialised cuda:0, on scripted figures: allocations
+    of known size, exact (what accelerators.allocated / peak / reset_peak read from torch)."""
 
     def __init__(self) -> None:
-        self.allocated = 0
-        self.peak = 0
+        self.allocated_bytes = 0
+        self.peak_bytes = 0
 
-    def device_count(self) -> int:
+    def initialised_kinds(self) -> list:
+        return ["cuda"]
+
+    def device_count(self, kind: str) -> int:
         return 1
 
-    def memory_allocated(self, index: int) -> int:
-        return self.allocated
+    def allocated(self, device: tuple) -> int:
+        return self.allocated_bytes
 
-    def max_memory_allocated(self, index: int) -> int:
-        return self.peak
+    def peak(self, device: tuple) -> int:
+        return self.peak_bytes
 
-    def reset_peak_memory_stats(self, index: int) -> None:
-        self.peak = self.allocated
+    def reset_peak(self, device: tuple) -> bool:
+        self.peak_bytes = self.allocated_bytes
+        return True
 
     def alloc(self, n: int) -> None:
-        self.allocated += n
-        self.peak = max(self.peak, self.allocated)
+        self.allocated_bytes += n
+        self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
 
 
 def test_records_across_1000_cells_are_bounded_in_order_and_exact(monkeypatch):
     import tracemalloc
 
     cuda = _ScriptedCuda()
-    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    monkeypatch.setattr(sampler_module, "accelerators", cuda)
     log = memory.CellLog(keep=100)
 
     def cells(first: int, count: int) -> None:
@@ -349,7 +354,7 @@ def test_host_counters_agree_with_psutil_and_reset_the_peak():
 def test_cell_nvml_delta_is_this_process_usage_after_minus_before(fake_nvml, monkeypatch):
     module = fake_nvml("h100_busy")
     cuda = _ScriptedCuda()
-    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    monkeypatch.setattr(sampler_module, "accelerators", cuda)
     log = memory.CellLog(targets=[memory.GPUTarget(0, 0, "NVIDIA H100 80GB HBM3")])
     log.start()
     cuda.alloc(2 * MiB)
@@ -370,7 +375,7 @@ def test_cell_nvml_delta_on_a_mig_slice_asks_the_slice(fake_nvml, monkeypatch):
     mine = fake_pynvml.FakeProcess(os.getpid(), 1024 * MiB, gpuInstanceId=2, computeInstanceId=0)
     gpu.compute.append(mine)
     cuda = _ScriptedCuda()
-    monkeypatch.setattr(sampler_module, "initialised_cuda", lambda: cuda)
+    monkeypatch.setattr(sampler_module, "accelerators", cuda)
     slice_uuid = gpu.migs[1].uuid
     log = memory.CellLog(targets=[memory.GPUTarget(0, 0, "MIG 3g.20gb", slice_uuid)])
     log.start()

@@ -21,6 +21,18 @@ def test_storage_identity_is_shared_by_views_and_differs_between_tensors():
     assert isinstance(key, int)
 
 
+def test_a_backend_is_linked_only_where_its_device_guard_is(monkeypatch):
+    """The simulated Mac and Intel GPU script torch's flags (``_has_mps``, ``_has_xpu``), not its device
+    guards: there fake mps / xpu tensors would abort the process, and backend_linked must say no."""
+    assert torchapi.backend_linked("cuda") == torchapi.cuda_compiled()
+    assert torchapi.backend_linked("npu") is False
+    if torch.version.cuda is None and not torch._C._has_mps and not torch._C._has_xpu:  # a CPU build
+        assert not torchapi.backend_linked("mps") and not torchapi.backend_linked("xpu")
+        monkeypatch.setattr(torch._C, "_has_mps", True)
+        monkeypatch.setattr(torch._C, "_has_xpu", True)
+        assert not torchapi.backend_linked("mps") and not torchapi.backend_linked("xpu")
+
+
 def test_cuda_facts_answer_without_creating_a_context():
     assert isinstance(torchapi.cuda_compiled(), bool)
     counter = torchapi.cuda_device_counter()

@@ -19,10 +19,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
 
-    from .gpus.inventory import build_report
+    from .gpus.accelerated import gpu_report
 
     try:
-        report = build_report(index=args.index, show_processes=not args.no_processes)
+        report = gpu_report(index=args.index, show_processes=not args.no_processes)
     except MagicInputError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2

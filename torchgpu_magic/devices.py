@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from . import accelerators
 from .caches import cache, table
 from .errors import MagicInputError
 from .torchapi import cuda_device_counter, function_mode_depth
@@ -198,16 +199,11 @@ def parse_dtype(name: str) -> Any:
 
 
 def synchronize(device: Any) -> None:
-    """Wait for the work queued on ``device`` (no-op on cpu and meta, whose work is already done)."""
+    """Wait for the work queued on ``device`` (no-op on cpu and meta, whose work is already done): the
+    device layer's synchronize (torch.accelerator's where torch has it)."""
     import torch
 
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "xpu":
-        torch.xpu.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+    accelerators.synchronize(torch.device(device))
 
 
 # ---- switching and restoring ---------------------------------------------------------------------
@@ -254,11 +250,9 @@ def current_state() -> DeviceState:
     # An initialised backend has a device, so is_initialized() alone decides, and it asks nothing else
     # (counting devices asks NVML before CUDA starts): %%ontorch captures this around every cell.
     current = []
-    if torch.cuda.is_initialized():
-        current.append(("cuda", torch.cuda.current_device()))
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_initialized():
-        current.append(("xpu", xpu.current_device()))
+    for kind in ("cuda", "xpu"):
+        if (_cuda_count() if kind == "cuda" else _xpu_count()) and accelerators.initialised(kind) is not None:
+            current.append((kind, accelerators.current_index(kind)))
     return DeviceState(_raw_default_device(), torch.get_default_dtype(), tuple(current))
 
 
@@ -361,10 +355,7 @@ def _count_of(is_available: Any, device_count: Any, counter: Any, visible: Optio
 
 
 def _xpu_count() -> int:
-    import torch
-
-    xpu = getattr(torch, "xpu", None)
-    return xpu.device_count() if xpu is not None and xpu.is_available() else 0
+    return accelerators.device_count("xpu")
 
 
 def _mps_built() -> bool:
@@ -374,14 +365,11 @@ def _mps_built() -> bool:
 
 
 def _mps_available() -> bool:
-    import torch
-
-    return bool(torch.backends.mps.is_available())
+    return accelerators.device_count("mps") > 0
 
 
 def _current_index(kind: str) -> int:
-    module = _module(kind)
-    return module.current_device() if module.is_initialized() else 0
+    return accelerators.current_index(kind)
 
 
 def _auto() -> Any:

@@ -86,6 +86,22 @@ def cuda_compiled() -> bool:
     return bool(getattr(torch._C, "_has_cuda", False))
 
 
+def backend_linked(kind: str) -> bool:
+    """Whether this torch's C library carries ``kind``'s device support (its device guard), so that even a
+    fake tensor of that device can go through autograd (without it torch calls ``terminate``): CUDA and
+    ROCm by ``torch._C._has_cuda``; XPU by the C type of its device properties, which only an XPU build
+    registers; MPS by ``torch._C._has_mps`` on macOS, the only system with an MPS build."""
+    import torch
+
+    if kind == "cuda":
+        return cuda_compiled()
+    if kind == "xpu":
+        return hasattr(torch._C, "_XpuDeviceProperties")
+    if kind == "mps":
+        return bool(getattr(torch._C, "_has_mps", False)) and sys.platform == "darwin"
+    return False
+
+
 def cuda_device_counter() -> Optional[Callable[[], int]]:
     """The C extension's own count of CUDA devices (what ``torch.cuda.device_count`` asks beneath its
     caches), or None on a build without it. Its identity changes when a stand-in replaces it."""

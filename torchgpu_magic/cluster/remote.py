@@ -250,17 +250,13 @@ def ping() -> dict:
 def gpuinfo(show_processes: bool = True) -> dict:
     """This engine's ``%gpuinfo`` report as data, plus what a cluster view needs besides: the GPUs its
     PID uses (from NVML's process lists), torch's current CUDA device, the local-rank variables."""
-    import torch
-
-    from .. import __version__
+    from .. import __version__, accelerators
     from ..gpus import inventory
 
     report = inventory.build_report(show_processes=True)
     pid = os.getpid()
     using = [g.nvml_index for g in report.gpus if any(p.pid == pid for p in g.processes)]
-    current = None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        current = torch.cuda.current_device()
+    current = accelerators.current_index("cuda") if accelerators.cuda_state() == "initialised" else None
     data = report.to_dict()
     if not show_processes:
         for gpu in data["gpus"]:
@@ -466,18 +462,19 @@ def _host_gpus() -> list:
 
 
 def cell_peaks(reset: bool = True) -> dict:
-    """The peaks since the last call (a notebook cell): torch's peak allocated bytes per CUDA device
-    and the process's peak RSS; reset afterwards so the next call sees the next cell only."""
-    import torch
-
-    from .. import host
+    """The peaks since the last call (a notebook cell): torch's peak allocated bytes per accelerator
+    device (where torch keeps one) and the process's peak RSS; reset afterwards so the next call sees
+    the next cell only."""
+    from .. import accelerators, host
 
     gpus = {}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for index in range(torch.cuda.device_count()):
-            gpus[f"cuda:{index}"] = int(torch.cuda.max_memory_allocated(index))
-            if reset:
-                torch.cuda.reset_peak_memory_stats(index)
+    for kind in accelerators.initialised_kinds():
+        for index in range(accelerators.device_count(kind)):
+            peak = accelerators.peak((kind, index))
+            if peak is not None:
+                gpus[f"{kind}:{index}"] = int(peak)
+                if reset:
+                    accelerators.reset_peak((kind, index))
     rss = host.peak_rss()
     if reset:
         host.reset_peak_rss()

@@ -21,6 +21,7 @@ import traceback
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Optional
 
+from .. import accelerators
 from ..errors import MagicInputError
 from ..render import fmt_bytes
 from ..torchapi import FAKE_TENSOR_LOGGER, fake_tensor_class, fake_tensor_mode_class
@@ -205,7 +206,8 @@ def _limits(target: Target) -> list:
         out.append("cuDNN workspaces (convolutions), kernels CUDA loads into its context as the step runs, "
                    "fragmentation beyond the allocator's rules when memory runs short, other processes")
     else:
-        out.append("the cpu allocator's own overhead and fragmentation; memory outside tensors")
+        out.append(f"the {target.kind} allocator's own rounding, caching and fragmentation; memory outside "
+                   "tensors")
     if not target.native:
         out.append(f"kernel choices that differ between cpu and {target.kind} beyond those emulated "
                    f"(autocast's casts, attention, dropout, optimizer foreach): LSTM / GRU's cuDNN kernels, "
@@ -241,6 +243,9 @@ def predict(code: Any, filename: str, ns: Mapping[str, Any], names: list, target
         allowances.append(dict(what=context.what, nbytes=context.nbytes, source=context.source,
                                in_allocator=False))
         notes.insert(0, f"GPU generation: {describe_arch(cc, cc_source)}")
+        if accelerators.is_rocm():
+            notes.insert(1, "ROCm: the allowances are CUDA's figures (its context, cuBLAS workspaces); HIP's "
+                            "runtime and hipBLAS hold their own, not measured here")
         notes.insert(1, f"allocated and reserved: every tensor through a model of {ALLOCATOR_SOURCE}")
     version = version_note()
     if version:

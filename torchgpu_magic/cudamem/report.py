@@ -126,7 +126,7 @@ class CellMemory(Reportable):
         else:
             lines.append(f"needs {fmt_bytes(self.needs)}; {self.verdict()}")
         if self.torch_max_allocated is not None:
-            lines.append(f"torch.cuda.max_memory_allocated during the cell: "
+            lines.append(f"torch's max_memory_allocated during the cell: "
                          f"{fmt_bytes(self.torch_max_allocated)} ({fmt_bytes(self.torch_allocated_before)} "
                          f"allocated before it, tracked or not)")
         if self.other_devices:

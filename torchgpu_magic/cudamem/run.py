@@ -22,6 +22,7 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Optional
 
+from .. import accelerators
 from ..errors import MagicInputError
 from ..torchapi import mem_tracker_class
 from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger, category_of
@@ -382,7 +383,7 @@ def measure(run: Callable[[], Any], values: list, device: Optional[str], top: in
     import torch
 
     objects = find_objects(values)
-    before = _reset_cuda_peaks()
+    before = _reset_peaks()
     start = time.perf_counter()
     ledgers, rows, fqns = run_tracked(
         run, objects, lambda name: Ledger(CachingAllocatorModel() if name.startswith("cuda") else None),
@@ -395,9 +396,12 @@ def measure(run: Callable[[], Any], values: list, device: Optional[str], top: in
     ledger = ledgers[chosen]
     extra: dict = {"top": top, "seconds": seconds, "notes": [n for n in [version_note()] if n],
                    "other_devices": {d: led.peak for d, led in ledgers.items() if d != chosen}}
-    if chosen.startswith("cuda") and chosen in before:
-        extra["torch_max_allocated"] = torch.cuda.max_memory_allocated(chosen)
+    if chosen in before:
+        extra["torch_max_allocated"] = accelerators.peak(chosen)
         extra["torch_allocated_before"] = before[chosen]
+    elif chosen.startswith("mps"):
+        extra["notes"].append("torch keeps no peak on MPS (torch.mps has current and driver-allocated "
+                              "memory only): the tracked peak is the one figure")
     if chosen.startswith("cuda"):
         extra["notes"].insert(0, f"allocated and reserved: every tensor through a model of "
                                  f"{ALLOCATOR_SOURCE}")
@@ -407,22 +411,20 @@ def measure(run: Callable[[], Any], values: list, device: Optional[str], top: in
     return report("measured", chosen, how, ledger, rows.get(chosen, []), fqns, **extra)
 
 
-def _reset_cuda_peaks() -> dict:
-    """``{'cuda:0': allocated now}`` for each CUDA device torch has initialised in this process, whose
-    peak counter is reset so that ``max_memory_allocated`` afterwards is the cell's; {} without CUDA.
-    (This changes what the user's own ``max_memory_allocated`` reports, as ``%gpumem`` does.)"""
-    import torch
-
+def _reset_peaks() -> dict:
+    """``{'cuda:0': allocated now}`` for each accelerator device torch has initialised in this process and
+    keeps a peak for, whose peak counter is reset so that ``max_memory_allocated`` afterwards is the
+    cell's; {} without one. (This changes what the user's own ``max_memory_allocated`` reports, as
+    ``%gpumem`` does.)"""
+    before = {}
     try:
-        if not torch.cuda.is_initialized():
-            return {}
-        before = {}
-        for index in range(torch.cuda.device_count()):
-            before[f"cuda:{index}"] = torch.cuda.memory_allocated(index)
-            torch.cuda.reset_peak_memory_stats(index)
-        return before
-    except Exception:  # noqa: BLE001 - a scripted or broken CUDA: no allocator figures
+        for kind in accelerators.initialised_kinds():
+            for index in range(accelerators.device_count(kind)):
+                if accelerators.reset_peak((kind, index)):
+                    before[f"{kind}:{index}"] = accelerators.allocated((kind, index))
+    except Exception:  # noqa: BLE001 - a scripted or broken backend: no allocator figures
         return {}
+    return before
 
 
 def _match_device(wanted: str, ledgers: dict) -> str:

@@ -24,11 +24,12 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from .. import accelerators
 from ..errors import MagicInputError
-from ..torchapi import cuda_compiled, cuda_device_counter, has_primary_context
+from ..torchapi import backend_linked, cuda_compiled, cuda_device_counter, has_primary_context
 from .allocator import GIB, KIB, MIB
 
-TARGET_KINDS = ("cpu", "cuda")
+TARGET_KINDS = ("cpu", "cuda", "mps", "xpu")
 """The device types ``--predict`` and ``--fit`` predict for."""
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -74,6 +75,9 @@ class Target:
         """How the figures are obtained, in words a report shows."""
         if self.native:
             return f"FakeTensorMode on fake {self.device} tensors"
+        if self.kind != "cuda":  # no model of MPS's heaps or XPU's allocator: tensors' own bytes
+            return (f"FakeTensorMode on fake cpu tensors standing in for {self.device} ({self.why}); "
+                    f"tensor bytes as the {self.kind} allocator is asked for them")
         return (f"FakeTensorMode on fake cpu tensors standing in for {self.device} ({self.why}); "
                 f"the {self.kind} allocator accounted by torchgpu_magic")
 
@@ -95,8 +99,8 @@ def parse_device(spec: str, option: str = "DEVICE") -> tuple:
     text = str(spec).strip().strip("'\"").lower()
     found = re.fullmatch(r"([a-z]+)(?::(\d+))?", text)
     if found is None or found.group(1) not in TARGET_KINDS or (found.group(1) == "cpu" and found.group(2)):
-        raise MagicInputError(f"{option} {spec!r} is not a device this can predict for; it takes cpu, cuda "
-                              f"or cuda:N (a GPU you need not have)")
+        raise MagicInputError(f"{option} {spec!r} is not a device this can predict for; it takes cpu, cuda, "
+                              f"cuda:N, mps, xpu or xpu:N (a GPU you need not have)")
     return found.group(1), (int(found.group(2)) if found.group(2) is not None else None)
 
 
@@ -104,7 +108,7 @@ def _cuda_runtime_devices() -> int:
     """How many GPUs this torch's CUDA runtime sees, read from its C flags: 0 on a build without CUDA."""
     import torch
 
-    if not cuda_compiled() or torch.version.cuda is None:
+    if not cuda_compiled() or (torch.version.cuda is None and torch.version.hip is None):
         return 0
     count = cuda_device_counter()
     try:
@@ -131,6 +135,12 @@ def resolve_target(spec: str, option: str = "DEVICE") -> Target:
     device = kind if index is None else f"{kind}:{index}"
     if kind == "cpu":
         return Target(device, kind, None, "cpu", True)
+    if kind != "cuda":
+        if backend_linked(kind) and accelerators.device_count(kind) > (index or 0):
+            return Target(device, kind, index, device, True)
+        return Target(device, kind, index, "cpu", False,
+                      f"this torch {torch.__version__} cannot run fake {kind} tensors here" if not
+                      backend_linked(kind) else f"torch sees no {device} here")
     count = _cuda_runtime_devices()
     if count > (index or 0) and _has_context(index or 0):
         return Target(device, kind, index, device, True)
@@ -187,9 +197,21 @@ def generation(cc: Optional[tuple]) -> Optional[str]:
 def device_facts(target: Target) -> tuple:
     """``(capacity, source, compute capability)`` of the target where torch knows the device (a GPU
     here, as torch reports it), else ``(None, None, None)``. Never creates a CUDA context:
-    ``torch.cuda.get_device_properties`` reads the driver's device table."""
+    ``torch.cuda.get_device_properties`` reads the driver's device table. MPS's capacity is Metal's
+    working-set limit (unified memory: the share of RAM the GPU may use); XPU's its total memory. A ROCm
+    GPU has no CUDA compute capability: its generation is left to --arch."""
     import torch
 
+    if target.kind == "mps":
+        limit = accelerators.working_set_limit()
+        source = ("torch.mps.recommended_max_memory(): Metal's recommendedMaxWorkingSetSize, the share of "
+                  "unified memory the GPU may use")
+        return (limit, source, None) if limit is not None else (None, None, None)
+    if target.kind == "xpu":
+        if not accelerators.device_count("xpu") > (target.index or 0):
+            return None, None, None
+        facts = accelerators.facts(("xpu", target.index or 0))
+        return facts.memory, f"torch.xpu.get_device_properties().total_memory ({facts.name})", None
     if target.kind != "cuda":
         return None, None, None
     index = target.index if target.index is not None else 0
@@ -198,7 +220,8 @@ def device_facts(target: Target) -> tuple:
             return None, None, None
         props = torch.cuda.get_device_properties(index)
         source = f"torch.cuda.get_device_properties({index}).total_memory ({props.name})"
-        return int(props.total_memory), source, (int(props.major), int(props.minor))
+        cc = None if accelerators.is_rocm() else (int(props.major), int(props.minor))
+        return int(props.total_memory), source, cc
     except Exception:  # noqa: BLE001 - a GPU torch cannot describe: no capacity, said in the report
         return None, None, None
 

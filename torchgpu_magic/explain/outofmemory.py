@@ -95,8 +95,10 @@ def _explain(facts: Any, ns: Mapping[str, Any], tracebacks: list, cell_source: s
     device = state.device
     holders = device_holders(holdings, device, state)
     total = state.total if state.total is not None else facts.total
+    if state.kind == "mps" and facts.limit is not None:  # the allocator's high watermark is MPS's cap
+        total = facts.limit
     too_big = facts.asked is not None and total is not None and facts.asked > total
-    advice = _ask_less(facts, holdings, device, state, cell_source)
+    advice = _ask_less(facts, holdings, device, state, cell_source) + mps_watermark(facts, state)
     if too_big:
         has = (f"this process may use on {device} ({fmt_bytes(total)}, {state.limit})" if state.limit
                else f"{device} has in all ({fmt_bytes(total)})")
@@ -215,6 +217,29 @@ def _gradients(holdings: Holdings, device: str) -> list:
     return [(size, f"{name}.zero_grad(set_to_none=True) (set_to_none=True is the default since torch 2.0) "
                    f"frees the gradients after each step: {fmt_bytes(size)} now")
             for name, size in freed.items()]
+
+
+def mps_watermark(facts: Any, state: Any) -> list:
+    """MPS's allocator refuses past its high watermark (1.7 x Metal's working-set limit unless
+    PYTORCH_MPS_HIGH_WATERMARK_RATIO says otherwise): raising it is advice only with its risk, and none
+    where the Mac's memory could not hold the request anyway."""
+    if state.kind != "mps" or facts.limit is None:
+        return []
+    from ..gpus.apple import mac_facts
+
+    mac = mac_facts(torch_has_mps=True)
+    memory = mac.memory if mac is not None else None
+    needed = (state.allocated or 0) + (facts.asked or 0)
+    if memory is not None and needed > memory:
+        return [(None, f"the Mac has {fmt_bytes(memory)} of unified memory in all, less than the "
+                       f"{fmt_bytes(needed)} allocated and asked: no allocator limit (PYTORCH_MPS_HIGH_"
+                       "WATERMARK_RATIO) makes room; ask for less")]
+    limit = f"working-set limit ({fmt_bytes(state.total)})" if state.total else "working-set limit"
+    return [(None, f"PYTORCH_MPS_HIGH_WATERMARK_RATIO, set before torch is imported (restart the kernel), "
+                   f"raises the allocator's limit of {fmt_bytes(facts.limit)} (its ratio to Metal's "
+                   f"{limit}; 1.7 by default, 0.0 for none). Only with its risk: past that limit macOS "
+                   "pages GPU memory out, everything slows down, and with no limit the whole system can "
+                   "hang (torch's own words: 'may cause system failure'). Asking for less is safer")]
 
 
 def _ask_less(facts: Any, holdings: Holdings, device: str, state: Any, source: str = "") -> list:

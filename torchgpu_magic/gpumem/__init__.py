@@ -1,4 +1,5 @@
-"""``%gpumem``'s core: this process's memory seen by NVML and torch's allocator, sampled and kept per cell.
+"""``%gpumem``'s core: this process's memory seen by the driver (NVML, AMD SMI, MPS's driver-allocated
+memory) and torch's allocator, sampled and kept per cell.
 
 - :mod:`.figures`: one sample of host memory and every watched GPU (NVML's view and torch's allocator,
   side by side, with the gaps between them), and the GPUs to watch;
@@ -15,7 +16,15 @@ or imports torch, IPython or ``%%cudamem``'s code.
 """
 from __future__ import annotations
 
-from .figures import GPUMemory, GPUTarget, MemorySnapshot, collect, nvml_targets, targets_from
+from .figures import (
+    GPUMemory,
+    GPUTarget,
+    MemorySnapshot,
+    accelerator_targets,
+    collect,
+    nvml_targets,
+    targets_from,
+)
 from .records import CellGPU, CellRecord, CellRecords
 from .sampler import (
     DEFAULT_INTERVAL,
@@ -30,6 +39,6 @@ from .sampler import (
 
 __all__ = [
     "DEFAULT_INTERVAL", "HISTORY_SECONDS", "MAX_INTERVAL", "MIN_INTERVAL", "THREAD_NAME", "CellGPU",
-    "CellLog", "CellRecord", "CellRecords", "GPUMemory", "GPUTarget", "MemorySnapshot", "Sampler", "collect",
-    "nvml_targets", "targets_from", "validate_interval",
+    "CellLog", "CellRecord", "CellRecords", "GPUMemory", "GPUTarget", "MemorySnapshot", "Sampler",
+    "accelerator_targets", "collect", "nvml_targets", "targets_from", "validate_interval",
 ]

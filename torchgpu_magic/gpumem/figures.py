@@ -24,28 +24,33 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
+from .. import accelerators
 from ..accelerators import cuda_state, torch_figures
 from ..host import HostMemory, host_memory
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, is_na
+from .records import device_label
 
 
 # ---- figures ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GPUTarget:
-    """One GPU to watch: torch's index (None when torch cannot see it) and NVML's index (None when NVML
-    cannot see it), matched by gpumap (by UUID, so CUDA_VISIBLE_DEVICES reordering is right)."""
+    """One GPU to watch: torch's index on device type ``kind`` (None when torch cannot see it) and NVML's
+    index (None when NVML cannot see it), matched by gpumap (by UUID, so CUDA_VISIBLE_DEVICES reordering
+    is right); on ROCm, AMD SMI's index instead of NVML's; on MPS and XPU neither (torch's figures)."""
 
     torch_index: Optional[int]
     nvml_index: Optional[int]
     name: str = ""
     mig_uuid: Optional[str] = None  # the MIG instance torch uses: NVML is asked about it, not the GPU
+    kind: str = "cuda"
+    amdsmi_index: Optional[int] = None
 
     @property
     def label(self) -> str:
-        """'cuda:0' when torch sees it, else 'nvml:3'."""
+        """'cuda:0', 'xpu:0' or 'mps' when torch sees it, else 'nvml:3' / 'amdsmi:1'."""
         if self.torch_index is not None:
-            return f"cuda:{self.torch_index}"
-        return f"nvml:{self.nvml_index}"
+            return device_label(self.kind, self.torch_index)
+        return f"nvml:{self.nvml_index}" if self.nvml_index is not None else f"amdsmi:{self.amdsmi_index}"
 
 
 def targets_from(mappings: Sequence[Any]) -> list[GPUTarget]:
@@ -73,6 +78,26 @@ def nvml_targets(state: str) -> list[GPUTarget]:
         targets.append(GPUTarget(position, index, str(mig.name if mig else gpus[index].name),
                                  str(mig.uuid) if mig else None))
     return targets
+
+
+def accelerator_targets() -> list[GPUTarget]:
+    """The devices to watch on an accelerator NVML does not see, without initialising it: MPS (the Mac's
+    one GPU), XPU and PrivateUse1 backends (torch's devices, named once initialised), and AMD GPUs under
+    ROCm, torch's ``cuda:N`` each matched to AMD SMI's GPU by position in HIP's visibility list."""
+    kind = accelerators.current_kind()
+    if kind is None:
+        return []
+    count = accelerators.device_count(kind)
+    named = accelerators.state(kind) == "initialised"
+    if kind == "cuda":
+        from ..gpus import amdsmi
+
+        gpus = amdsmi.gpus()
+        visible = accelerators.hip_visible(len(gpus))
+        return [GPUTarget(i, None, str(gpus[visible[i]].name) if i < len(visible) else "", kind="cuda",
+                          amdsmi_index=visible[i] if i < len(visible) else None) for i in range(count)]
+    return [GPUTarget(i, None, accelerators.device_name((kind, i)) if named else "", kind=kind)
+            for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -117,8 +142,9 @@ class GPUMemory:
 
 @dataclass(frozen=True, repr=False)
 class MemorySnapshot(Reportable):
-    """Everything one sample saw. ``cuda`` says how much torch could tell: 'not imported', 'no CUDA',
-    'not initialised' (torch holds no GPU memory yet), 'initialised'."""
+    """Everything one sample saw. ``cuda`` says how much torch could tell of its accelerator (CUDA, or
+    ``backend``): 'not imported', 'no CUDA', 'not initialised' (torch holds no GPU memory yet),
+    'initialised'."""
 
     time: float
     wall_time: float
@@ -126,6 +152,7 @@ class MemorySnapshot(Reportable):
     gpus: tuple = ()
     cuda: str = "not imported"
     status: tuple = ()
+    backend: str = "CUDA"
 
     def to_dict(self) -> dict:
         """Plain values for code and JSON."""
@@ -152,9 +179,12 @@ class MemorySnapshot(Reportable):
         """The GPU rows as a table, or None on a machine without GPUs."""
         if not self.gpus:
             return None
+        source = "NVML " if any(g.target.nvml_index is not None for g in self.gpus) else \
+            "AMD SMI " if any(g.target.amdsmi_index is not None for g in self.gpus) else ""
+        used = "driver-allocated / working-set limit" if all(g.target.kind == "mps" for g in self.gpus) \
+            else f"{source}used / total"
         table = Table(
-            ["GPU", "NVML used / total", "this process", "allocated", "cache", "other",
-             "other processes", "peak allocated"],
+            ["GPU", used, "this process", "allocated", "cache", "other", "other processes", "peak allocated"],
             align="lrrrrrrr",
         )
         for g in self.gpus:
@@ -170,7 +200,9 @@ class MemorySnapshot(Reportable):
         if not self.gpus:
             lines.append("no GPU: host memory only")
         elif self.cuda in _CUDA_NOTES:
-            lines.append(_CUDA_NOTES[self.cuda])
+            lines.append(_CUDA_NOTES[self.cuda].replace("CUDA", self.backend))
+        if any(g.target.kind == "mps" for g in self.gpus):
+            lines.append(MPS_NOTE)
         lines.extend(self.status)
         for g in self.gpus:
             lines.extend(f"{g.target.label}: {p}" for p in g.problems)
@@ -187,6 +219,11 @@ _CUDA_NOTES = {
     "no CUDA": "this torch has no CUDA (a CPU build?): only NVML's figures are shown",
     "not initialised": "CUDA is not initialised in this process yet, so torch holds no GPU memory",
 }
+
+
+MPS_NOTE = ("mps: unified memory; the GPU may use up to its working-set limit (Metal's "
+            "recommendedMaxWorkingSetSize). torch keeps no peak on MPS: the peak shown is the highest "
+            "allocated of the samples and of each cell's start and end")
 
 
 def _plain(value: Any) -> Any:
@@ -207,7 +244,8 @@ def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySn
             nvml_ok = True
         else:
             status.append(processes.problem_text(problem))
-    state = cuda_state()
+    kind = next((t.kind for t in targets), accelerators.current_kind() or "cuda")
+    state = cuda_state() if kind == "cuda" else accelerators.state(kind)
     gpus = []
     for target in targets:
         used = total = process = others = None
@@ -215,10 +253,46 @@ def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySn
         if nvml_ok and target.nvml_index is not None:
             used, total, process, others, problems = processes.process_figures(
                 target.nvml_index, pid, target.mig_uuid)
+        elif target.amdsmi_index is not None:
+            used, total, process, others, problems = amdsmi_figures(target.amdsmi_index, pid)
+        elif target.kind != "cuda" and target.torch_index is not None:
+            used, total, process = driver_figures(target)
         allocated = reserved = peak = None
         if target.torch_index is not None:
-            allocated, reserved, peak = torch_figures(target.torch_index)
+            allocated, reserved, peak = torch_figures(target.torch_index, target.kind)
         gpus.append(GPUMemory(target, used, total, process, others, allocated, reserved, peak, problems))
-    return MemorySnapshot(time.monotonic(), time.time(), host_memory(), tuple(gpus), state, tuple(status))
+    return MemorySnapshot(time.monotonic(), time.time(), host_memory(), tuple(gpus), state, tuple(status),
+                          accelerators.backend_label(kind))
+
+
+def amdsmi_figures(index: int, pid: int) -> tuple:
+    """(used, total, this process, other processes, problems) of AMD SMI's GPU ``index``."""
+    from ..gpus import amdsmi
+
+    problem = amdsmi.status()
+    if problem is not None:
+        return None, None, None, None, (f"AMD SMI: {problem}",)
+    gpus = amdsmi.gpus()
+    if index >= len(gpus):
+        return None, None, None, None, (f"AMD SMI lists no GPU {index}",)
+    gpu = gpus[index]
+    by_pid = {p.pid: int(p.used_memory) for p in gpu.processes if not is_na(p.used_memory)}
+    mine = by_pid.pop(pid, 0)
+    return gpu.memory_used, gpu.memory_total, mine, sum(by_pid.values()), tuple(gpu.problems)
+
+
+def driver_figures(target: GPUTarget) -> tuple:
+    """(used, total, this process) from torch's device layer, for a backend NVML does not see: MPS's
+    driver-allocated memory against its working-set limit (both this process's); elsewhere the device's
+    free and total memory (all processes), asked only once the backend is initialised."""
+    device = (target.kind, target.torch_index)
+    try:
+        if target.kind == "mps":
+            driver = accelerators.reserved(device)
+            return driver, accelerators.working_set_limit(), driver
+        info = accelerators.memory_info(device)
+    except Exception:  # noqa: BLE001 - a backend that cannot say shows N/A
+        return None, None, None
+    return (None, None, None) if info is None else (info[1] - info[0], info[1], None)
 
 

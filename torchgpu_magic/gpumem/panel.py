@@ -107,7 +107,7 @@ class MemoryPanel:
         self.cells = widgets.HTML()
         self.status = widgets.HTML()
         self.empty_button = widgets.Button(description="Empty cache", icon="trash",
-                                           tooltip="torch.cuda.empty_cache(): give torch's cache back")
+                                           tooltip="empty_cache(): give torch's cached memory back")
         self.reset_button = widgets.Button(description="Reset peak", icon="undo",
                                            tooltip="start the peak figures again from now")
         self.pause_button = widgets.Button(description="Pause", icon="pause",
@@ -239,7 +239,7 @@ class MemoryPanel:
 
     # ---- buttons (kernel thread) ------------------------------------------------------------------
     def empty_cache(self) -> None:
-        """``torch.cuda.empty_cache()`` (when CUDA is initialised) and show the result at once."""
+        """torch's ``empty_cache()`` on every initialised accelerator, and show the result at once."""
         empty_cache()
         self._refresh()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import re
 import time
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
@@ -24,20 +25,30 @@ _CELL_FIELDS = ("number", "first_line", "start", "seconds", "rss_delta", "rss_pe
 
 
 class CellGPU(NamedTuple):
-    """One GPU's figures for one cell: torch's allocated memory after minus before (``delta``), the
-    highest allocated during (``peak``), and this process's NVML usage after minus before
-    (``nvml_delta``: the CUDA context, cuBLAS workspaces and torch's cache growth count here; None where
-    NVML cannot say). A named tuple, like :class:`CellRecord`: immutable and cheap to make."""
+    """One accelerator's figures for one cell: torch's allocated memory after minus before (``delta``),
+    the highest allocated during (``peak``), and this process's usage as the driver sees it after minus
+    before (``nvml_delta``: NVML's or AMD SMI's figure, where the CUDA context, cuBLAS workspaces and
+    torch's cache growth count; MPS's driver-allocated memory; None where the driver cannot say), on the
+    device ``kind:torch_index``. A named tuple, like :class:`CellRecord`: immutable and cheap to make."""
 
     torch_index: int
     delta: int
     peak: int
     nvml_delta: Optional[int] = None
+    kind: str = "cuda"
 
     @property
     def label(self) -> str:
-        """'cuda:0'."""
-        return f"cuda:{self.torch_index}"
+        """'cuda:0', 'xpu:1', 'mps' (a Mac has one GPU)."""
+        return device_label(self.kind, self.torch_index)
+
+
+def device_label(kind: str, index: int) -> str:
+    """How a report names torch's device ``kind:index``: 'cuda:0', 'xpu:1'; 'mps' for a Mac's one GPU."""
+    return kind if kind == "mps" else f"{kind}:{index}"
+
+
+_COLUMN = re.compile(r"(?P<kind>[a-z][a-z0-9_]*)(?::(?P<index>\d+))? (?P<field>delta|peak|nvml_delta)")
 
 
 class CellRecord(NamedTuple):
@@ -87,14 +98,15 @@ class CellRecord(NamedTuple):
         return " · ".join(parts)
 
 
-def _flat(record: CellRecord, gpu_indices: list) -> dict:
-    """One CSV / DataFrame row: the cell's fields, then ``cuda:N delta`` / ``peak`` / ``nvml_delta``."""
+def _flat(record: CellRecord, devices: list) -> dict:
+    """One CSV / DataFrame row: the cell's fields, then ``cuda:N delta`` / ``peak`` / ``nvml_delta`` per
+    device (``mps delta``, ``xpu:0 peak``...)."""
     row: dict = {k: getattr(record, k) for k in _CELL_FIELDS}
-    by_index = {g.torch_index: g for g in record.gpus}
-    for index in gpu_indices:
-        g = by_index.get(index)
+    by_device = {(g.kind, g.torch_index): g for g in record.gpus}
+    for kind, index in devices:
+        g = by_device.get((kind, index))
         for name in _GPU_FIELDS:
-            row[f"cuda:{index} {name}"] = None if g is None else getattr(g, name)
+            row[f"{device_label(kind, index)} {name}"] = None if g is None else getattr(g, name)
     return row
 
 
@@ -150,9 +162,9 @@ class CellRecords(Reportable):
         return list(self._records)[-n:] if n > 0 else []
 
     # ---- summaries --------------------------------------------------------------------------------
-    def gpu_indices(self) -> list:
-        """Every torch GPU index any record has figures for, in order."""
-        return sorted({g.torch_index for r in self._records for g in r.gpus})
+    def gpu_devices(self) -> list:
+        """Every ``(kind, torch index)`` any record has figures for, in order."""
+        return sorted({(g.kind, g.torch_index) for r in self._records for g in r.gpus})
 
     def totals(self) -> dict:
         """Cells, total time, summed RSS change, highest RSS peak and, per GPU, summed allocated change
@@ -161,7 +173,7 @@ class CellRecords(Reportable):
         gpus: dict = {}
         for r in records:
             for g in r.gpus:
-                total = gpus.setdefault(f"cuda:{g.torch_index}", {"delta": 0, "peak": 0})
+                total = gpus.setdefault(g.label, {"delta": 0, "peak": 0})
                 total["delta"] += g.delta
                 total["peak"] = max(total["peak"], g.peak)
         peaks = [r.rss_peak for r in records if r.rss_peak is not None]
@@ -191,13 +203,14 @@ class CellRecords(Reportable):
 
     def columns(self) -> list:
         """The names of :meth:`rows`' fields, in order."""
-        return list(_CELL_FIELDS) + [f"cuda:{i} {name}" for i in self.gpu_indices() for name in _GPU_FIELDS]
+        return list(_CELL_FIELDS) + [f"{device_label(kind, index)} {name}"
+                                     for kind, index in self.gpu_devices() for name in _GPU_FIELDS]
 
     def rows(self) -> list:
         """One flat dict per cell (the CSV's and the DataFrame's rows): the cell's fields, then per GPU
         ``cuda:N delta``, ``cuda:N peak``, ``cuda:N nvml_delta`` (empty where a cell has no figure)."""
-        indices = self.gpu_indices()
-        return [_flat(r, indices) for r in self._records]
+        devices = self.gpu_devices()
+        return [_flat(r, devices) for r in self._records]
 
     def to_csv(self, path: Union[str, Any]) -> None:
         """Write one row per cell to ``path`` (columns as :meth:`rows`; bytes and seconds as numbers)."""
@@ -213,15 +226,17 @@ class CellRecords(Reportable):
         with open(path, newline="", encoding="utf-8") as source:
             reader = csv.DictReader(source)
             names = reader.fieldnames or ()
-            indices = sorted({int(c.split()[0][5:]) for c in names if c.startswith("cuda:")})
+            found = [_COLUMN.fullmatch(name) for name in names]
+            devices = sorted({(m["kind"], int(m["index"] or 0)) for m in found if m})
             records = []
             for row in reader:
                 gpus = []
-                for i in indices:
-                    if row[f"cuda:{i} delta"] == "":
+                for kind, index in devices:
+                    label = device_label(kind, index)
+                    if row[f"{label} delta"] == "":
                         continue
-                    gpus.append(CellGPU(i, int(row[f"cuda:{i} delta"]), int(row[f"cuda:{i} peak"]),
-                                        _number(row[f"cuda:{i} nvml_delta"], int)))
+                    gpus.append(CellGPU(index, int(row[f"{label} delta"]), int(row[f"{label} peak"]),
+                                        _number(row[f"{label} nvml_delta"], int), kind))
                 records.append(CellRecord(
                     _number(row["number"], int), row["first_line"], float(row["start"]),
                     float(row["seconds"]), _number(row["rss_delta"], int), _number(row["rss_peak"], int),
@@ -257,7 +272,7 @@ class CellRecords(Reportable):
         top = self.top(n)
         if not top:
             return None
-        has_gpu = bool(self.gpu_indices())
+        has_gpu = bool(self.gpu_devices())
         heads = ["cell", "first line", "time", "Δ RSS", "peak RSS"]
         if has_gpu:
             heads += ["Δ allocated", "peak allocated"]

@@ -18,11 +18,11 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
-from ..accelerators import initialised_cuda
+from .. import accelerators
 from ..errors import MagicInputError
 from ..host import HostCounters, reset_peak_rss
 from ..render import is_na
-from .figures import GPUTarget, MemorySnapshot, collect
+from .figures import GPUTarget, MemorySnapshot, amdsmi_figures, collect, driver_figures
 from .records import DEFAULT_KEEP, CellGPU, CellRecord, CellRecords
 
 MIN_INTERVAL = 0.05
@@ -49,15 +49,23 @@ def validate_interval(seconds: Any) -> float:
 class _CellStart:
     """The figures a cell started from (a plain slotted class: made before every cell)."""
 
-    __slots__ = ("t0", "wall", "rss", "peak_reset", "allocated", "nvml")
+    __slots__ = ("t0", "wall", "rss", "peak_reset", "allocated", "nvml", "peak_kept")
 
     def __init__(self, wall: float, rss: Optional[int], peak_reset: bool) -> None:
         self.t0 = 0.0
         self.wall = wall
         self.rss = rss
         self.peak_reset = peak_reset
-        self.allocated: dict = {}
-        self.nvml: dict = {}
+        self.allocated: dict = {}  # (kind, index): torch's allocated bytes
+        self.nvml: dict = {}  # (kind, index): the driver's figure for this process
+        self.peak_kept: dict = {}  # (kind, index): whether torch keeps a peak there (not MPS)
+
+
+def _in_use() -> list:
+    """``(kind, index)`` of every device of an accelerator initialised in this process (none is asked
+    before: that would initialise it)."""
+    return [(kind, index) for kind in accelerators.initialised_kinds()
+            for index in range(accelerators.device_count(kind))]
 
 
 def _first_line(source: str) -> str:
@@ -84,32 +92,38 @@ class CellLog:
         self._host = HostCounters()
         self._start: Optional[_CellStart] = None
 
-    def _nvml_usage(self) -> dict:
-        """This process's NVML usage per torch index, for the targets NVML and torch both see."""
+    def _driver_usage(self) -> dict:
+        """This process's usage as its driver sees it, per ``(kind, torch index)``: NVML's figure, AMD
+        SMI's, or MPS's driver-allocated memory, for the targets torch sees."""
         from ..gpus.processes import process_figures
 
         usage: dict = {}
         for target in self.targets:
-            if target.torch_index is None or target.nvml_index is None:
+            if target.torch_index is None:
                 continue
-            process = process_figures(target.nvml_index, os.getpid(), target.mig_uuid)[2]
-            if not is_na(process):
-                usage[target.torch_index] = int(process)
+            if target.nvml_index is not None:
+                process = process_figures(target.nvml_index, os.getpid(), target.mig_uuid)[2]
+            elif target.amdsmi_index is not None:
+                process = amdsmi_figures(target.amdsmi_index, os.getpid())[2]
+            else:
+                process = driver_figures(target)[2]
+            if process is not None and not is_na(process):
+                usage[(target.kind, target.torch_index)] = int(process)
         return usage
 
     def start(self) -> None:
         """Record the figures before a cell and reset the peak counters."""
         begin = _CellStart(time.time(), self._host.rss(), self._host.reset_peak())
-        cuda = initialised_cuda()
-        if cuda is not None:
+        devices = _in_use()
+        if devices:
             try:
-                for index in range(cuda.device_count()):
-                    cuda.reset_peak_memory_stats(index)
-                    begin.allocated[index] = int(cuda.memory_allocated(index))
+                for device in devices:
+                    begin.peak_kept[device] = accelerators.reset_peak(device)
+                    begin.allocated[device] = int(accelerators.allocated(device) or 0)
             except Exception:  # noqa: BLE001 - a lost GPU: this cell gets no GPU figures
                 begin.allocated.clear()
-            if self.targets:  # before CUDA is initialised this process holds nothing: 0, not asked
-                begin.nvml = self._nvml_usage()
+            if self.targets:  # before the backend is initialised this process holds nothing: 0, not asked
+                begin.nvml = self._driver_usage()
         begin.t0 = time.perf_counter()  # the cell's time leaves out this hook's own
         self._start = begin
 
@@ -124,17 +138,20 @@ class CellLog:
         rss_delta = rss - begin.rss if rss is not None and begin.rss is not None else None
         rss_peak = peak if begin.peak_reset else None
         gpus = []
-        cuda = initialised_cuda()
-        if cuda is not None:  # a cell that initialised CUDA itself started from 0 on every GPU
-            nvml = self._nvml_usage() if self.targets else {}
+        devices = _in_use()
+        if devices:  # a cell that initialised its accelerator itself started from 0 on every device
+            nvml = self._driver_usage() if self.targets else {}
             try:
-                for index in range(cuda.device_count()):
-                    before = begin.allocated.get(index, 0)
-                    now = int(cuda.memory_allocated(index))
-                    peak_now = int(cuda.max_memory_allocated(index))
-                    nvml_delta = nvml[index] - begin.nvml.get(index, 0) if index in nvml else None
+                for device in devices:
+                    before = begin.allocated.get(device, 0)
+                    now = int(accelerators.allocated(device) or 0)
+                    # where torch keeps no peak (MPS), the higher of the cell's start and end
+                    kept = begin.peak_kept.get(device, accelerators.peak(device) is not None)
+                    peak_now = int(accelerators.peak(device) or 0) if kept else before
+                    nvml_delta = nvml[device] - begin.nvml.get(device, 0) if device in nvml else None
                     if now or before or peak_now or nvml_delta:
-                        gpus.append(CellGPU(index, now - before, max(peak_now, now), nvml_delta))
+                        gpus.append(CellGPU(device[1], now - before, max(peak_now, now), nvml_delta,
+                                            device[0]))
             except Exception:  # noqa: BLE001
                 gpus = []
         record = CellRecord(number, _first_line(source), begin.wall, seconds, rss_delta, rss_peak,
@@ -315,12 +332,13 @@ class Sampler:
         gpus = []
         for g in snapshot.gpus:
             index = g.target.torch_index
-            seen = [v for v in (g.allocated, g.peak) if not is_na(v)]
+            seen = [v for v in (g.allocated, g.peak) if v is not None and not is_na(v)]
             if index is None or not seen:
                 gpus.append(replace(g, peak=None) if index is None else g)
                 continue
-            self._peaks[index] = max(self._peaks.get(index, 0), *map(int, seen))
-            gpus.append(replace(g, peak=self._peaks[index]))
+            key = g.target.label
+            self._peaks[key] = max(self._peaks.get(key, 0), *map(int, seen))
+            gpus.append(replace(g, peak=self._peaks[key]))
         host = snapshot.host
         if host is not None:
             self._peak_rss = max(self._peak_rss, host.rss, host.peak_rss or 0)
@@ -332,22 +350,20 @@ class Sampler:
         peak between two samples would otherwise be lost)."""
         with self._lock:
             for g in record.gpus:
-                self._peaks[g.torch_index] = max(self._peaks.get(g.torch_index, 0), g.peak)
+                self._peaks[g.label] = max(self._peaks.get(g.label, 0), g.peak)
             if record.rss_peak is not None:
                 self._peak_rss = max(self._peak_rss, record.rss_peak)
 
     def reset_peaks(self) -> None:
         """Start the peak figures again from now (torch's own peak counter and the kernel's peak RSS
-        mark too, where CUDA is initialised / the OS allows)."""
+        mark too, where an accelerator is initialised / the OS allows)."""
         with self._lock:
             self._peaks.clear()
             self._peak_rss = 0
             reset_peak_rss()
-            cuda = initialised_cuda()
-            if cuda is not None:
-                try:
-                    for index in range(cuda.device_count()):
-                        cuda.reset_peak_memory_stats(index)
-                except Exception:  # noqa: BLE001
-                    pass
+            try:
+                for device in _in_use():
+                    accelerators.reset_peak(device)
+            except Exception:  # noqa: BLE001
+                pass
         self.sample_now()

@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .. import accelerators
 from ..render import is_na
 from . import nvml
 from .nvml import NA
@@ -110,12 +111,7 @@ def torch_view() -> TorchView:
         view.named_by_nvml = named is not None
         view.devices = named if named is not None else [
             _torch_device(torch, i, view.warnings) for i in range(view.device_count)]
-    for name, module in (("mps", getattr(torch.backends, "mps", None)), ("xpu", getattr(torch, "xpu", None))):
-        try:
-            if module is not None and module.is_available():
-                view.other_accelerators.append(name)
-        except Exception as exc:  # noqa: BLE001
-            view.warnings.append(f"torch's {name}.is_available() failed: {_one_line(exc)}")
+    view.other_accelerators = [kind for kind in accelerators.available_kinds() if kind != "cuda"]
     return view
 
 
@@ -158,7 +154,7 @@ def _torch_device(torch: Any, index: int, notes: list) -> TorchDevice:
         dev.total_memory = int(props.total_memory)
     except Exception as exc:  # noqa: BLE001
         notes.append(f"cuda:{index}: torch.cuda.get_device_properties failed: {_one_line(exc)}")
-    try:
+    try:  # asked of torch.cuda itself: this view is of CUDA's devices, and runs where CUDA is initialised
         dev.allocated = torch.cuda.memory_allocated(index)
         dev.reserved = torch.cuda.memory_reserved(index)
         dev.peak = torch.cuda.max_memory_allocated(index)

@@ -1,4 +1,5 @@
-"""What this machine has, read without any NVIDIA software: its NVIDIA GPUs, their kernel driver, its OS.
+"""What this machine has, read without any GPU maker's software: its NVIDIA GPUs (and AMD's and Intel's),
+their kernel driver, its OS.
 
 NVML and CUDA can only say what the driver says; where there is no driver they cannot tell "no GPU" from
 "a GPU without a driver", and the two need opposite advice (nothing to install, or a driver to install).
@@ -8,7 +9,9 @@ So this module reads what the operating system itself knows:
   0x10de with a display class (0x03: VGA 0x0300, 3D controller 0x0302) is an NVIDIA GPU whether or not a
   driver is installed, and each device's ``driver`` link names the kernel driver bound to it (``nvidia``,
   ``nouveau``, ``vfio-pci``). A container sees the host's PCI devices and the host's kernel, so this also
-  tells, inside one, whether the host has a GPU and a loaded driver. The loaded NVIDIA kernel module and
+  tells, inside one, whether the host has a GPU and a loaded driver. AMD's vendor id 0x1002 and Intel's
+  0x8086 are read the same way (their driver links name ``amdgpu``, ``i915``, ``xe``). The loaded NVIDIA
+  kernel module and
   its version come from ``/proc/driver/nvidia/version`` (or ``/sys/module/nvidia``). Names come from the
   pci.ids database where the system has one (``/usr/share/misc/pci.ids``, ``/usr/share/hwdata/pci.ids``).
 - WSL: no PCI bus to read; Windows' driver is shared into Linux through ``/dev/dxg`` (GPU
@@ -30,28 +33,38 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-__all__ = ["ROOT", "NVIDIA_VENDOR", "PCIGPU", "Distribution", "Machine", "nvidia_pci_gpus", "kernel_driver",
-           "distribution", "is_wsl", "wsl_gpu", "survey"]
+__all__ = ["ROOT", "NVIDIA_VENDOR", "AMD_VENDOR", "INTEL_VENDOR", "PCIGPU", "Distribution", "Machine",
+           "pci_gpus", "nvidia_pci_gpus", "kernel_driver", "distribution", "is_wsl", "wsl_gpu", "survey"]
 
 ROOT = "/"
 NVIDIA_VENDOR = "0x10de"
+AMD_VENDOR = "0x1002"  # AMD/ATI's PCI vendor id: Radeon, Instinct (and APUs' integrated graphics)
+INTEL_VENDOR = "0x8086"  # Intel's: Arc, Data Center GPU Max (and CPUs' integrated graphics)
+VENDOR_NAMES = {NVIDIA_VENDOR: "NVIDIA", AMD_VENDOR: "AMD", INTEL_VENDOR: "Intel"}
 _DISPLAY_CLASS = "0x03"  # PCI base class 03h: display controller (VGA 0300, XGA 0301, 3D 0302, other 0380)
+# AMD's Instinct MI300/MI325 list as "Processing accelerators [1200]" (apache/cloudstack#11701's lspci),
+# its older Instincts and Radeons as display controllers; Intel's class 12h is its NPUs, no GPU
+_GPU_CLASSES = {AMD_VENDOR: (_DISPLAY_CLASS, "0x12")}
 _PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
 
 
 @dataclass(frozen=True)
 class PCIGPU:
-    """An NVIDIA display device on the PCI bus: its address, device id, name (from pci.ids, where the system
-    has it) and the kernel driver bound to it (None when none is)."""
+    """A display device on the PCI bus (NVIDIA's unless ``vendor`` says AMD's or Intel's): its address,
+    device id, name (from pci.ids, where the system has it) and the kernel driver bound to it (None when
+    none is)."""
 
     address: str
     device: str
     name: Optional[str] = None
     driver: Optional[str] = None
+    vendor: str = NVIDIA_VENDOR
 
     def label(self) -> str:
         """How a report names it: the marketing name where pci.ids has one, else the PCI ids."""
-        return f"NVIDIA {self.name}" if self.name else f"NVIDIA device 10de:{self.device.replace('0x', '')}"
+        maker = VENDOR_NAMES.get(self.vendor, self.vendor)
+        return f"{maker} {self.name}" if self.name else (
+            f"{maker} device {self.vendor.replace('0x', '')}:{self.device.replace('0x', '')}")
 
 
 @dataclass(frozen=True)
@@ -74,7 +87,9 @@ class Machine:
     not Linux, sysfs absent or empty, as under WSL or some sandboxes). ``kernel_driver`` is the loaded
     NVIDIA kernel module's version ('' when loaded and its version unknown), None when not loaded.
     ``wsl`` is True under Windows' WSL; ``wsl_gpu`` then says whether Windows shares a GPU (/dev/dxg) and
-    ``wsl_nvidia`` whether that includes NVIDIA's driver (its files in /usr/lib/wsl/lib).
+    ``wsl_nvidia`` whether that includes NVIDIA's driver (its files in /usr/lib/wsl/lib). ``amd_gpus`` and
+    ``intel_gpus`` are AMD's and Intel's display devices on the bus, read as ``nvidia_gpus`` is (their
+    CPUs' integrated graphics included).
     """
 
     system: str
@@ -84,6 +99,8 @@ class Machine:
     wsl_gpu: bool = False
     wsl_nvidia: bool = False
     distribution: Optional[Distribution] = None
+    amd_gpus: Optional[tuple] = None
+    intel_gpus: Optional[tuple] = None
 
     @property
     def has_nvidia_gpu(self) -> Optional[bool]:
@@ -116,9 +133,14 @@ def _read(root: str, path: str) -> Optional[str]:
 
 
 def nvidia_pci_gpus(root: str = "/") -> Optional[tuple]:
-    """The NVIDIA display devices on the PCI bus (:class:`PCIGPU`), in address order; None where the bus
-    cannot be read or lists no device at all (a machine always has some: an empty list means a sandbox or
-    a system without sysfs, not a machine without GPUs)."""
+    """The NVIDIA display devices on the PCI bus (:func:`pci_gpus` of NVIDIA's vendor id)."""
+    return pci_gpus(root, NVIDIA_VENDOR)
+
+
+def pci_gpus(root: str = "/", vendor: str = NVIDIA_VENDOR) -> Optional[tuple]:
+    """The display devices of ``vendor`` (its PCI vendor id) on the PCI bus (:class:`PCIGPU`), in address
+    order; None where the bus cannot be read or lists no device at all (a machine always has some: an
+    empty list means a sandbox or a system without sysfs, not a machine without GPUs)."""
     base = os.path.join(root, "sys/bus/pci/devices")
     try:
         addresses = sorted(os.listdir(base))
@@ -128,22 +150,22 @@ def nvidia_pci_gpus(root: str = "/") -> Optional[tuple]:
         return None
     found = []
     for address in addresses:
-        vendor = (_read(base, f"{address}/vendor") or "").strip().lower()
         klass = (_read(base, f"{address}/class") or "").strip().lower()
-        if vendor != NVIDIA_VENDOR or not klass.startswith(_DISPLAY_CLASS):
+        if (_read(base, f"{address}/vendor") or "").strip().lower() != vendor or \
+                not klass.startswith(_GPU_CLASSES.get(vendor, (_DISPLAY_CLASS,))):
             continue
         device = (_read(base, f"{address}/device") or "").strip().lower()
         link = os.path.join(base, address, "driver")
         driver = os.path.basename(os.readlink(link)) if os.path.islink(link) else None
-        found.append(PCIGPU(address, device, driver=driver))
+        found.append(PCIGPU(address, device, driver=driver, vendor=vendor))
     if found:
-        names = _pci_names(root, {g.device for g in found})
-        found = [PCIGPU(g.address, g.device, names.get(g.device), g.driver) for g in found]
+        names = _pci_names(root, {g.device for g in found}, vendor)
+        found = [PCIGPU(g.address, g.device, names.get(g.device), g.driver, vendor) for g in found]
     return tuple(found)
 
 
-def _pci_names(root: str, devices: set) -> dict:
-    """Device id -> name from the pci.ids database (NVIDIA's block only), where the system has one."""
+def _pci_names(root: str, devices: set, vendor: str = NVIDIA_VENDOR) -> dict:
+    """Device id -> name from the pci.ids database (``vendor``'s block only), where the system has one."""
     for path in _PCI_IDS:
         text = _read(root, path)
         if text is None:
@@ -151,7 +173,7 @@ def _pci_names(root: str, devices: set) -> dict:
         names: dict = {}
         inside = False
         for line in text.splitlines():
-            if line.startswith("10de "):
+            if line.startswith(vendor.replace("0x", "") + " "):
                 inside = True
             elif inside and line and not line.startswith(("\t", "#")):
                 break
@@ -225,4 +247,5 @@ def survey(root: Optional[str] = None, system: Optional[str] = None,
     shared, nvidia = wsl_gpu(root) if wsl else (False, False)
     return Machine(system, nvidia_gpus=None if wsl else nvidia_pci_gpus(root),
                    kernel_driver=kernel_driver(root), wsl=wsl, wsl_gpu=shared, wsl_nvidia=nvidia,
-                   distribution=distribution(root))
+                   distribution=distribution(root), amd_gpus=None if wsl else pci_gpus(root, AMD_VENDOR),
+                   intel_gpus=None if wsl else pci_gpus(root, INTEL_VENDOR))

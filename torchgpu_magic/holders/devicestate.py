@@ -16,10 +16,10 @@ error on it means it is).
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from .. import accelerators
 from ..accelerators import initialised_cuda
 from ..gpus import gpumap, processes
 from ..render import is_na
@@ -90,7 +90,7 @@ def read(device: str) -> DeviceState:
             return _cpu(device)
         if kind == "cuda":
             return _cuda(device, int(index) if index.isdigit() else None)
-        if kind in ("mps", "xpu"):
+        if kind not in ("meta", "disk") and kind in accelerators.available_kinds():
             return _other_backend(device, kind, int(index) if index.isdigit() else 0)
     except Exception as exc:  # noqa: BLE001 - a device that cannot be read is a note, never an error
         return DeviceState(device, notes=(f"{device} could not be read ({type(exc).__name__}: {exc})",))
@@ -211,17 +211,15 @@ def _largest_free_block(cuda: Any, index: int) -> Optional[int]:
 
 
 def _other_backend(device: str, kind: str, index: int) -> DeviceState:
-    torch = sys.modules.get("torch")
-    module = getattr(torch, kind, None) if torch is not None else None
-    if module is None:
-        return DeviceState(device, notes=(f"torch has no {kind} here",))
-    if kind == "mps":
-        allocated = int(module.current_allocated_memory())
-        reserved = int(module.driver_allocated_memory())
-        total = int(module.recommended_max_memory()) if hasattr(module, "recommended_max_memory") else None
-        return DeviceState(device, total=total, allocated=allocated, reserved=reserved, process=reserved)
-    if not module.is_initialized():
+    """MPS (its working-set limit as the total, the driver's allocation as this process's share), XPU
+    and PrivateUse1 backends, through the device layer."""
+    if accelerators.initialised(kind) is None:
         return DeviceState(device, notes=(f"{kind} is not initialised in this process",))
-    free, total = (int(v) for v in module.mem_get_info(index))
-    return DeviceState(device, total=total, free=free, allocated=int(module.memory_allocated(index)),
-                       reserved=int(module.memory_reserved(index)))
+    at = (kind, index)
+    allocated, reserved = accelerators.allocated(at), accelerators.reserved(at)
+    if kind == "mps":
+        return DeviceState(device, total=accelerators.working_set_limit(), allocated=allocated,
+                           reserved=reserved, process=reserved)
+    info = accelerators.memory_info(at)
+    free, total = info if info is not None else (None, None)
+    return DeviceState(device, total=total, free=free, allocated=allocated, reserved=reserved)

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ..accelerators import initialised_cuda
+from .. import accelerators
 from ..gpus import gpumap, processes
 from ..host import HostCounters
 from ..render import Lines, Report, Reportable, fmt_bytes
@@ -105,44 +104,31 @@ class FreeReport(Reportable):
 
 
 def _cuda_indices() -> list:
-    cuda = initialised_cuda()
-    if cuda is None:
-        return []
-    try:
-        return list(range(cuda.device_count()))
-    except Exception:  # noqa: BLE001 - a lost GPU: the cpu is still measured
-        return []
+    return [index for kind, index in _used_devices() if kind == "cuda"]
 
 
-def _backend(kind: str) -> Any:
-    """``torch.mps`` / ``torch.xpu`` when this process has used it, else None (never initialises one)."""
-    torch = sys.modules.get("torch")
-    module = getattr(torch, kind, None) if torch is not None else None
-    if module is None:
-        return None
-    try:
-        if kind == "mps":
-            return module if module.driver_allocated_memory() else None
-        return module if module.is_initialized() else None
-    except Exception:  # noqa: BLE001
-        return None
+def _used_devices() -> list:
+    """``(kind, index)`` of every accelerator device this process has used (never initialises one; MPS
+    once its driver has allocated anything)."""
+    found = []
+    for kind in accelerators.initialised_kinds():
+        try:
+            for index in range(accelerators.device_count(kind)):
+                if kind != "mps" or accelerators.reserved((kind, index)):
+                    found.append((kind, index))
+        except Exception:  # noqa: BLE001 - a lost GPU: the cpu is still measured
+            continue
+    return found
 
 
 def measure(host: Optional[HostCounters] = None) -> dict:
-    """{device: (in use, reserved or the process's figure)} now: cpu (RSS, RSS), each initialised CUDA GPU
-    (torch allocated, torch reserved), mps / xpu when used."""
+    """{device: (in use, reserved or the process's figure)} now: cpu (RSS, RSS), each initialised
+    accelerator device (torch allocated, torch reserved; MPS's driver-allocated memory)."""
     host = host or HostCounters()
     out: dict = {"cpu": (host.rss(), host.rss())}
-    cuda = initialised_cuda()
-    for index in _cuda_indices():
-        out[f"cuda:{index}"] = (int(cuda.memory_allocated(index)), int(cuda.memory_reserved(index)))
-    mps = _backend("mps")
-    if mps is not None:
-        out["mps"] = (int(mps.current_allocated_memory()), int(mps.driver_allocated_memory()))
-    xpu = _backend("xpu")
-    if xpu is not None:
-        for index in range(xpu.device_count()):
-            out[f"xpu:{index}"] = (int(xpu.memory_allocated(index)), int(xpu.memory_reserved(index)))
+    for kind, index in _used_devices():
+        label = "mps" if kind == "mps" else f"{kind}:{index}"
+        out[label] = (accelerators.allocated((kind, index)), accelerators.reserved((kind, index)))
     return out
 
 
@@ -160,15 +146,9 @@ def _drop(before: dict, after: dict, which: int) -> dict:
 def empty_caches() -> list:
     """Empty torch's cache on every backend this process uses; the calls made."""
     done = []
-    cuda = initialised_cuda()
-    if cuda is not None:
-        cuda.empty_cache()
-        done.append("torch.cuda.empty_cache()")
-    for kind in ("mps", "xpu"):
-        module = _backend(kind)
-        if module is not None:
-            module.empty_cache()
-            done.append(f"torch.{kind}.empty_cache()")
+    for kind in sorted({kind for kind, _ in _used_devices()}):
+        accelerators.empty_cache(kind)
+        done.append(f"torch.{kind}.empty_cache()")
     return done
 
 

@@ -219,15 +219,15 @@ def holders_report(ns: Mapping[str, Any], device: Optional[str] = None, tracebac
 
 
 def _devices_in_use(holdings: Any) -> list:
-    """The devices the holders reach, and every CUDA GPU where torch has memory allocated."""
-    from ..accelerators import initialised_cuda
+    """The devices the holders reach, and every accelerator device where torch has memory allocated."""
+    from .. import accelerators
     from ..placement.kinds import device_order
 
     found = set(holdings.devices())
-    cuda = initialised_cuda()
-    if cuda is not None:
+    for kind in accelerators.initialised_kinds():
         try:
-            found.update(f"cuda:{i}" for i in range(cuda.device_count()) if cuda.memory_allocated(i))
+            found.update(("mps" if kind == "mps" else f"{kind}:{i}")
+                         for i in range(accelerators.device_count(kind)) if accelerators.allocated((kind, i)))
         except Exception:  # noqa: BLE001 - a lost GPU: the ones the holders reach are still listed
             pass
     return sorted(found, key=device_order)

@@ -14,20 +14,22 @@ from .shell import register_cell, show
 
 MEASURED = ("cpu", "cuda", "mps", "xpu")
 """The devices a measured run reports (those here)."""
-PREDICTED = ("cpu", "cuda")
-"""The devices --predict predicts for (a GPU you need not have)."""
+PREDICTED = ("cpu", "cuda", "mps", "xpu")
+"""The devices --predict predicts for (a GPU you need not have; mps and xpu with their own capacity)."""
 
 
 @magics_class
 class CUDAMemMagics(MagicsPart):
-    """``%%cudamem``: the tracking, prediction and reports are :mod:`torchgpu_magic.memory`'s
+    """``%%cudamem`` (any accelerator: CUDA, ROCm, MPS, XPU; the name stays): the tracking, prediction and
+    reports are :mod:`torchgpu_magic.memory`'s
     (``tracking``, ``prediction``, ``cellmem``); this class reads the options, compiles the cell as IPython
     would, finds the names it uses, and shows or returns the report."""
 
     @magic_arguments()
     @argument("device", nargs="?", default=None, metavar="DEVICE",
-              help="cpu, cuda or cuda:N. Measured: the device to report (default: the one with the highest "
-                   "peak). --predict / --fit: the device to predict for (default cuda; no GPU needed)")
+              help="cpu, cuda, cuda:N, mps, xpu or xpu:N (any accelerator: the name stays %%cudamem). "
+                   "Measured: the device to report (default: the one with the highest peak). --predict / "
+                   "--fit: the device to predict for (default cuda; no GPU needed)")
     @argument("--predict", action="store_true",
               help="run the cell on fake copies of what it uses (FakeTensorMode): nothing real is "
                    "allocated, moved or changed, and the figures are a prediction for DEVICE")
@@ -139,8 +141,8 @@ class CUDAMemMagics(MagicsPart):
 
     @staticmethod
     def _predicted_device(spec: Optional[str]) -> str:
-        """DEVICE for --predict / --fit (default cuda): any spelling of cpu, cuda or cuda:N, checked as
-        every magic checks a device, without needing one here."""
+        """DEVICE for --predict / --fit (default cuda): any spelling of cpu, cuda, cuda:N, mps, xpu or
+        xpu:N, checked as every magic checks a device, without needing one here."""
         from .. import devices
         from ..errors import MagicInputError
 

@@ -38,7 +38,8 @@ class CUDATimeMagics(MagicsPart):
     @argument("--cold", action="store_true",
               help="synchronize after every loop, so each run starts on an idle GPU (an event pair per loop)")
     @argument("--flush-l2", dest="flush_l2", action="store_true",
-              help="overwrite twice the L2 cache (the last-level cache on cpu) before every loop, untimed")
+              help="overwrite twice the L2 cache (the last-level cache on cpu and xpu) before every loop, "
+                   "untimed")
     @argument("--devices", metavar="LIST",
               help="comma-separated devices to run the cell on, one row each (e.g. cpu,cuda:0)")
     @argument("--threads", metavar="LIST",
@@ -62,9 +63,10 @@ class CUDATimeMagics(MagicsPart):
     @usage_errors
     @line_cell_magic
     def cudatime(self, line: str = "", cell: Optional[str] = None) -> Any:
-        """Time a cell (``%%cudatime [options] [setup]``) or one statement correctly on a GPU: CUDA events
-        for the device time, beside host enqueue and synchronized wall time; the first run apart, samples
-        until the median is known to +-1 %; FLOP/s and bytes/s against the device's peak (the roofline).
+        """Time a cell (``%%cudatime [options] [setup]``) or one statement correctly on a GPU, whichever torch
+        runs on (CUDA, ROCm, Apple MPS, Intel XPU: the name stays %%cudatime): the backend's events for the
+        device time, beside host enqueue and synchronized wall time; the first run apart, samples until the
+        median is known to +-1 %; FLOP/s and bytes/s against the device's peak (the roofline).
 
         Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/cudatime.md
         """

@@ -12,7 +12,8 @@ from .shell import show
 
 @magics_class
 class GPUInfoMagics(MagicsPart):
-    """``%gpuinfo``: a report built by :mod:`torchgpu_magic.gpus.inventory`; the magic parses and shows."""
+    """``%gpuinfo``: a report built by :mod:`torchgpu_magic.gpus.inventory` (NVIDIA) or
+    :mod:`torchgpu_magic.gpus.accelerated` (MPS, ROCm, XPU); the magic parses and shows."""
 
     @magic_arguments()
     @argument("-i", "--index", type=int, default=None,
@@ -38,9 +39,9 @@ class GPUInfoMagics(MagicsPart):
         if args.cluster is not None:
             report = self._cluster(args)
         else:
-            from ..gpus.inventory import build_report
+            from ..gpus.accelerated import gpu_report
 
-            report = build_report(index=args.index, show_processes=not args.no_processes)
+            report = gpu_report(index=args.index, show_processes=not args.no_processes)
         if args.json:
             import json
 

@@ -32,6 +32,19 @@ def _device(spec: Optional[str]) -> Optional[str]:
     return devices.option_name(devices.device_option(spec, ("cpu", "cuda", "mps", "xpu")))
 
 
+def _watch_state() -> tuple:
+    """(device type, state) deciding the GPUs %gpumem watches: ('cuda', CUDA's state) where NVML may see
+    them, ('cuda', 'rocm') on ROCm, else the accelerator's type and state (MPS, XPU, PrivateUse1)."""
+    from .. import accelerators
+
+    kind = accelerators.current_kind()
+    if kind == "cuda" and accelerators.is_rocm():
+        return "cuda", "rocm" if accelerators.cuda_state() != "initialised" else "rocm initialised"
+    if kind is not None and kind != "cuda":
+        return kind, accelerators.state(kind)
+    return "cuda", accelerators.cuda_state()
+
+
 def in_colab() -> bool:
     """True in Google Colab, whose frontend does not show widget updates made from a background thread
     (googlecolab/colabtools #3373): its kernel has imported ``google.colab``."""
@@ -61,7 +74,7 @@ class GPUMemMagics(MagicsPart):
         self._growth: Any = None  # gpumem.growth.GrowthWatch beside it: a cell that grows run after run
         self._records: Any = None  # the last cell log's records, kept after it stops
         self._cells_wanted = True  # the last --cells choice for the live panel
-        self._targets_state: Optional[str] = None  # CUDA's state when the targets were last worked out
+        self._targets_state: Optional[tuple] = None  # the accelerator's state the targets were chosen in
         self._closer_added = False
         self._cluster_live: Any = None  # (cluster.memory.ClusterSampler, panel.ClusterPanel) for --cluster
         self._cluster_closer = False
@@ -263,14 +276,17 @@ class GPUMemMagics(MagicsPart):
         """The GPUs to watch, without initialising CUDA: once CUDA is initialised, torch's devices
         matched to NVML's by UUID (inventory.gpu_map); before that, NVML's GPUs in the order
         CUDA_VISIBLE_DEVICES gives them (the order torch will use; a MIG instance as itself), and all of
-        them for a torch without CUDA (gpumem.nvml_targets). Called on the main thread only (at start,
-        and after a cell that changed CUDA's state): gpu_map asks torch under
-        ``warnings.catch_warnings``, which is process-wide."""
-        from .. import accelerators, gpumem
+        them for a torch without CUDA (gpumem.nvml_targets). On an accelerator NVML does not see (MPS,
+        XPU, ROCm's AMD GPUs, a PrivateUse1 backend), torch's devices (gpumem.accelerator_targets).
+        Called on the main thread only (at start, and after a cell that changed the accelerator's
+        state): gpu_map asks torch under ``warnings.catch_warnings``, which is process-wide."""
+        from .. import gpumem
         from ..gpus import inventory
 
-        state = accelerators.cuda_state()
-        self._targets_state = state
+        self._targets_state = _watch_state()
+        kind, state = self._targets_state
+        if kind != "cuda" or state.startswith("rocm"):
+            return gpumem.accelerator_targets()
         if state == "initialised":
             mappings = inventory.gpu_map()
             if mappings:
@@ -278,10 +294,9 @@ class GPUMemMagics(MagicsPart):
         return gpumem.nvml_targets(state)
 
     def _retarget(self) -> None:
-        """Work the targets out again when CUDA's state changed (say, the cell's first ``.cuda()``)."""
-        from .. import accelerators
-
-        if accelerators.cuda_state() == self._targets_state:
+        """Work the targets out again when the accelerator's state changed (say, the cell's first
+        ``.cuda()``)."""
+        if _watch_state() == self._targets_state:
             return
         targets = self._targets()
         if self._panel is not None:

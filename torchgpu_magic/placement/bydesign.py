@@ -26,6 +26,7 @@ import ast
 import sys
 from typing import Any, Mapping, Optional
 
+from .. import accelerators
 from ..caches import cache
 from ..torchapi import has_primary_context
 
@@ -58,10 +59,9 @@ def is_step(key: Any, tensor: Any) -> bool:
 def pinned_possible() -> bool:
     """Whether any tensor here can be in pinned memory: only once a CUDA context exists (pinned memory
     comes from one). Asked once per report, so that without CUDA no tensor is asked at all."""
-    torch = sys.modules.get("torch")
     try:
-        return bool(torch is not None and torch.cuda.is_initialized() and any(
-            has_primary_context(i) for i in range(torch.cuda.device_count())))
+        return accelerators.cuda_state() == "initialised" and any(
+            has_primary_context(i) for i in range(accelerators.device_count("cuda")))
     except (RuntimeError, AttributeError):
         return False
 

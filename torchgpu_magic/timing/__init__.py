@@ -4,8 +4,8 @@
 it took to *queue* kernels. This package follows ``docs/timing-method.md``, one concern per module:
 
 - :mod:`.cells`: compile the cell once into a loop (no ``exec`` per loop); silence its output.
-- :mod:`.clocks`: CUDA events, or ``perf_counter`` with or without a device synchronize; the cell's
-  waits for the GPU; allocator figures around a measurement.
+- :mod:`.clocks`: the backend's events (CUDA, ROCm, XPU, MPS), or ``perf_counter`` with or without a
+  device synchronize; the cell's waits for the GPU; allocator figures around a measurement.
 - :mod:`.observe`: what the setup and first run touched (a ``TorchDispatchMode``), and from it which
   device to time on (a pure function of the default device and the devices touched).
 - :mod:`.throttle`: the GPU's SM clock and its reasons from NVML after every sample.

@@ -1,13 +1,15 @@
 """Clocks (method step 5), and what is read from a device around the timed runs.
 
-On CUDA, pre-created events around each sample give device time, and ``perf_counter`` gives host enqueue
-time and synchronized wall time; on cpu only ``perf_counter``, and the result says the figure is host
-time. The wall clock stops after ``torch.cuda.synchronize(device)`` rather than ``end.synchronize()``,
-so work the cell leaves running on *other* streams shows up as wall time far above device time (the
-"other streams" warning). Clocks are injectable: the tests drive the engine with a fake one.
+On an accelerator with timing events (CUDA, ROCm, XPU, MPS), pre-created events around each sample give
+device time, and ``perf_counter`` gives host enqueue time and synchronized wall time; where events cannot
+time, ``perf_counter`` around a device synchronize; on cpu only ``perf_counter``, and the result says the
+figure is host time. The wall clock stops after synchronizing the whole device rather than
+``end.synchronize()``, so work the cell leaves running on *other* streams shows up as wall time far above
+device time (the "other streams" warning). Events, streams and synchronize come from the device layer
+(:mod:`torchgpu_magic.accelerators`). Clocks are injectable: the tests drive the engine with a fake one.
 
-The CUDA clock also counts how often the cell waits for the GPU (:meth:`Clock.count_syncs`) and reads
-the GPU's SM clock and its reasons from NVML after every sample (:meth:`Clock.note_sample`,
+The CUDA clock (also ROCm's) counts how often the cell waits for the GPU (:meth:`Clock.count_syncs`) and
+reads the GPU's SM clock and its reasons from NVML after every sample (:meth:`Clock.note_sample`,
 :class:`~.throttle.ClockWatch`). Also here: which devices can be timed, the allocator figures around a
 measurement (:class:`MemoryProbe`), and the ``_sleep`` calibration that checks the CUDA clock.
 torch is imported lazily.
@@ -21,6 +23,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from .. import accelerators
 from ..caches import table
 from ..errors import MagicInputError
 from ..torchapi import gpu_spin
@@ -129,75 +132,79 @@ class HostClock(Clock):
 
 
 class SyncClock(Clock):
-    """mps / xpu: ``perf_counter`` around the work with a device synchronize at both ends (no event API
-    common to all of them): host enqueue and synchronized wall, the wall being the headline."""
+    """An accelerator whose events cannot time (no event class, or one refusing ``enable_timing``):
+    ``perf_counter`` around the work with a device synchronize at both ends: host enqueue and synchronized
+    wall, the wall being the headline."""
 
     kind = "wall"
     label = "perf_counter + synchronize"
+    host_time = staticmethod(time.perf_counter)  # host enqueue and wall (tests: a simulated machine's clock)
 
     def __init__(self, device: Any) -> None:
-        from .. import devices
-
         self.device = device
-        self._sync = lambda: devices.synchronize(device)
+        kind, index = accelerators.split(device)
+        wait = accelerators.synchronizer(kind)
+        self._sync = lambda: wait(index)
 
     def measure(self, cell: CompiledCell, loops: int, mode: Mode) -> Sample:
         sync = self._sync
         sync()
-        t0 = time.perf_counter()
+        t0 = self.host_time()
         if mode.cold:
             cell.run(loops, _nothing, sync)
         else:
             cell.run(loops)
-        t1 = time.perf_counter()
+        t1 = self.host_time()
         sync()
-        t2 = time.perf_counter()
+        t2 = self.host_time()
         return Sample(loops, host=t1 - t0, wall=t2 - t0)
 
 
-class CudaClock(Clock):
-    """CUDA: pre-created events around each sample (device time), ``perf_counter`` for host enqueue and
-    for the wall time after synchronizing the whole device (method step 5).
+class EventClock(Clock):
+    """An accelerator with timing events (CUDA, ROCm, XPU, MPS, a PrivateUse1 backend's ``Event``):
+    pre-created events around each sample (device time), ``perf_counter`` for host enqueue and for the
+    wall time after synchronizing the whole device (method step 5). The events come from the device
+    layer (:mod:`torchgpu_magic.accelerators`), recorded on the device's current stream (MPS has one).
 
-    The GPU is idle when a sample starts (it was synchronized), so the start event is queued behind a
-    short device-side spin (``torch.cuda._sleep`` of :data:`SPIN_S`, as nvbench queues its start behind
-    a blocking kernel): the event fires when the spin ends, by which time the cell's first kernels are
-    queued, and the first launch's latency stays out of the device time. The synchronized wall time
-    leaves the spin out too, so it compares with device time. A cell that waits for the GPU itself
-    (:meth:`count_syncs`) starts its samples without the spin. ``--cold`` and ``--flush-l2`` record an
-    event pair per loop instead, so the host's synchronize and relaunch gaps between loops stay out of
-    the device time; under ``--cold`` every loop's start event waits behind a spin.
+    ``--cold`` and ``--flush-l2`` record an event pair per loop instead, so the host's synchronize and
+    relaunch gaps between loops stay out of the device time. :class:`CudaClock` adds what only CUDA (and
+    ROCm's HIP) offers: a device-side spin the start event waits behind, the count of the cell's waits
+    for the GPU, and NVML's clocks.
     """
 
     kind = "device"
-    label = "CUDA events"
     host_time = staticmethod(time.perf_counter)  # host enqueue and wall (tests: the simulated GPU's clock)
 
     def __init__(self, device: Any) -> None:
-        import torch
-
-        self._torch = torch
         self.device = device
-        self._sync = torch.cuda.synchronize  # kept: counting syncs wraps the public one
-        self._start = torch.cuda.Event(enable_timing=True)
-        self._end = torch.cuda.Event(enable_timing=True)
+        self.device_kind, self.index = accelerators.split(device)
+        self.label = f"{accelerators.backend_label(self.device_kind)} events"
+        self._sync = accelerators.synchronizer(self.device_kind)  # kept: counting syncs wraps the public one
+        self._start, self._end = self._event(), self._event()
         self._pairs: list = []
-        self.watch: Any = None  # a throttle.ClockWatch once watch_clocks() ran
-        self.hot_spin = True  # off once count_syncs found the cell waiting for the GPU
+        self.hot_spin = False  # only CUDA can queue the start event behind a spin
+
+    def _event(self) -> Any:
+        event = accelerators.timing_event(self.device_kind)
+        if event is None:
+            raise MagicInputError(f"torch cannot time events on {self.device}")
+        return event
+
+    def _spin(self) -> None:
+        """Queue the device-side spin a start event waits behind (CUDA only)."""
 
     def measure(self, cell: CompiledCell, loops: int, mode: Mode) -> Sample:
-        torch, device, sync = self._torch, self.device, self._sync
-        stream = torch.cuda.current_stream(device)
-        spin = self._spin_cycles()
+        index, sync = self.index, self._sync
+        stream = accelerators.current_stream(self.device)
+        record = (lambda event: event.record()) if stream is None else (lambda event: event.record(stream))
         before = after = None
         used: list = []
         per_loop = mode.flush is not None or mode.cold
         if per_loop:
             while len(self._pairs) < loops:
-                new = torch.cuda.Event
-                self._pairs.append((new(enable_timing=True), new(enable_timing=True)))
+                self._pairs.append((self._event(), self._event()))
             pairs = iter(self._pairs[:loops])
-            flush, cold = mode.flush, mode.cold
+            flush, cold, spin = mode.flush, mode.cold, self._spin
 
             def before() -> None:
                 pair = next(pairs)
@@ -205,24 +212,24 @@ class CudaClock(Clock):
                 if flush is not None:
                     flush()
                 if cold:
-                    gpu_spin(spin)
-                pair[0].record(stream)
+                    spin()
+                record(pair[0])
 
             def after() -> None:
-                used[-1][1].record(stream)
+                record(used[-1][1])
                 if cold:
-                    sync(device)
+                    sync(index)
         start, end = self._start, self._end
-        sync(device)
+        sync(index)
         hot_spin = not per_loop and self.hot_spin
         if hot_spin:
-            gpu_spin(spin)
+            self._spin()
         t0 = self.host_time()
-        start.record(stream)
+        record(start)
         cell.run(loops, before, after)
-        end.record(stream)
+        record(end)
         t1 = self.host_time()
-        sync(device)
+        sync(index)
         t2 = self.host_time()
         if used:
             device_ms = sum(s.elapsed_time(e) for s, e in used)
@@ -232,24 +239,62 @@ class CudaClock(Clock):
         wall = max(t2 - t0 - SPIN_S, device_s) if hot_spin else t2 - t0
         return Sample(loops, host=t1 - t0, wall=wall, device=device_s)
 
+    def make_flush(self) -> Callable[[], Any]:
+        """A buffer twice the device's last-level cache (at least 256 MiB), written before every loop:
+        CUDA's and ROCm's L2, XPU's last-level cache; refused where torch reports no cache size (MPS)."""
+        import torch
+
+        cache = accelerators.facts(self.device).cache
+        if not cache:
+            raise MagicInputError(f"--flush-l2 needs the cache size; torch reports none for {self.device}")
+        size = max(FLUSH_FACTOR * cache, FLUSH_MIN_BYTES)
+        buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+        self.flush_bytes = size
+        return buffer.zero_
+
+
+class CudaClock(EventClock):
+    """CUDA and ROCm (torch's cuda API over HIP): :class:`EventClock` with what they add.
+
+    The GPU is idle when a sample starts (it was synchronized), so the start event is queued behind a
+    short device-side spin (``torch.cuda._sleep`` of :data:`SPIN_S`, as nvbench queues its start behind
+    a blocking kernel): the event fires when the spin ends, by which time the cell's first kernels are
+    queued, and the first launch's latency stays out of the device time. The synchronized wall time
+    leaves the spin out too, so it compares with device time. A cell that waits for the GPU itself
+    (:meth:`count_syncs`) starts its samples without the spin. Under ``--cold`` every loop's start event
+    waits behind a spin. The GPU's SM clock is read from NVML after every sample (NVIDIA only).
+    """
+
+    def __init__(self, device: Any) -> None:
+        super().__init__(device)
+        self.watch: Any = None  # a throttle.ClockWatch once watch_clocks() ran
+        self.hot_spin = True  # off once count_syncs found the cell waiting for the GPU
+
+    def _spin(self) -> None:
+        gpu_spin(self._spin_cycles())
+
     def count_syncs(self, cell: CompiledCell) -> Optional[int]:
         """One hot run of the cell (a warm-up run, after the first run, whose compilation and autotuning
         may synchronize for reasons of their own) counting how often it waits for the GPU: the
         synchronizing operations torch's sync debug mode flags (``.item()``, ``.cpu()``, ``print(t)``,
-        ``nonzero``...) and calls to ``torch.cuda.synchronize``. The spin is calibrated before counting;
-        torch's notice that the debug mode is a prototype is dropped; the cell's own warnings are passed
-        on as they were, also when the run raises. A cell that waits for the GPU has its samples start
-        without the spin: the host would wait for the spin too (charging it to host enqueue), and every
-        wait leaves the GPU idle before the next launch anyway."""
-        torch = self._torch
+        ``nonzero``...) and calls to ``torch.cuda.synchronize`` / ``torch.accelerator.synchronize``. The
+        spin is calibrated before counting; torch's notice that the debug mode is a prototype is dropped;
+        the cell's own warnings are passed on as they were, also when the run raises. A cell that waits for
+        the GPU has its samples start without the spin: the host would wait for the spin too (charging it
+        to host enqueue), and every wait leaves the GPU idle before the next launch anyway."""
+        import torch
+
         self._spin_cycles()
         syncs = 0
-        public = torch.cuda.synchronize
+        publics = [(module, module.synchronize) for module in (torch.cuda, torch.accelerator)
+                   if hasattr(module, "synchronize")]
 
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            nonlocal syncs
-            syncs += 1
-            return public(*args, **kwargs)
+        def counting(public: Callable[..., Any]) -> Callable[..., Any]:
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                nonlocal syncs
+                syncs += 1
+                return public(*args, **kwargs)
+            return counted
 
         caught: list = []
         try:
@@ -257,11 +302,13 @@ class CudaClock(Clock):
                 warnings.filterwarnings("always", message=SYNC_WARNING)
                 saved_mode = torch.cuda.get_sync_debug_mode()
                 torch.cuda.set_sync_debug_mode("warn")
-                torch.cuda.synchronize = counted
+                for module, public in publics:
+                    module.synchronize = counting(public)
                 try:
                     self.measure(cell, 1, Mode())
                 finally:
-                    torch.cuda.synchronize = public
+                    for module, public in publics:
+                        module.synchronize = public
                     torch.cuda.set_sync_debug_mode(saved_mode)
         finally:
             for seen in caught:
@@ -286,19 +333,13 @@ class CudaClock(Clock):
 
     def _spin_cycles(self) -> int:
         """``torch.cuda._sleep`` cycles lasting :data:`SPIN_S` on this GPU (calibrated once per process)."""
-        index = self.device.index if self.device.index is not None else self._torch.cuda.current_device()
+        import torch
+
+        index = self.index
         if index not in _SPIN_CYCLES:
-            with self._torch.cuda.device(index):
+            with torch.cuda.device(index):
                 _SPIN_CYCLES[index] = max(1, int(sleep_cycles_per_ms() * SPIN_S * 1e3))
         return _SPIN_CYCLES[index]
-
-    def make_flush(self) -> Callable[[], Any]:
-        torch = self._torch
-        l2 = int(torch.cuda.get_device_properties(self.device).L2_cache_size) or 50 * 2**20
-        size = max(FLUSH_FACTOR * l2, FLUSH_MIN_BYTES)
-        buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
-        self.flush_bytes = size
-        return buffer.zero_
 
 
 def _nothing() -> None:
@@ -328,56 +369,59 @@ def check_device(device: Any, flush_l2: bool = False) -> None:
             "cannot time on 'meta': meta tensors hold no data and run no kernels, so there is nothing to "
             "time (%timeit measures their dispatch overhead); valid: cpu or an accelerator"
         )
-    if kind not in ("cpu", "cuda", "mps", "xpu"):
-        raise MagicInputError(f"cannot time on '{device}'; valid: cpu, cuda, cuda:N, mps, xpu")
-    if flush_l2 and kind in ("mps", "xpu"):
-        raise MagicInputError(f"--flush-l2 works on cuda and cpu; torch reports no L2 size for {kind}")
+    timeable = ("cpu", "cuda", "mps", "xpu", accelerators.current_kind())
+    if kind not in timeable:
+        raise MagicInputError(f"cannot time on '{device}'; valid: cpu, cuda, cuda:N, mps, xpu, xpu:N"
+                              + (f", {timeable[-1]}" if timeable[-1] not in timeable[:-1] else ""))
+    if flush_l2 and kind == "mps":
+        raise MagicInputError("--flush-l2 works on cpu, cuda and xpu; torch reports no cache size for mps")
 
 
 def clock_for(device: Any) -> Clock:
     """The right clock for a ``torch.device`` (see :func:`check_device` for the ones refused)."""
     check_device(device)
     kind = getattr(device, "type", str(device))
-    if kind == "cuda":
-        return CudaClock(device)
     if kind == "cpu":
         return HostClock()
-    return SyncClock(device)
+    if kind == "cuda":
+        return CudaClock(device)
+    if accelerators.timing_event(kind) is None:
+        return SyncClock(device)
+    return EventClock(device)
 
 
 # ---- memory ---------------------------------------------------------------------------------------------
 class MemoryProbe:
     """Allocator figures around the timed runs: allocated before, peak above it, reserved growth.
 
-    On CUDA this resets torch's peak-memory counter for the device (a peak cannot be read otherwise).
-    On cpu torch keeps no allocator statistics, so every figure is None ('N/A').
+    On an accelerator this resets torch's peak-memory counter for the device (a peak cannot be read
+    otherwise); where torch keeps no peak (MPS before torch's accelerator API reached it) the peak is None
+    and the result says why. On cpu torch keeps no allocator statistics, so every figure is None ('N/A').
     """
 
     def __init__(self, device: Any) -> None:
         self.device = device
-        self.cuda = getattr(device, "type", None) == "cuda"
+        self.accelerator = getattr(device, "type", "cpu") not in ("cpu", "meta")
         self.before: Optional[int] = None
         self._reserved: Optional[int] = None
+        self._peaks = False
 
     def start(self) -> None:
-        if not self.cuda:
+        if not self.accelerator:
             return
-        import torch
-
-        torch.cuda.synchronize(self.device)
-        self.before = int(torch.cuda.memory_allocated(self.device))
-        self._reserved = int(torch.cuda.memory_reserved(self.device))
-        torch.cuda.reset_peak_memory_stats(self.device)
+        accelerators.synchronize(self.device)
+        self.before = accelerators.allocated(self.device)
+        self._reserved = accelerators.reserved(self.device)
+        self._peaks = accelerators.reset_peak(self.device)
 
     def stop(self) -> tuple:
         """(allocated before, peak above it, reserved growth), bytes or None."""
-        if not self.cuda or self.before is None:
+        if not self.accelerator or self.before is None:
             return None, None, None
-        import torch
-
-        peak = int(torch.cuda.max_memory_allocated(self.device)) - self.before
-        growth = int(torch.cuda.memory_reserved(self.device)) - (self._reserved or 0)
-        return self.before, max(peak, 0), growth
+        peak = accelerators.peak(self.device) if self._peaks else None
+        reserved = accelerators.reserved(self.device)
+        growth = None if reserved is None else reserved - (self._reserved or 0)
+        return self.before, None if peak is None else max(peak - self.before, 0), growth
 
 
 # ---- checking the CUDA clock ----------------------------------------------------------------------------
@@ -386,17 +430,15 @@ def sleep_cycles_per_ms(warm_s: float = 0.0) -> float:
     runs timed with CUDA events, trimmed mean, as PyTorch's own tests calibrate it. Kernels of known
     length are how the CUDA clock is checked (tests and ``benchmarks/bench_timing.py --gpu``).
     ``warm_s`` spins the GPU that long first, so it calibrates at the boost clock the checks then run at."""
-    import torch
-
     gpu_spin(1_000_000)  # load the kernel
-    torch.cuda.synchronize()
+    accelerators.synchronize("cuda")
     start_warm = time.perf_counter()
     while time.perf_counter() - start_warm < warm_s:
         gpu_spin(1_000_000)
-        torch.cuda.synchronize()
+        accelerators.synchronize("cuda")
     spans = []
     for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = accelerators.timing_event("cuda"), accelerators.timing_event("cuda")
         start.record()
         gpu_spin(1_000_000)
         end.record()

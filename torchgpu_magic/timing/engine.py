@@ -14,12 +14,13 @@ import contextlib
 import time
 from typing import Any, Callable, ContextManager, Iterator, Optional
 
+from .. import accelerators
 from ..caches import table
 from ..host import gc_paused
 from ..torchapi import has_primary_context
 from .cells import CompiledCell, compile_cell, silenced
 from .clocks import Clock, MemoryProbe, Mode, Sample, check_device, clock_for
-from .observe import Touched, cuda_initialised, names_cuda, timing_device, watch
+from .observe import Touched, names_cuda, timing_device, watch
 from .results import KernelRow, Run, TimingResult, device_name, result_from
 from .stats import (
     MAX_LOOPS,
@@ -168,7 +169,6 @@ def profile_kernels(cell: CompiledCell, device: Any, loops: int,
     Returns ``(rows, why, busy)``: ``why`` says why there are no rows (None when there are), ``busy`` the
     seconds per loop the GPU spent in kernels (their union: kernels on several streams count once), None
     off CUDA or without kernels."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     on_cuda = getattr(device, "type", None) == "cuda"
@@ -177,7 +177,7 @@ def profile_kernels(cell: CompiledCell, device: Any, loops: int,
     with silence(), markers_dropped(), profile(activities=activities) as prof:
         cell.run(loops)
         if on_cuda:
-            torch.cuda.synchronize(device)  # its runtime row shows that CUPTI recorded CUDA activity
+            accelerators.synchronize(device)  # its runtime row shows that CUPTI recorded CUDA activity
     if on_cuda:
         totals, ops, runtime, busy = tally(prof.events())
     else:
@@ -320,7 +320,7 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
         if first is None:
             with output(), watch() as touched:
                 first = clock.measure(cell, 1, mode)
-        if getattr(device, "type", None) == "cuda":
+        if hasattr(clock, "watch_clocks"):  # NVML's SM clocks (CUDA; nothing read where NVML has none)
             clock.watch_clocks()
         run = measure(cell, clock, opts, mode, silence, first=first)
         memory = probe.stop()
@@ -338,16 +338,15 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
 
 
 def _quiesce() -> None:
-    """Wait for GPU work queued before the first run (by the setup, or earlier cells), so the first run's
-    wall time is its own; only where a CUDA context exists already: synchronizing without one would
-    create it, for a cell that may never use the GPU."""
-    if not cuda_initialised():
+    """Wait for device work queued before the first run (by the setup, or earlier cells), so the first
+    run's wall time is its own; only where the accelerator is initialised already, and on CUDA only where
+    its context exists: synchronizing without one would create it, for a cell that may never use the GPU."""
+    kind = accelerators.current_kind()
+    if kind is None or accelerators.initialised(kind) is None:
         return
-    import torch
-
-    current = torch.cuda.current_device()
-    if has_primary_context(current):
-        torch.cuda.synchronize(current)
+    current = accelerators.current_index(kind)
+    if kind != "cuda" or has_primary_context(current):
+        accelerators.synchronize((kind, current))
 
 
 def _settled(device: Any, started: float, host: float) -> Sample:

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-ACCELERATORS = ("cuda", "xpu", "mps")
+from .. import accelerators
 
 
 @dataclass
@@ -45,11 +44,7 @@ class Touched:
 def cuda_initialised() -> bool:
     """Whether torch has initialised CUDA in this process (False when torch is not even imported); asks
     nothing that could initialise it."""
-    torch = sys.modules.get("torch")
-    try:
-        return bool(torch is not None and torch.cuda.is_initialized())
-    except Exception:  # noqa: BLE001 - a half-imported or broken torch has not initialised CUDA
-        return False
+    return accelerators.cuda_state() == "initialised"
 
 
 @functools.cache
@@ -137,7 +132,7 @@ def choose_device(default: Any, touched: Optional[Touched], current_cuda: int, u
         return default
     for text in touched.devices:
         device = torch.device(text)
-        if device.type in ACCELERATORS and device.type in usable:
+        if device.type not in ("cpu", "meta") and device.type in usable:
             return indexed(device)
     if (touched.cuda_initialised or touched.names_cuda) and "cuda" in usable:
         return torch.device("cuda", current_cuda)
@@ -172,26 +167,9 @@ def names_cuda(code: Any, namespace: dict) -> bool:
 def timing_device(touched: Optional[Touched] = None) -> Any:
     """:func:`choose_device` for this process now: torch's default device, the accelerators usable here
     and, where it matters, the current CUDA GPU. Initialises nothing."""
-    import torch
-
     from .. import devices
 
     default = devices.default_device()
-    usable = tuple(kind for kind in ACCELERATORS if _usable(kind))
-    current = 0
-    if "cuda" in usable and (default.type == "cuda" or touched is not None):
-        current = torch.cuda.current_device() if cuda_initialised() else 0
+    usable = tuple(accelerators.available_kinds())
+    current = accelerators.current_index("cuda") if "cuda" in usable else 0
     return choose_device(default, touched, current, usable)
-
-
-def _usable(kind: str) -> bool:
-    import torch
-
-    try:
-        if kind == "cuda":
-            return bool(torch.cuda.is_available())
-        if kind == "mps":
-            return bool(torch.backends.mps.is_available())
-        return bool(getattr(torch, "xpu", None) is not None and torch.xpu.is_available())
-    except Exception:  # noqa: BLE001 - a backend that cannot say is not usable
-        return False

@@ -190,17 +190,14 @@ def for_device(device: Any, clock_mhz: Optional[float] = None) -> tuple:
     hint = "--peak FLOPS[,BYTES_PER_S] sets one, for a percentage"
     if kind != "cuda":
         return None, [f"roofline: no peak figures for {kind} ({hint})"]
-    import torch
+    from .. import accelerators
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    name = str(torch.cuda.get_device_name(index))
+    facts = accelerators.facts(device)
+    name = facts.name
     model = lookup(name)
     if model is None:
         return None, [f"roofline: {name} is not in the peak table: achieved figures only ({hint})"]
-    try:
-        sms = int(torch.cuda.get_device_properties(index).multi_processor_count)
-    except (AttributeError, RuntimeError, TypeError, ValueError):
-        sms = model.sms
+    sms = int(facts.units) if facts.units else model.sms
     return resolve(model, name, sms, clock_mhz), []
 
 

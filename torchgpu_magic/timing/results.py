@@ -15,8 +15,9 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from .. import accelerators
 from ..render import Fields, Lines, Report, Reportable, Table, fmt_bytes, fmt_percent, fmt_seconds, is_na
-from .clocks import Clock, CudaClock, Sample
+from .clocks import Clock, Sample
 from .flags import assess, l2_note, other_streams
 from .stats import Options, Stats, median, ratio
 from .throttle import clock_lines
@@ -46,7 +47,6 @@ class KernelRow:
     share: float
 
 
-CUDA_LABEL = CudaClock.label
 _KIND_WORDS = {"device": "device time", "host": "host time", "wall": "synchronized wall time"}
 
 
@@ -141,10 +141,16 @@ class TimingResult(Reportable):
         if self.wall is not None:
             parts.append(f"synchronized wall {fmt_seconds(self.wall)}")
         parts.append(f"first run {fmt_seconds(self.first_run)} (excluded)")
-        memory = ("N/A (torch keeps no allocator statistics for this device)" if self.memory_peak is None
-                  else f"peak {fmt_bytes(self.memory_peak, signed=True)} above the "
-                       f"{fmt_bytes(self.memory_before)} allocated before; reserved "
-                       f"{fmt_bytes(self.memory_reserved_growth, signed=True)}")
+        if self.memory_before is None:
+            memory = "N/A (torch keeps no allocator statistics for this device)"
+        elif self.memory_peak is None:  # MPS on a torch whose accelerator API does not reach it
+            memory = (f"{fmt_bytes(self.memory_before)} allocated before; reserved "
+                      f"{fmt_bytes(self.memory_reserved_growth, signed=True)}; peak N/A (torch keeps no peak "
+                      "for this device: %gpumem tracks one by sampling)")
+        else:
+            memory = (f"peak {fmt_bytes(self.memory_peak, signed=True)} above the "
+                      f"{fmt_bytes(self.memory_before)} allocated before; reserved "
+                      f"{fmt_bytes(self.memory_reserved_growth, signed=True)}")
         achieved = self.roofline.line() if self.roofline is not None else ""
         return Report([Lines([self.headline()] + ([achieved] if achieved else [])),
                        Fields([("per loop", ", ".join(parts)), ("memory", memory)]),
@@ -155,7 +161,7 @@ class TimingResult(Reportable):
     def kernel_table(self) -> Table:
         """The ``--kernels`` table of this result (call only when ``kernels`` is set)."""
         busy = self.gpu_busy / self.device_time if self.gpu_busy and self.device_time else None
-        return kernel_table(self.kernels or [], self.clock == CUDA_LABEL, self.kernels_empty,
+        return kernel_table(self.kernels or [], self.device.startswith("cuda"), self.kernels_empty,
                             self.cold or self.flush_l2, busy)
 
     # -- data ------------------------------------------------------------------------------------------
@@ -274,10 +280,8 @@ class TimingComparison(Reportable):
 def device_name(device: Any) -> str:
     """A person's name for ``device``: the GPU model, or the CPU model where Linux says it."""
     kind = getattr(device, "type", str(device))
-    if kind == "cuda":
-        import torch
-
-        return str(torch.cuda.get_device_name(device))
+    if kind not in ("cpu", "meta"):
+        return accelerators.device_name(device)
     if kind == "cpu":
         with contextlib.suppress(OSError):
             with open("/proc/cpuinfo") as handle:
@@ -289,12 +293,11 @@ def device_name(device: Any) -> str:
 
 
 def l2_cache_bytes(device: Any) -> Optional[int]:
-    """The L2 cache of a CUDA ``device`` in bytes (None elsewhere, or where torch does not say)."""
-    if getattr(device, "type", None) != "cuda":
+    """The last-level cache of an accelerator in bytes: CUDA's and ROCm's L2, XPU's last-level cache (None
+    on cpu, or where torch does not say, as on MPS)."""
+    if getattr(device, "type", "cpu") in ("cpu", "meta"):
         return None
-    import torch
-
-    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or None
+    return accelerators.facts(device).cache
 
 
 def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optional[float],
@@ -336,6 +339,9 @@ def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optio
                      f"+-{fmt_percent(stats.rel_ci)}")
     if run.kind == "host":
         notes.append("host time (perf_counter): cpu work is finished when the call returns")
+    if run.kind == "wall":
+        notes.append(f"synchronized wall time (perf_counter around a device synchronize): torch's events "
+                     f"cannot time on {device}, so host gaps between launches count too")
     if opts.cold:
         notes.append("--cold: synchronized after every loop" + (
             "; device time from an event pair per loop, each start queued behind a short device-side spin, "

@@ -69,6 +69,26 @@ def test_the_layer_names_the_accelerator_without_initialising_it(machine):
         assert accelerators.state() == "initialised"
 
 
+def test_started_asks_is_initialized_alone(machine, monkeypatch):
+    """What %%ontorch asks around every cell: whether CUDA / XPU started, without counting devices."""
+    import torch
+
+    name, _ = machine
+    kind = EXPECTED[name][0]
+    if kind == "mps":
+        pytest.skip("MPS has no lazy initialisation")
+    counted = []
+    for other in ("cuda", "xpu"):
+        module = torch.get_device_module(other)
+        monkeypatch.setattr(module, "device_count", lambda *a, count=module.device_count: counted.append(a)
+                            or count(*a))
+    assert not accelerators.started(kind) and not accelerators.started("xpu" if kind == "cuda" else "cuda")
+    assert counted == []
+    accelerators.facts((kind, 0))  # initialised, as a cell that ran work has it
+    counted.clear()
+    assert accelerators.started(kind) and counted == []
+
+
 def test_what_the_device_is(machine):
     name, _ = machine
     kind, _, device_name, memory = EXPECTED[name]

@@ -134,6 +134,18 @@ def state(kind: Optional[str] = None) -> str:
         return "no accelerator"
 
 
+def started(kind: str) -> bool:
+    """Whether the backend of ``kind`` (one with lazy initialisation: cuda, xpu) is initialised in this
+    process, asked as cheaply as torch allows: its ``is_initialized()`` alone, never a device count
+    (counting asks NVML or Level Zero): what ``%%ontorch`` asks around every cell."""
+    module = backend_module(kind)
+    checker = getattr(module, "is_initialized", None)
+    try:
+        return bool(checker()) if checker is not None else False
+    except Exception:  # noqa: BLE001 - a backend that cannot say has not started
+        return False
+
+
 def initialised(kind: Optional[str] = None) -> Any:
     """The backend module of ``kind`` (default this torch's accelerator) when it is initialised in this
     process, else None: the one way into an allocator here and in the sampler, so neither initialises."""

@@ -249,11 +249,9 @@ def current_state() -> DeviceState:
 
     # An initialised backend has a device, so is_initialized() alone decides, and it asks nothing else
     # (counting devices asks NVML before CUDA starts): %%ontorch captures this around every cell.
-    current = []
-    for kind in ("cuda", "xpu"):
-        if (_cuda_count() if kind == "cuda" else _xpu_count()) and accelerators.initialised(kind) is not None:
-            current.append((kind, accelerators.current_index(kind)))
-    return DeviceState(_raw_default_device(), torch.get_default_dtype(), tuple(current))
+    current = tuple((kind, accelerators.current_index(kind)) for kind in ("cuda", "xpu")
+                    if accelerators.started(kind))
+    return DeviceState(_raw_default_device(), torch.get_default_dtype(), current)
 
 
 def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:

@@ -260,7 +260,8 @@ def differs(written: Optional[dict], here: dict, depends: tuple = ()) -> Optiona
 
 # Lines that come and go from run to run of the same cell: %%cudatime's verdicts on the samples it took.
 VARYING_LINES = re.compile(r"^\s*([^!]*: )?(! (noisy|unreliable|the slowest sample|the result is under 10 x|"
-                           r"not converged)|-r \d+: fixed sample count)")
+                           r"not converged)|-r \d+: fixed sample count)"
+                           r"|^\s*\(on the cpu, freed memory the C allocator keeps")
 MASKS = (
     (re.compile(r"\b\d{4}-\d\d-\d\d\b"), "<date>"),
     (re.compile(r"\b\d{1,2}:\d\d:\d\d\b"), "<clock>"),
@@ -284,7 +285,7 @@ def mask(text: str, env: dict) -> str:
     - ``%%cudatime``'s verdicts on its samples (noisy, unreliable, slowest / fastest, under 10 x an empty
       cell, not converged, an engine ``slower`` than the others) and the confidence interval of a fixed
       ``-r`` count are left out, as are speed ratios (``1.02x``) and whether the memory ``%gpumem free``
-      measured coming back was measurable;
+      measured coming back was measurable (and its note on the C allocator, said only when it was not);
     - runs of spaces count as one, and a table's rule of dashes as one dash, so a column widened by a
       longer figure does not count as a change (and :func:`same` compares across line breaks too).
 

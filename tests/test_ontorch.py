@@ -571,7 +571,9 @@ def test_cuda_availability_is_asked_once_not_before_every_cell(tip, monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", counting)
     for _ in range(5):
         cell(tip, "%%ontorch cpu\nx = torch.ones(2)")
-    assert asked == []  # cpu exists everywhere, and saving the state asks only is_initialized()
+    # not before every cell: at most once, when the first cell builds the list of devices here (a test
+    # before this one may have left cpu remembered: then never); saving the state asks is_initialized()
+    assert len(asked) <= 1
     for _ in range(5):
         cell(tip, "%ontorch")  # what auto is here: the remembered count
     assert len(asked) <= 1

@@ -70,13 +70,17 @@ def skip_unless_cuda_machine(config: Any, scripts: str) -> None:
         pytest.skip(f"scripts {scripts}; this run simulates {MACHINES[running]}")
 
 
+# The devices besides cpu and meta that a torch without CUDA lists on each simulated machine, as device
+# errors name them: the Mac's one MPS device, the Intel machine's one GPU.
+NON_CUDA_DEVICES = {"mps": ["mps"], "xpu": ["xpu:0"]}
+
+
 def devices_here(config: Any) -> str:
-    """The devices a CPU build of torch without CUDA lists on this run's machine, as the device layer's
-    messages name them ("cpu, meta"; "cpu, mps, meta" on the simulated Mac): read from the run's choice
-    of machine, apart from the code under test."""
+    """The devices a torch without CUDA lists on this run's machine, as the device layer's messages name
+    them ("cpu, meta"; "cpu, mps, meta" on the simulated Mac): read from the run's choice of machine,
+    apart from the code under test."""
     running = getattr(config, "_simulated_machine", None)
-    extra = [] if running is None or DEVICE_KIND[running] == "cuda" else [DEVICE_KIND[running]]
-    return ", ".join(["cpu", *extra, "meta"])
+    return ", ".join(["cpu", *NON_CUDA_DEVICES.get(running, []), "meta"])
 
 
 def for_test(request: Any, monkeypatch: Any, name: str) -> Any:

@@ -140,19 +140,18 @@ test-simulated: $(VENV)/.test
 	    $(PYTEST_ARGS); \
 	else echo "test-simulated: skipped, this torch is a CUDA build: run the gpu-marked tests on its GPU"; fi
 
-# The files where the device matters, again as on an Apple M2 Max Mac (mps), an Intel GPU Max 1100 (xpu)
-# and an AMD MI300X under ROCm with AMD SMI and no NVML (rocm): tests/simulated_mps.py, simulated_xpu.py,
-# simulated_rocm.py put each machine where a GPU build's C extension sits, and every magic is checked on it
-# (tests/test_simulated_machines.py). The real-kernel test of test_oom.py runs in a kernel of its own,
-# which the simulation does not reach. Skipped, with one line, where torch is a build for a GPU.
-SIMULATED_TESTS := tests/test_accelerators.py tests/test_simulated_machines.py tests/test_gpus_backendcauses.py \
-  tests/test_cudatime.py tests/test_gpumem_figures.py tests/test_sampler.py tests/test_holders.py \
-  tests/test_oom.py tests/test_cudamem.py
+# The suite again, as test-simulated does, as on an Apple M2 Max Mac (mps), an Intel GPU Max 1100 (xpu) and
+# an AMD MI300X under ROCm with AMD SMI and no NVML (rocm): tests/simulated_mps.py, simulated_xpu.py,
+# simulated_rocm.py put each machine where a GPU build's C extension sits, every test runs as on it, and
+# every magic is checked on it (tests/test_simulated_machines.py). A test that scripts a machine the
+# simulated one cannot be (a CUDA build of torch, NVIDIA GPUs) skips there, saying so. Notebooks and the
+# browser run in processes of their own, which the simulation does not reach, so they are left to the first
+# leg. Skipped, with one line, where torch is a build for a GPU.
 test-simulated-mps test-simulated-xpu test-simulated-rocm: test-simulated-%: $(VENV)/.test
 	@if $(VPY) -c 'import sys, torch; sys.exit(torch.accelerator.current_accelerator() is not None)'; then \
-	  echo "$(VPY) -m pytest -q --simulate $* (the files where the device matters)"; \
-	  $(VPY) -m pytest -q -p no:cacheprovider --simulate $* $(SIMULATED_TESTS) \
-	    --deselect tests/test_oom.py::test_in_a_real_kernel $(PYTEST_ARGS); \
+	  echo "$(VPY) -m pytest -q --simulate $* (the suite as on that machine)"; \
+	  $(VPY) -m pytest -q -p no:cacheprovider --simulate $* --ignore=tests/test_browser.py \
+	    --ignore=tests/test_notebooks.py $(PYTEST_ARGS); \
 	else echo "test-simulated-$*: skipped, this torch is a build for a GPU: it has its own backend"; fi
 
 # Rebuilt from scratch whenever .venv changes (it is small): the layer, then IPython 7.34 and the package.

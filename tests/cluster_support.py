@@ -61,6 +61,19 @@ def import_package() -> str:
     return torchgpu_magic.__file__
 
 
+def gpuinfo_here() -> tuple:
+    """On an engine: whether torch sees a CUDA GPU there, and the first cause %gpuinfo gives there
+    (message, fix; None where it gives none). The engines are processes of their own on this machine,
+    which a simulated machine (it lives in the test process) does not reach."""
+    import torch
+
+    from torchgpu_magic.gpus.inventory import build_report
+
+    diagnosis = build_report(show_processes=False).diagnosis
+    first = (diagnosis[0].message, diagnosis[0].fix) if diagnosis else None
+    return bool(torch.cuda.is_available()), first
+
+
 def threads() -> set:
     """The idents of this process's live threads."""
     import threading

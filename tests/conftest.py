@@ -238,12 +238,15 @@ def fake_nvml(monkeypatch: Any) -> Any:
 
 
 @pytest.fixture
-def torch_sees_gpus(monkeypatch: Any) -> Any:
+def torch_sees_gpus(request: Any, monkeypatch: Any) -> Any:
     """``torch_sees_gpus(n)`` makes torch answer as a CUDA 13 build seeing ``n`` GPUs before CUDA is
     initialised, whatever this machine has (none, the simulated H100, or real GPUs with CUDA initialised
     by earlier tests): asking torch about a device then fails the test, as it would initialise CUDA.
-    With NVML scripted (``fake_nvml``), the extension names the GPUs from NVML."""
+    With NVML scripted (``fake_nvml``), the extension names the GPUs from NVML. Skips where the run
+    simulates an MPS, XPU or ROCm machine: a CUDA build is not what torch is there."""
     import torch
+
+    simulated_legs.skip_unless_cuda_machine(request.config, "a CUDA build of torch")
 
     def refuse(*args: Any) -> Any:
         raise AssertionError("asked torch about a CUDA device: that initialises CUDA")

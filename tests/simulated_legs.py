@@ -53,6 +53,36 @@ def install_for_run(config: Any) -> Any:
     return config._simulated_device
 
 
+# The simulated machines that are no NVIDIA CUDA machine: there torch is a build for MPS, XPU or HIP, and
+# NVML has no GPU to list.
+NOT_CUDA = ("mps", "xpu", "rocm")
+
+# The device kind each simulated machine gives torch, as it lists the devices it has.
+DEVICE_KIND = {"h100": "cuda", "mps": "mps", "xpu": "xpu", "rocm": "cuda"}
+
+
+def skip_unless_cuda_machine(config: Any, scripts: str) -> None:
+    """Skip the test where the run simulates a machine that cannot be what the test ``scripts`` (a CUDA
+    build of torch, an NVIDIA machine...): scripting it over an MPS, XPU or ROCm torch would make a
+    machine that does not exist. The ordinary leg and the simulated H100 run it."""
+    running = getattr(config, "_simulated_machine", None)
+    if running in NOT_CUDA:
+        pytest.skip(f"scripts {scripts}; this run simulates {MACHINES[running]}")
+
+
+# The devices besides cpu and meta that a torch without CUDA lists on each simulated machine, as device
+# errors name them: the Mac's one MPS device, the Intel machine's one GPU.
+NON_CUDA_DEVICES = {"mps": ["mps"], "xpu": ["xpu:0"]}
+
+
+def devices_here(config: Any) -> str:
+    """The devices a torch without CUDA lists on this run's machine, as the device layer's messages name
+    them ("cpu, meta"; "cpu, mps, meta" on the simulated Mac): read from the run's choice of machine,
+    apart from the code under test."""
+    running = getattr(config, "_simulated_machine", None)
+    return ", ".join(["cpu", *NON_CUDA_DEVICES.get(running, []), "meta"])
+
+
 def for_test(request: Any, monkeypatch: Any, name: str) -> Any:
     """Machine ``name`` for one test (a generator: yields it, then tidies up): the run's (reset), else
     installed for this test alone and what the package remembered of it forgotten afterwards; skips in a

@@ -31,6 +31,11 @@ import torch
 from simulated_accelerator import Backend, EventClock, GiB, Ledger
 from simulated_gpu import SimulatedTime, Timeline
 
+MPS_TYPE = 13  # c10::DeviceType::MPS
+# MPSGuardImpl's only stream: Stream::DEFAULT (id 0) on mps:0. Built once here: a torch call in the stand-in
+# would be traced by Dynamo, which asks for the current stream while it compiles (C++ in torch, never traced)
+DEFAULT_STREAM = torch.Stream(stream_id=0, device_index=0, device_type=MPS_TYPE)
+
 CHIP = "Apple M2 Max"
 GPU_CORES = 38
 MEMSIZE = 32 * GiB
@@ -117,7 +122,9 @@ class SimulatedMPS(Backend):
             raise RuntimeError("Invalid device index for MPS: only 0 exists")
 
     def stream(self, index: int) -> Any:
-        raise RuntimeError("MPS has no stream API to hand out")
+        """What MPSGuardImpl::getStream gives for any device: the default stream of mps:0, the one
+        command queue; torch.compile's Dynamo asks for it while tracing."""
+        return DEFAULT_STREAM
 
     def device_stats(self, index: int) -> dict:
         raise simulated_accelerator.not_a_device_allocator("mps")

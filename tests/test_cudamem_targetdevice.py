@@ -4,6 +4,7 @@ allowances with their sources."""
 from __future__ import annotations
 
 import pytest
+import simulated_legs
 
 from torchgpu_magic.cudamem import targetdevice as targets
 from torchgpu_magic.cudamem.allocator import GIB, KIB, MIB
@@ -91,8 +92,12 @@ def test_on_a_cuda_build_without_a_gpu_cuda_is_predicted_on_cpu_and_says_why():
         assert target.why == "torch's CUDA runtime sees no GPU here" and "standing in for" in target.how()
 
 
-def test_capacity_comes_from_the_device_torch_describes_and_is_unknown_for_one_it_does_not(monkeypatch):
+def test_capacity_comes_from_the_device_torch_describes_and_is_unknown_for_one_it_does_not(monkeypatch,
+                                                                                          request):
     import torch
+
+    # ROCm's own figures (no compute capability): tests/test_simulated_machines.py
+    simulated_legs.skip_unless_cuda_machine(request.config, "an NVIDIA H100 as a CUDA build describes it")
 
     class Props:
         total_memory, name, major, minor = 80 * GIB, "NVIDIA H100 80GB HBM3", 9, 0

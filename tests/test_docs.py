@@ -263,9 +263,9 @@ def test_the_mask_hides_figures_and_keeps_words():
 def example_run(request) -> dict:
     """One run of docs/examples.py in a fresh interpreter (a process of its own: the examples show a
     session from its first cell, and the test session's shell is not theirs)."""
-    if getattr(request.config, "_simulated_gpu", None) is not None:
-        pytest.skip("the examples run in a process of their own, which --simulate-gpu does not reach: the "
-                    "ordinary leg compares them")
+    if getattr(request.config, "_simulated_machine", None) is not None:
+        pytest.skip("the examples run in a process of their own, which the simulated machine does not reach: "
+                    "the ordinary leg compares them")
     here = examples.environment()
     why = {examples.differs(examples.written_env(p.read_text(encoding="utf-8")), here)
            for p, _ in _blocks().values()}

@@ -6,10 +6,12 @@ import subprocess
 import sys
 
 import pytest
+import simulated_legs
 from conftest import ROOT, run, run_error
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
+from torchgpu_magic.gpus.accelerated import AcceleratorReport
 from torchgpu_magic.gpus.inventory import GPUReport
 
 
@@ -19,39 +21,56 @@ def _has_cuda():
     return torch.cuda.is_available()
 
 
-@pytest.mark.skipif(_has_cuda(), reason="checks the no-GPU diagnosis")
+def _report_class(config):
+    """The report %gpuinfo gives on this run's machine: the MPS / XPU / ROCm report on the simulated Mac,
+    Intel GPU and MI300X, the NVIDIA inventory's elsewhere (chosen from the run, apart from the code)."""
+    machine = getattr(config, "_simulated_machine", None)
+    return AcceleratorReport if machine in simulated_legs.NOT_CUDA else GPUReport
+
+
+@pytest.mark.skipif(_has_cuda(), reason="checks the report of a machine where CUDA has no GPU")
 def test_gpuinfo_here_gives_diagnosis_no_traceback(ip):
+    import torch
+
     with capture_output() as cap:
         run(ip, "%gpuinfo")
     assert "Traceback" not in cap.stdout + cap.stderr
     assert len(cap.outputs) == 1
     data = cap.outputs[0].data
-    assert "torch cannot use a GPU" in data["text/plain"]
+    headline = data["text/plain"].splitlines()[0]
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None:  # no GPU torch can use: the report says why
+        assert "torch cannot use a GPU" in headline
+        if torch.version.cuda is None:
+            assert "CPU-only build" in data["text/plain"]
+    else:  # a Mac's MPS, an Intel XPU: the report names it
+        assert headline.startswith(f"torch can use {torch.accelerator.device_count()} GPU")
+        assert f"({accelerator.type.upper()})" in headline
     assert "<table" in data["text/html"]
-    import torch
-
-    if torch.version.cuda is None:
-        assert "CPU-only build" in data["text/plain"]
 
 
-def test_gpuinfo_json_parses(ip):
+def test_gpuinfo_json_parses(ip, request):
     with capture_output() as cap:
         run(ip, "%gpuinfo --json")
     data = json.loads(cap.stdout)
-    assert {"environment", "torch", "gpus", "diagnosis"} <= set(data)
+    if _report_class(request.config) is GPUReport:
+        assert {"environment", "torch", "gpus", "diagnosis"} <= set(data)
+    else:
+        assert {"environment", "backend", "torch_version", "devices", "diagnosis"} <= set(data)
 
 
-def test_gpuinfo_o_returns_report(ip):
+def test_gpuinfo_o_returns_report(ip, request):
     with capture_output() as cap:
         run(ip, "report = %gpuinfo -o")
     assert cap.outputs == []
     report = ip.user_ns["report"]
-    assert isinstance(report, GPUReport)
+    assert type(report) is _report_class(request.config)
     assert report.to_dict()["pid"] == report.pid
     assert "torch" in report._repr_html_()
 
 
-def test_gpuinfo_with_fake_h100(ip, fake_nvml):
+def test_gpuinfo_with_fake_h100(ip, fake_nvml, request):
+    simulated_legs.skip_unless_cuda_machine(request.config, "an NVIDIA H100 through NVML")
     fake_nvml("h100_busy")
     with capture_output() as cap:
         run(ip, "%gpuinfo")
@@ -110,7 +129,8 @@ def test_module_entry_point_subprocess():
     assert out.returncode == 2 and "999" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_main_in_process(capsys, fake_nvml):
+def test_main_in_process(capsys, fake_nvml, request):
+    simulated_legs.skip_unless_cuda_machine(request.config, "NVIDIA GPUs split by MIG through NVML")
     from torchgpu_magic.__main__ import main
 
     fake_nvml("mig")
@@ -120,7 +140,8 @@ def test_main_in_process(capsys, fake_nvml):
     assert json.loads(capsys.readouterr().out)["environment"]["driver_version"] == "550.163.01"
 
 
-def test_missing_nvml_hint_is_said_once(ip, fake_nvml, monkeypatch, tmp_path):
+def test_missing_nvml_hint_is_said_once(ip, fake_nvml, monkeypatch, tmp_path, request):
+    simulated_legs.skip_unless_cuda_machine(request.config, "a Linux machine with an NVIDIA GPU")
     from scripted_machine import linux
 
     from torchgpu_magic.gpus import machine, nvml

@@ -716,6 +716,8 @@ def _on_this_machine() -> str:
 
     if torch.cuda.is_available():
         return "torch can use a GPU here"
+    if torch.accelerator.current_accelerator() is not None:
+        return f"torch can use an accelerator here ({torch.accelerator.current_accelerator().type})"
     if not _bus_has_no_nvidia_device():
         return "this machine's PCI bus is unreadable or has an NVIDIA device"
     if hosting.hosted_service(os.environ, sys.modules):

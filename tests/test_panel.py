@@ -8,6 +8,7 @@ import time
 
 import fake_pynvml
 import pytest
+import simulated_legs
 from conftest import run, run_error
 from fake_clock import VirtualTime
 from IPython.core.error import UsageError
@@ -297,15 +298,21 @@ def test_hundred_cycles_leave_no_thread_no_widget_no_hook(ip):
     assert _hooks(ip) == events_before
 
 
-def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypatch, fake_nvml,
-                                                                    torch_sees_gpus):
+def test_without_ipywidgets_prints_a_snapshot_and_the_install_hint(ip, monkeypatch, fake_nvml, request):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now raises ImportError
     fake_nvml("no_gpus")
-    torch_sees_gpus(0)  # no GPU, on any machine
+    machine = getattr(request.config, "_simulated_machine", None)
+    if machine not in simulated_legs.NOT_CUDA:
+        request.getfixturevalue("torch_sees_gpus")(0)  # no GPU, on any CUDA machine
     with capture_output() as out:
         run(ip, "%gpumem")
     text = out.stdout + "".join(o.data.get("text/plain", "") for o in out.outputs)
-    assert "RSS" in text and "no GPU: host memory only" in text
+    assert "RSS" in text
+    if machine in simulated_legs.NOT_CUDA:  # the simulated Mac, Intel GPU, MI300X: its GPU is shown
+        kind = simulated_legs.DEVICE_KIND[machine]
+        assert "no GPU:" not in text and any(line.strip().startswith(kind) for line in text.splitlines())
+    else:
+        assert "no GPU: host memory only" in text
     assert "pip install torchgpu-magic[widgets]" in text
     assert _threads() == []
 
@@ -417,6 +424,7 @@ def test_gpus_are_remapped_on_the_main_thread_never_in_the_sampler_thread(ip, mo
     state = ["not imported"]
     for module in (accelerators, figures):
         monkeypatch.setattr(module, "cuda_state", lambda: state[0])
+    monkeypatch.setattr(accelerators, "state", lambda kind=None: state[0])  # MPS, XPU: their own state
     from torchgpu_magic.gpumem import sampler as sampler_module
 
     monkeypatch.setattr(sampler_module, "cuda_state", lambda: state[0], raising=False)
@@ -440,7 +448,11 @@ def test_gpus_are_remapped_on_the_main_thread_never_in_the_sampler_thread(ip, mo
     with capture_output():
         run(ip, "%gpumem --widget --interval 0.05")
     time.sleep(0.2)
-    state[0] = "not initialised"  # as after the user's first `import torch`
+    import torch
+
+    # as after the user's first `import torch`; on ROCm, whose GPUs are watched through torch and AMD SMI
+    # whatever CUDA's state, after its first `.cuda()`
+    state[0] = "initialised" if torch.version.hip else "not initialised"
     ip.run_cell("import warnings as w\nwith w.catch_warnings(record=True) as got:\n"
                 "    w.simplefilter('always')\n    for i in range(50):\n        w.warn(f'user {i}')\n"
                 "n_warnings = len(got)", store_history=True).raise_error()

@@ -72,10 +72,11 @@ def test_module_report_trainable_and_wrappers_and_hooks():
 
 
 def test_dataparallel_wrapper_on_a_machine_without_a_gpu():
-    if torch.cuda.is_available():
-        pytest.skip("DataParallel moves its module to cuda:0 where torch sees a GPU, leaving a CUDA context "
-                    "in the test process: tests/test_whereis.py::test_gpu_model_table_and_dataparallel "
-                    "covers it there")
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is not None and accelerator.type in ("cuda", "xpu"):  # the GPUs DataParallel moves to
+        pytest.skip(f"DataParallel moves its module to {accelerator.type}:0 where torch sees a GPU, leaving "
+                    "a context in the test process (a kernel the simulated machines cannot run): "
+                    "tests/test_whereis.py::test_gpu_model_table_and_dataparallel covers it there")
     dp = torch.nn.DataParallel(torch.nn.Linear(2, 2))
     assert "DataParallel wrapper" in modules.module_report("dp", dp).to_text()
 

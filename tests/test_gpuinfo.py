@@ -39,7 +39,8 @@ def test_gpuinfo_here_gives_diagnosis_no_traceback(ip):
     data = cap.outputs[0].data
     headline = data["text/plain"].splitlines()[0]
     accelerator = torch.accelerator.current_accelerator()
-    if accelerator is None:  # no GPU torch can use: the report says why
+    # no GPU torch can use (a CPU build, or a CUDA build that finds none): the report says why
+    if accelerator is None or not torch.accelerator.device_count():
         assert "torch cannot use a GPU" in headline
         if torch.version.cuda is None:
             assert "CPU-only build" in data["text/plain"]

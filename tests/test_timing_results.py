@@ -2,6 +2,7 @@
 headline, text, HTML and plain data, the comparison's speed-ups, and the kernel table."""
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -166,19 +167,23 @@ def test_no_kernels_recorded_is_told_apart_from_no_op_ran():
     assert "CUPTI" in text and "no torch op ran" not in text
 
 
-def _event(name, activity, start, end, device="CUDA", annotation=False):
-    """A profiler event as torch's own FunctionEvent carries it from a pass with CUDA activity."""
+def _made_event(name, activity, start, end, device="CUDA", annotation=False, legacy=False):
+    """A profiler event as torch's own FunctionEvent carries it from a pass with CUDA activity; with
+    ``legacy``, as torch 2.11's carries it, without its activity."""
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import FunctionEvent
 
     return FunctionEvent(id=0, name=name, thread=0, start_us=start, end_us=end, use_device="cuda",
                          device_type=getattr(DeviceType, device), is_user_annotation=annotation,
-                         activity_type=activity)
+                         activity_type=None if legacy else activity)
 
 
-def test_tally_counts_torch_ops_and_kernels_not_runtime_rows_or_annotations():
+@pytest.mark.parametrize("legacy", [False, True], ids=["activity", "torch 2.11"])
+def test_tally_counts_torch_ops_and_kernels_not_runtime_rows_or_annotations(legacy):
     """The runtime row of our own synchronize is no op (a cell that launched nothing is not told 'CUPTI
-    unavailable'), and record_function ranges on the GPU's timeline are no kernels (issue 19, item 3)."""
+    unavailable'), and record_function ranges on the GPU's timeline are no kernels (issue 19, item 3);
+    the same from torch 2.11's events, which carry no activity (its GPU run listed no kernel)."""
+    _event = functools.partial(_made_event, legacy=legacy)
     events = [
         _event("aten::add", "cpu_op", 0, 5, device="CPU"),
         _event("step", "user_annotation", 0, 60, device="CPU", annotation=True),

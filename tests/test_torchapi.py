@@ -192,6 +192,43 @@ def test_an_ops_argument_names_come_from_its_schema():
     assert names[:5] == ["query", "key", "value", "dropout_p", "is_causal"]
 
 
+def test_in_place_ops_by_tag_and_by_name_agree_on_every_aten_op():
+    """torch 2.11 (the GPU machine's) has no ``Tag.inplace``: the name rule it falls back to says the same
+    as the tag for every aten op of a torch that has both."""
+    overloads = []
+    for name in torch._C._dispatch_get_all_op_names():  # the dispatcher's ops (not TorchScript's list ops)
+        base, _, overload = name.removeprefix("aten::").partition(".")
+        packet = getattr(torch.ops.aten, base, None) if name.startswith("aten::") else None
+        if packet is not None and hasattr(packet, overload or "default"):
+            overloads.append(getattr(packet, overload or "default"))
+    assert len(overloads) > 1000
+    assert torchapi.is_inplace(torch.ops.aten.add_.Tensor) and not torchapi.is_inplace(torch.ops.aten.add.out)
+    if hasattr(torch.Tag, "inplace"):
+        assert [op for op in overloads
+                if torchapi.named_inplace(op) != (torch.Tag.inplace in op.tags)] == []
+
+
+def test_profiler_activity_is_read_where_torch_carries_it_and_told_apart_where_it_does_not():
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name, device, annotation=False, activity=None):
+        return FunctionEvent(id=0, name=name, thread=0, start_us=0, end_us=1, use_device="cuda",
+                             device_type=getattr(DeviceType, device), is_user_annotation=annotation,
+                             activity_type=activity)
+
+    rows = [("aten::add", "CPU", False, "cpu_op"), ("cudaLaunchKernel", "CPU", False, "cuda_runtime"),
+            ("cuLaunchKernel", "CPU", False, "cuda_runtime"), ("hipDeviceSynchronize", "CPU", False,
+                                                               "cuda_runtime"),
+            ("step", "CPU", True, "user_annotation"), ("step", "CUDA", True, "gpu_user_annotation"),
+            ("add_kernel", "CUDA", False, "kernel"), ("Memcpy DtoH (Device -> Pageable)", "CUDA", False,
+                                                      "gpu_memcpy"),
+            ("Memset (Device)", "CUDA", False, "gpu_memset"), ("custom", "CPU", False, "cpu_op")]
+    for name, device, annotation, activity in rows:
+        assert torchapi.profiler_activity(event(name, device, annotation)) == activity, name
+        assert torchapi.profiler_activity(event(name, device, annotation, "kernel")) == "kernel"
+
+
 def test_ops_with_a_kernel_of_their_own_for_a_dispatch_key():
     """The ops CUDA's autocast casts, read from the dispatcher (registered on every build)."""
     autocast = torchapi.ops_with_kernel("AutocastCUDA")

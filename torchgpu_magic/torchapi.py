@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 import sys
 import types
 from typing import Any, Callable, Optional
@@ -131,6 +132,52 @@ def tree_leaves(value: Any) -> list:
     from torch.utils._pytree import tree_leaves as leaves
 
     return leaves(value)
+
+
+def is_inplace(op: Any) -> bool:
+    """Whether an aten op overload is an in-place variant (``add_``, not ``add`` or ``add.out``): torch's
+    ``Tag.inplace`` where this torch has it (it is newer than 2.11), else the rule torchgen tags by, the
+    op's base name ending in one underscore (``add_``, ``_foreach_add_``) or an in-place dunder
+    (``__iadd__``)."""
+    import torch
+
+    tag = getattr(torch.Tag, "inplace", None)
+    return tag in op.tags if tag is not None else named_inplace(op)
+
+
+def named_inplace(op: Any) -> bool:
+    """:func:`is_inplace` by the op's name alone, for a torch without ``Tag.inplace``."""
+    base = op._schema.name.split("::")[-1]
+    if base.startswith("__") and base.endswith("__"):
+        return base.startswith("__i")
+    return base.endswith("_")
+
+
+PROFILER_RUNTIME = re.compile(r"^(cuda|cu|hip)[A-Z]")  # CUDA runtime / driver and HIP calls by their names
+
+
+def profiler_activity(event: Any) -> str:
+    """The Kineto activity of a ``torch.profiler`` event (``cpu_op``, ``kernel``, ``gpu_memcpy``,
+    ``gpu_memset``, ``cuda_runtime``, ``user_annotation``, ``gpu_user_annotation``...). Newer torch
+    carries it on each ``FunctionEvent`` (``activity_type``); torch 2.11 does not, and there it is told from
+    what every version carries: the device the event ran on, the user-annotation flag, and the names the
+    runtime and copies have (``cudaLaunchKernel``, ``Memcpy HtoD``)."""
+    activity = getattr(event, "activity_type", None)
+    if activity:
+        return activity
+    from torch.autograd import DeviceType
+
+    name = event.name
+    annotation = getattr(event, "is_user_annotation", False)
+    if event.device_type != DeviceType.CPU:
+        if annotation:
+            return "gpu_user_annotation"
+        if name.startswith("Memcpy"):
+            return "gpu_memcpy"
+        return "gpu_memset" if name.startswith("Memset") else "kernel"
+    if annotation:
+        return "user_annotation"
+    return "cuda_runtime" if PROFILER_RUNTIME.match(name) else "cpu_op"
 
 
 def argument_names(op: Any) -> list:

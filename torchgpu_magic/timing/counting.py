@@ -36,7 +36,7 @@ from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
-from ..torchapi import compiled_graphs, dispatch_mode_base, dynamo_loaded, is_higher_order_op
+from ..torchapi import compiled_graphs, dispatch_mode_base, dynamo_loaded, is_higher_order_op, is_inplace
 from .dispatch import tensors_in
 from .formulas import NEEDS_OP, UNCOUNTED_MATMULS, registry
 
@@ -211,7 +211,7 @@ class _Rule:
         allocates = name.startswith(("empty", "new_empty", "_empty"))
         mutable = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
                         if a.alias_info is not None and a.alias_info.is_write)
-        reads = torch.Tag.inplace in func.tags and name not in OVERWRITE and name not in PARTIAL
+        reads = is_inplace(func) and name not in OVERWRITE and name not in PARTIAL
         named = formula is None and not free and not allocates and name not in MOVES
         matmul = formula is None and str(func.overloadpacket) in UNCOUNTED_MATMULS
         return cls(name, formula, free, allocates, mutable, reads, name in PARTIAL, named, matmul)

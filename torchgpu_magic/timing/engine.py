@@ -17,7 +17,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 from .. import accelerators
 from ..caches import table
 from ..host import gc_paused
-from ..torchapi import has_primary_context
+from ..torchapi import has_primary_context, profiler_activity
 from .cells import CompiledCell, compile_cell, silenced
 from .clocks import Clock, MemoryProbe, Mode, Sample, check_device, clock_for
 from .observe import Touched, names_cuda, timing_device, watch
@@ -239,10 +239,10 @@ def tally(events: Any) -> tuple:
     spans = []
     ops = runtime = 0
     for event in events:
-        activity = getattr(event, "activity_type", None)
+        activity = profiler_activity(event)
         if activity in RUNTIME_ACTIVITIES:
             runtime += 1
-        elif activity in KERNEL_ACTIVITIES and not event.is_user_annotation:
+        elif activity in KERNEL_ACTIVITIES and not getattr(event, "is_user_annotation", False):
             calls, spent = totals.get(event.name, (0, 0.0))
             totals[event.name] = (calls + 1, spent + event.device_time_total)
             spans.append((event.time_range.start, event.time_range.end))

@@ -427,7 +427,10 @@ class MemoryProbe:
 # ---- checking the CUDA clock ----------------------------------------------------------------------------
 def sleep_cycles_per_ms(warm_s: float = 0.0) -> float:
     """How many cycles of ``torch.cuda._sleep`` last one millisecond on the current GPU: ten 1e6-cycle
-    runs timed with CUDA events, trimmed mean, as PyTorch's own tests calibrate it. Kernels of known
+    runs timed with CUDA events, trimmed mean, as PyTorch's own tests calibrate it, except that each start
+    event waits behind a short spin (as ``--cold``'s do): on an idle GPU the start event fires at once and
+    the kernel only once the host has launched it, and that launch latency (7 to 9 us on an H200, 1.5 %
+    of a run) made the calibration slow and every check built on it off by as much. Kernels of known
     length are how the CUDA clock is checked (tests and ``benchmarks/bench_timing.py --gpu``).
     ``warm_s`` spins the GPU that long first, so it calibrates at the boost clock the checks then run at."""
     gpu_spin(1_000_000)  # load the kernel
@@ -439,6 +442,7 @@ def sleep_cycles_per_ms(warm_s: float = 0.0) -> float:
     spans = []
     for _ in range(10):
         start, end = accelerators.timing_event("cuda"), accelerators.timing_event("cuda")
+        gpu_spin(100_000)  # 50 to 100 us: the GPU is still busy when the timed kernel is launched
         start.record()
         gpu_spin(1_000_000)
         end.record()

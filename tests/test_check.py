@@ -223,8 +223,9 @@ VERDICTS = {
         lambda: tc.judge_sleep_points([(1e-5, 10.4e-6, 10e-6), (1e-3, 1.0102e-3, 1e-3)])),
     "matmul vs do_bench": (lambda: tc.judge_ratio("m", 1.01e-3, 1e-3, "do_bench", 0.02),
                            lambda: tc.judge_ratio("m", 1.03e-3, 1e-3, "do_bench", 0.02)),
-    "--cold and --flush-l2": (lambda: tc.judge_cold(10e-6, 11e-6, 11.5e-6, (20e-6, 30e-6), 50 * MiB),
-                              lambda: tc.judge_cold(10e-6, 11e-6, 11.5e-6, (20e-6, 21e-6), 50 * MiB)),
+    "--cold and --flush-l2": (lambda: tc.judge_cold(10e-6, 1.3e-6, 12e-6, 12.5e-6, (20e-6, 30e-6), 50 * MiB),
+                              lambda: tc.judge_cold(10e-6, 1.3e-6, 12.6e-6, 12.6e-6, (20e-6, 30e-6),
+                                                    50 * MiB)),
     "empty-cell floor": (lambda: tc.judge_floor(30e-9, 2e-6, 100e-6, []),
                          lambda: tc.judge_floor(30e-9, 2e-6, 100e-6, ["the result is under 10 x ..."])),
     "roofline": (lambda: tc.judge_roofline(0.8, "compute", 0.85, "memory", "H100 SXM"),
@@ -274,7 +275,7 @@ def test_each_check_passes_figures_on_target_and_fails_figures_that_miss(name):
 
 
 def test_verdict_details_say_which_part_missed():
-    cold = tc.judge_cold(10e-6, 14e-6, 14e-6, None, 8 * MiB)
+    cold = tc.judge_cold(10e-6, 1.3e-6, 14e-6, 14e-6, None, 8 * MiB)
     assert cold.verdict == FAIL and "not checked: this GPU's L2 (8 MiB) is too small" in cold.why
     contexts = context_checks.judge_no_context({"%whereis": (1, None),
                                                 "%gpuinfo": (0, "CONTEXTS [] NVML []")})

@@ -120,8 +120,16 @@ def gip(tip):
 
 
 def _table_peak(roofline):
-    if roofline.peak_name is None:
-        pytest.skip("this GPU is not in the peak table")
+    """The roofline of a GPU the peak table lists (skipped only for one it does not list: a listed GPU
+    whose roofline came out without a peak is a failure, as torch 2.11's missing Tag.inplace once made)."""
+    import torch
+
+    from torchgpu_magic.timing import peaks
+
+    name = torch.cuda.get_device_name()
+    if peaks.lookup(name) is None:
+        pytest.skip(f"{name} is not in the peak table")
+    assert roofline.peak_name is not None and roofline.flops is not None, vars(roofline)
     return roofline
 
 

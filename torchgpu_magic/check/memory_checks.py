@@ -135,7 +135,9 @@ def out_of_memory(probe: Probe) -> Outcome:
     """Fill the GPU with 256 MiB tensors in ``hog``; a 512 MiB allocation then fails and is explained
     (``cuda:N``, 512 MiB asked, ``hog`` named with its bytes, this process's figure read). Then a
     function fails holding 60 % of what is free in a local kept by the traceback: ``%gpumem free`` says
-    what it gave back, which must be what torch's allocator then lost, and the same allocation succeeds."""
+    what it gave back, which must be what torch's allocator then gave the driver back (the drop in its
+    reserved memory: the traceback's tensors and the cache they fall into; the drop in allocated memory
+    misses the cache's share), and the same allocation succeeds."""
     import torch
 
     index = probe.cuda()
@@ -157,11 +159,11 @@ def out_of_memory(probe: Probe) -> Outcome:
                                f"    acts = torch.empty({held}, dtype=torch.uint8, device='cuda')\n"
                                f"    more = torch.empty(n, dtype=torch.uint8, device='cuda')\nstep({held})")
     second = isinstance(result.error_in_exec, torch.OutOfMemoryError)
-    before = torch.cuda.memory_allocated(index)
+    before = torch.cuda.memory_reserved(index)
     with probe.displayed():
         report = probe.shell.run_line_magic("gpumem", "free -o")
     probe.say(report.to_text())
-    dropped = before - torch.cuda.memory_allocated(index)
+    dropped = before - torch.cuda.memory_reserved(index)
     said = report.total().get(device, 0)
     probe.captured(f"retry = torch.empty({held}, dtype=torch.uint8, device='cuda')")
     retried = "retry" in probe.shell.user_ns
@@ -184,9 +186,9 @@ def judge_oom(device: str, raised: bool, explained: str, hog_row: Optional[int],
         judged(process is not None, f"this process's figure {fmt_bytes(process)}", "read from NVML",
                "NVML gave no figure for this process"),
         judged(second and within(said, dropped, MiB) and said >= held and retried,
-               f"%gpumem free gave back {fmt_bytes(said)}, the allocator lost {fmt_bytes(dropped)} "
+               f"%gpumem free gave back {fmt_bytes(said)}, torch's reserved memory fell {fmt_bytes(dropped)} "
                f"({fmt_bytes(held)} held by the traceback); the same allocation then "
-               f"{'succeeded' if retried else 'failed'}", "said = lost +- 1 MiB, >= held, retry succeeds",
+               f"{'succeeded' if retried else 'failed'}", "said = fall +- 1 MiB, >= held, retry succeeds",
                "" if second else "the second allocation did not run out of memory"),
     ]
     return worst(parts)

@@ -112,6 +112,7 @@ def test_figures_agree_with_torch_the_driver_and_nvidia_smi_on_a_real_gpu():
     target = memory.GPUTarget(index, mapping.nvml_index, mapping.name, mapping.mig)
     torch.zeros(1, device=f"cuda:{index}")
     torch.cuda.synchronize(index)
+    torch.cuda.empty_cache()  # the 256 MiB below must come from the driver, not earlier tests' cache
     (before,) = memory.collect([target]).gpus
     x = torch.empty(256 * MiB, dtype=torch.uint8, device=f"cuda:{index}")
     torch.cuda.synchronize(index)

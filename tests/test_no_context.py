@@ -10,8 +10,8 @@ STEPS = {
     "load the extension": "pass",
     "%gpuinfo": "cell('%gpuinfo')",
     "%gpuinfo --json -i 0": "cell('%gpuinfo --json -i 0')",
-    "%gpumem's sampler": "import time\ncell('%gpumem --interval 0.05')\ncell('y = [1] * 10')\ntime.sleep(1)\n"
-                         "cell('%gpumem stop')",
+    "%gpumem's sampler": "import time\ncell('%gpumem --widget --interval 0.05')\ncell('y = [1] * 10')\n"
+                         "time.sleep(1)\ncell('%gpumem stop')",
     "%whereis on cpu tensors": "cell('t = torch.ones(4)\\nm = torch.nn.Linear(2, 2)')\ncell('%whereis')\n"
                                "cell('%whereis t m')",
     "%%ontorch cpu": "cell('%%ontorch cpu\\nz = torch.ones(3) + 1')",

@@ -504,6 +504,10 @@ def simulated_clean(ip, simulated_gpu):
 
 
 def _oom_against_torchs_figures(ip, torch):
+    # what earlier tests of this process left allocated that no name here reaches (a failed test's frames,
+    # which pytest keeps for its report): the explanation rightly shows it, and the test's own bytes must
+    # all be named on top of it
+    leftover = torch.cuda.memory_allocated()
     run(ip, "import torch\nhog = []\n"
             "while True:\n"
             "    try:\n"
@@ -537,7 +541,7 @@ def _oom_against_torchs_figures(ip, torch):
     assert report.facts.asked == 512 * 1024 * 1024
     # everything torch allocated is accounted for: the holders, torch's rounding, cuBLAS (none ran here)
     unreached = next((r.nbytes for r in report.holders.rows if r.name == "no name reaches"), 0)
-    assert unreached == 0, report.to_text()
+    assert unreached <= leftover, report.to_text()
 
 
 def _free_then_retry(ip, torch):

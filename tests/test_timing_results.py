@@ -7,6 +7,7 @@ import re
 
 import pytest
 from fake_clock import FakeClock, fake_run
+from profiler_events import function_event
 
 from torchgpu_magic import timing
 from torchgpu_magic.timing import Options, Stats, engine
@@ -168,14 +169,9 @@ def test_no_kernels_recorded_is_told_apart_from_no_op_ran():
 
 
 def _made_event(name, activity, start, end, device="CUDA", annotation=False, legacy=False):
-    """A profiler event as torch's own FunctionEvent carries it from a pass with CUDA activity; with
-    ``legacy``, as torch 2.11's carries it, without its activity."""
-    from torch.autograd import DeviceType
-    from torch.autograd.profiler_util import FunctionEvent
-
-    return FunctionEvent(id=0, name=name, thread=0, start_us=start, end_us=end, use_device="cuda",
-                         device_type=getattr(DeviceType, device), is_user_annotation=annotation,
-                         activity_type=None if legacy else activity)
+    """A profiler event from a pass with CUDA activity, as newer torch carries it; with ``legacy``, as
+    torch 2.11's carries it, without its activity."""
+    return function_event(name, device, start, end, annotation, None if legacy else activity)
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["activity", "torch 2.11"])

@@ -161,7 +161,7 @@ def profiler_activity(event: Any) -> str:
     ``gpu_memset``, ``cuda_runtime``, ``user_annotation``, ``gpu_user_annotation``...). Newer torch
     carries it on each ``FunctionEvent`` (``activity_type``); torch 2.11 does not, and there it is told from
     what every version carries: the device the event ran on, the user-annotation flag, and the names the
-    runtime and copies have (``cudaLaunchKernel``, ``Memcpy HtoD``)."""
+    runtime, copies and operators have (``cudaLaunchKernel``, ``Memcpy HtoD``, ``aten::add``)."""
     activity = getattr(event, "activity_type", None)
     if activity:
         return activity
@@ -177,7 +177,11 @@ def profiler_activity(event: Any) -> str:
         return "gpu_memset" if name.startswith("Memset") else "kernel"
     if annotation:
         return "user_annotation"
-    return "cuda_runtime" if PROFILER_RUNTIME.match(name) else "cpu_op"
+    if PROFILER_RUNTIME.match(name):
+        return "cuda_runtime"
+    # an operator is named by its namespace (aten::add, mylib::op); the rest are CUPTI's own rows
+    # ('Activity Buffer Request', 'Lazy Function Loading'), which newer torch calls overhead
+    return "cpu_op" if "::" in name else "overhead"
 
 
 def argument_names(op: Any) -> list:

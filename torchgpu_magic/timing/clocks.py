@@ -425,28 +425,38 @@ class MemoryProbe:
 
 
 # ---- checking the CUDA clock ----------------------------------------------------------------------------
+CALIBRATION_CYCLES = (1_000_000, 2_000_000)  # the two lengths whose difference calibrates
+
+
 def sleep_cycles_per_ms(warm_s: float = 0.0) -> float:
-    """How many cycles of ``torch.cuda._sleep`` last one millisecond on the current GPU: ten 1e6-cycle
-    runs timed with CUDA events, trimmed mean, as PyTorch's own tests calibrate it, except that each start
-    event waits behind a short spin (as ``--cold``'s do): on an idle GPU the start event fires at once and
-    the kernel only once the host has launched it, and that launch latency (7 to 9 us on an H200, 1.5 %
-    of a run) made the calibration slow and every check built on it off by as much. Kernels of known
-    length are how the CUDA clock is checked (tests and ``benchmarks/bench_timing.py --gpu``).
-    ``warm_s`` spins the GPU that long first, so it calibrates at the boost clock the checks then run at."""
+    """How many cycles of ``torch.cuda._sleep`` last one millisecond on the current GPU: runs of 1e6 and
+    2e6 cycles, ten of each, timed with CUDA events (trimmed means), and the cycles between them over the
+    time between them. A slope, where PyTorch's own tests divide one length by its time: that time also
+    holds what every kernel costs besides its cycles (its start, 0.6 us, and the two events around it,
+    1.3 us, on an H200), and the host's launch latency where the GPU idles at the start event (7 to 9 us),
+    so a single length came out 0.5 to 1.7 % slow on an H200 and every check built on it off by as much.
+    Each start event also waits behind a short spin (as ``--cold``'s do), so no launch latency enters
+    either length. Kernels of known length are how the CUDA clock is checked (tests, the GPU check and
+    ``benchmarks/bench_timing.py --gpu``). ``warm_s`` spins the GPU that long first, so it calibrates at
+    the boost clock the checks then run at."""
     gpu_spin(1_000_000)  # load the kernel
     accelerators.synchronize("cuda")
     start_warm = time.perf_counter()
     while time.perf_counter() - start_warm < warm_s:
         gpu_spin(1_000_000)
         accelerators.synchronize("cuda")
-    spans = []
-    for _ in range(10):
-        start, end = accelerators.timing_event("cuda"), accelerators.timing_event("cuda")
-        gpu_spin(100_000)  # 50 to 100 us: the GPU is still busy when the timed kernel is launched
-        start.record()
-        gpu_spin(1_000_000)
-        end.record()
-        end.synchronize()
-        spans.append(start.elapsed_time(end))
-    kept = sorted(spans)[2:-2]
-    return 1_000_000 / (sum(kept) / len(kept))
+    means = []
+    for cycles in CALIBRATION_CYCLES:
+        spans = []
+        for _ in range(10):
+            start, end = accelerators.timing_event("cuda"), accelerators.timing_event("cuda")
+            gpu_spin(100_000)  # 50 to 100 us: the GPU is still busy when the timed kernel is launched
+            start.record()
+            gpu_spin(cycles)
+            end.record()
+            end.synchronize()
+            spans.append(start.elapsed_time(end))
+        kept = sorted(spans)[2:-2]
+        means.append(sum(kept) / len(kept))
+    (short, long), (short_ms, long_ms) = CALIBRATION_CYCLES, means
+    return (long - short) / (long_ms - short_ms)

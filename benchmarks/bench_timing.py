@@ -8,7 +8,7 @@ GPU (`--gpu`, needs CUDA):
   * torch.cuda._sleep kernels from 10 us to 100 ms vs torch.profiler kernel times     target max(1 us, 0.5 %)
     and the slope of time over cycles vs the calibration                              target within 0.5 %
   * an 8192x8192 fp16 matmul vs triton.testing.do_bench(return_mode="median") and
-    Timer.blocked_autorange().median, at one SM clock (NVML's, read during each arm)  target within 2 %
+    Timer.blocked_autorange().median for as long as ours ran (SM clocks shown)      target within 2 %
   * the asynchrony check (%time on a queued 100 ms sleep) and the empty-cell floor
   * --cold on a 10 us _sleep vs torch.profiler plus the cold empty-cell floor        target +- 1 us
     and --cold vs --cold --flush-l2                                                   target +- 2 us
@@ -230,7 +230,7 @@ def gpu(ip: Any) -> bool:
     device = torch.device("cuda", torch.cuda.current_device())
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
     ok = True
-    per_second = timing.sleep_cycles_per_ms() * 1e3
+    per_second = timing.sleep_cycles_per_ms(warm_s=0.5) * 1e3  # at the boost clock the runs below see
     print(f"calibration: {per_second / 1e6:.1f} _sleep cycles per microsecond")
     points = []
     for seconds in (10e-6, 100e-6, 1e-3, 10e-3, 100e-3):
@@ -278,7 +278,17 @@ def gpu(ip: Any) -> bool:
     b = torch.randn(8192, 8192, device=device, dtype=torch.float16)
     ip.user_ns.update(a=a, b=b)
     timer = Timer("a @ b", globals={"a": a, "b": b})
-    measures = [lambda: cudatime_median(ip, "a @ b"), lambda: timer.blocked_autorange(min_run_time=1).median]
+    # the matmul draws the H200 to its power cap, where the SM clock falls (1,425-1,500 MHz, against 1,980)
+    # the longer it runs: Timer's arm runs as long as %cudatime's last one sampled, not its own default 1 s,
+    # which ran at a 5 % lower clock and read 2 % slower
+    spent = [0.2]
+
+    def ours_arm() -> float:
+        result = ip.run_line_magic("cudatime", "-o -q a @ b")
+        spent[0] = max(0.2, sum(result.samples) * result.loops)
+        return result.median
+
+    measures = [ours_arm, lambda: timer.blocked_autorange(min_run_time=spent[0]).median]
     try:
         from triton.testing import do_bench
 
@@ -288,14 +298,9 @@ def gpu(ip: Any) -> bool:
     clocked = rounds(*[clock_watched(measure) for measure in measures])
     (ours, our_mhz), names = clocked[0], ["Timer.blocked_autorange", "triton do_bench"]
     for name, (theirs, their_mhz) in zip(names, clocked[1:]):
-        # a compute-bound matmul's time scales with the SM clock: arms run at different clocks (a sustained
-        # arm draws more power and the GPU clocks down) are compared at the same clock
-        scale = our_mhz / their_mhz if our_mhz and their_mhz else 1.0  # ours, at their clock
-        ratio = ours / theirs
-        ok &= report(f"8192x8192 fp16 matmul vs {name}", abs(ratio * scale - 1) <= 0.02,
-                     f"{ours * 1e3:.4f} ms vs {theirs * 1e3:.4f} ms, ratio {ratio:.4f}; SM clock "
-                     f"{our_mhz or 0:.0f} vs {their_mhz or 0:.0f} MHz, ratio at one clock "
-                     f"{ratio * scale:.4f} (target 1 +- 0.02)")
+        ok &= report(f"8192x8192 fp16 matmul vs {name}", abs(ours / theirs - 1) <= 0.02,
+                     f"{ours * 1e3:.4f} ms vs {theirs * 1e3:.4f} ms, ratio {ours / theirs:.4f} (target 1 +- "
+                     f"0.02); median SM clock {our_mhz or 0:.0f} vs {their_mhz or 0:.0f} MHz")
     ok &= nvml_read_cost()
     floor = timing.empty_cell_floor(device)
     print(f"INFO  empty-cell floor on {device}: {floor * 1e9:.1f} ns per loop (host clock floor: "

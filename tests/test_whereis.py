@@ -167,8 +167,12 @@ def test_diagnosis_of_a_training_step_that_names_an_optimizer(ip):
 ])
 def test_diagnosis_of_rnn_attention_and_index_errors(ip, code, devices):
     run(ip, SETUP)
-    captured = _cell(ip, code)
+    with capture_output() as captured:
+        failed = ip.run_cell(code).error_in_exec is not None
     texts = _explained(captured)
+    if not failed:  # torch 2.11 takes a meta index and source into a cpu index_add_ without a word
+        assert "index_add_" in code and texts == [], captured.stdout[-3000:]
+        return
     assert len(texts) == 1, captured.stdout[-3000:]  # the error as this torch words it
     assert texts[0].startswith(f"whereis: a device mismatch {devices}") and "Fix: " in texts[0]
 

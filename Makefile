@@ -102,22 +102,18 @@ browser-deps:
 lint: $(VENV)/.test
 	$(VPY) -m ruff check torchgpu_magic tests benchmarks notebooks docs
 
-# `make test` runs every leg in TEST_LEGS in turn, each a make target of its own, and every one of them even
-# when an earlier one failed: one broken leg must not hide what the others would say. It ends with one line
-# per leg (passed or failed, and its seconds) and fails if any leg did. A new leg is a target added to the
-# list (`TEST_LEGS += test-xyz`).
-TEST_LEGS := lint test-main test-ipython7 test-simulated test-cudabuild test-simulated-mps test-simulated-xpu \
-  test-simulated-rocm
+# `make test` runs every leg in TEST_LEGS, each a make target of its own, TEST_JOBS of them at once (default:
+# the CPUs, at most 4; tests/run_legs.py), and every one of them even when another failed: one broken leg
+# must not hide what the others would say. Each leg's output is printed whole when it ends (also in
+# test-artifacts/legs/LEG.log); the run ends with one line per leg (passed or failed, and its seconds) and
+# fails if any leg did. The legs are independent, so on two cores two at a time take about half as long.
+# A new leg is a target added to the list (`TEST_LEGS += test-xyz`); list the long ones first.
+TEST_LEGS := test-main test-ipython7 test-simulated test-cudabuild test-simulated-mps test-simulated-xpu \
+  test-simulated-rocm lint
+TEST_JOBS ?=
 
 test: $(VENV)/.test browser-deps
-	@failed=0; summary=; \
-	for leg in $(TEST_LEGS); do \
-	  start=$$(date +%s); \
-	  if $(MAKE) --no-print-directory $$leg; then status=passed; else status=FAILED; failed=1; fi; \
-	  summary="$$summary$$(printf '  %-18s %s in %d s' $$leg $$status $$(( $$(date +%s) - start )))\n"; \
-	done; \
-	printf 'make test, by leg:\n%b' "$$summary"; \
-	if [ $$failed = 1 ]; then echo "make test: FAILED (a leg above failed)"; exit 1; fi
+	@$(VPY) tests/run_legs.py $(if $(TEST_JOBS),--jobs $(TEST_JOBS)) $(TEST_LEGS)
 
 # The whole suite under this venv's IPython, notebooks and the browser included.
 test-main: $(VENV)/.test

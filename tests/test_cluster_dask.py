@@ -26,6 +26,10 @@ from conftest import run, run_error
 distributed = pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
 
+# A scheduler's HTTP server asks for port 8787 first: where a second scheduler runs here, or another leg of
+# `make test` runs its own at the same time, distributed warns and takes another port, which is all we need
+pytestmark = pytest.mark.filterwarnings("ignore:Port 8787 is already in use")
+
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +307,6 @@ def test_gpu_memory_from_the_workers_own_monitoring(sh, client):
 
 # ---- one line where a traceback was ----------------------------------------------------------------
 
-@pytest.mark.filterwarnings("ignore:Port 8787 is already in use")  # a second scheduler here: another port
 def test_closed_dask_cluster_is_one_line(sh):
     from IPython.core.error import UsageError
 
@@ -348,7 +351,6 @@ def test_worker_without_the_package_says_what_to_install_where(sh, client):
 
 # ---- the names --cluster takes ------------------------------------------------------------------------
 
-@pytest.mark.filterwarnings("ignore:Port 8787 is already in use")  # a second scheduler here: another port
 def test_cluster_names_dask(sh, client):
     from IPython.core.error import UsageError
 

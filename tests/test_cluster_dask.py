@@ -234,8 +234,10 @@ def _sleep(seconds):
 
 
 def test_cudatime_leaves_out_workers_running_tasks(sh, client):
-    """A worker running a task (its heartbeat says so) is not timed: the timing would measure both."""
+    """A worker running a task (its heartbeat says so) is not timed: the timing would measure both; also
+    when an earlier magic's list of the workers, from before the task, is still kept."""
     client.run(_define, "import time")
+    run(sh, "%gpuinfo --cluster client -o")  # the workers' records, idle, kept for the next magics
     task = client.submit(_sleep, 4.0, pure=False, workers=[_workers(client)[0]])
     try:
         deadline = time.monotonic() + 10
@@ -248,6 +250,90 @@ def test_cudatime_leaves_out_workers_running_tasks(sh, client):
     assert [label for label, _ in result.rows] == ["worker 1"]
     (label, problem), = result.failed
     assert label == "worker 0" and problem.startswith("busy: 1 task(s) running there")
+
+
+# ---- the worker list kept between magics -----------------------------------------------------------------
+
+@pytest.fixture
+def identities(monkeypatch):
+    """The times a bridge asked the scheduler for its workers."""
+    from torchgpu_magic.cluster.dask_bridge import DaskBridge
+
+    asked: list = []
+    real = DaskBridge.identity
+    monkeypatch.setattr(DaskBridge, "identity", lambda self: asked.append(1) or real(self))
+    return asked
+
+
+def test_one_magic_after_another_asks_the_scheduler_once_and_unload_forgets(sh, client, identities):
+    """The scheduler's list of workers, fetched by one magic, serves the next ones (for REFRESH seconds);
+    %unload_ext drops it, and it holds no reference to the client."""
+    import gc
+    import weakref
+
+    from torchgpu_magic import load_ipython_extension, unload_ipython_extension
+    from torchgpu_magic.cluster import Kept
+
+    for line in ("%gpuinfo --cluster client -o", "%whereis --cluster client -o", "%gpuinfo --cluster -o"):
+        report = run(sh, line)
+        assert len(report.to_dict()["engines"] if hasattr(report, "engines") else report.engines) == 2
+    assert len(identities) == 1
+    owner = sh.magics_manager.registry["TorchGPUMagics"]
+    assert len(owner.cluster_kept) == 1
+    unload_ipython_extension(sh)
+    assert owner.cluster_kept is None
+    load_ipython_extension(sh)
+    run(sh, "%gpuinfo --cluster client -o")
+    assert len(identities) == 2  # a fresh extension asks afresh
+
+    class Stand:
+        """Any object a weak reference can point at, as a Client."""
+
+    kept, obj = Kept(), Stand()
+    gone = weakref.ref(obj)
+    assert kept.workers(obj) is kept.workers(obj)
+    del obj
+    gc.collect()
+    assert gone() is None and len(kept) == 0
+
+
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use")  # a second scheduler here: another port
+def test_a_worker_added_or_stopped_since_the_list_was_kept_is_seen_without_waiting(client, identities,
+                                                                                   monkeypatch):
+    """With the list in hand taken as current, a call still reaches the workers the scheduler has now:
+    one started since answers in its own row, and one stopped since is not asked (asking its address
+    would hold the call for distributed's 30 s connect timeout) and has no row. (A cluster of its own,
+    its workers in this process: the module's cluster spawns no new worker processes from a test.)"""
+    from torchgpu_magic.cluster.dask_bridge import DaskBridge, Workers
+
+    local = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                     dashboard_address=None, silence_logs=40, loop=client.loop)
+    own = distributed.Client(local, set_as_default=False, loop=local.loop)
+    try:
+        kept = Workers()
+        DaskBridge("own", own, kept=kept).identity()
+        monkeypatch.setattr(DaskBridge, "current", lambda self: True)
+        local.scale(2)
+        own.wait_for_workers(2, timeout=60)
+        identities.clear()
+        replies = DaskBridge("own", own, kept=kept).run("whereis", [], timeout=20)
+        assert [r.engine for r in replies] == ["worker 0", "worker 1"] and all(r.ok for r in replies), replies
+        assert len(identities) == 1  # the list turned out stale: fetched afresh, nobody asked twice
+
+        local.scale(1)
+        deadline = time.monotonic() + 60
+        while len(own.scheduler_info(n_workers=-1)["workers"]) > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        identities.clear()
+        replies = DaskBridge("own", own, kept=kept).run("whereis", [], timeout=20)
+        assert [r.engine for r in replies] == ["worker 0"] and all(r.ok for r in replies), replies
+        assert len(identities) == 1
+        identities.clear()
+        DaskBridge("own", own, kept=kept).run("whereis", [], timeout=20)
+        assert not identities  # the same workers as the list in hand: nothing more to ask
+    finally:
+        own.close()
+        local.close()
 
 
 # ---- where memory is: worker.data, distributed's own GPU monitoring ------------------------------------

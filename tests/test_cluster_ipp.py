@@ -588,6 +588,36 @@ def test_busy_engine_is_not_asked_and_says_since_when(sh, rc):
     busy.get(10)
 
 
+def test_an_engine_busy_with_another_clients_task_is_not_asked(sh, rc, ipc):
+    """Work this client does not know of (another notebook's client) is seen in the controller's counts
+    only: that engine is not asked either, once the controller has had its moments to forget requests
+    of ours just answered (asked again after short pauses, not one long sleep)."""
+    other = ipc[0].connect_client_sync()
+    try:
+        busy = other[1].apply_async(_hold, 4.0)
+        _wait_busy(rc, 1)
+        run(sh, "%gpuinfo --cluster rc -o")
+        whereis = run(sh, "%whereis --cluster rc -o")
+        (label, problem), = whereis.failed
+        assert label == "engine 1" and problem.startswith("busy since at least "), problem
+        assert rc.queue_status()[1]["queue"] == 1  # nothing of ours queued behind the task
+        busy.get(10)
+    finally:
+        other.close()
+
+
+def test_each_engines_seconds_are_ipyparallels_own(rc):
+    """The round trip per engine, read from the records without ipyparallel's parsing of every date,
+    is the figure ipyparallel gives."""
+    from torchgpu_magic.cluster.ipp_bridge import _seconds
+
+    result = rc[:].apply_async(_hold, 0.01)
+    result.get(10)
+    mine = _seconds(result, -1.0)
+    theirs = [(r - s).total_seconds() for s, r in zip(result["submitted"], result["received"])]
+    assert mine == theirs and all(t > 0 for t in mine)
+
+
 def test_panel_refreshes_the_others_while_one_engine_works_and_keeps_its_peaks(sh, rc, capsys):
     """%gpumem --cluster while engine 1 runs a long task: the rows refresh at the interval (engine 1's
     too: its process memory is read by another engine of its host), engine 1's row says busy since when,

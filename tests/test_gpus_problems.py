@@ -774,3 +774,69 @@ def test_this_machine_in_a_jupyter_kernel(tmp_path):
     assert "no NVIDIA GPU" in cause and fix.strip().startswith("fix: nothing to install")
     assert html.escape(cause.strip()[2:]) in page and html.escape(fix.strip()[5:]) in page
     assert "--gpus" not in text and "install the NVIDIA driver" not in text
+
+
+# ---- what the readers keep between calls (%gpuinfo runs them on every call, on every engine) ----------
+
+
+def test_a_survey_reads_the_pci_ids_once_and_sees_every_change_that_can_happen(tmp_path, monkeypatch):
+    """The ids of the devices on the bus are read once per listing, the pci.ids database once per
+    version of its file; a driver bound or unbound, a device added and a kernel module loaded since the
+    last survey are seen by the next one."""
+    from torchgpu_magic import caches
+
+    tree = linux(tmp_path).nvidia()
+    root = str(tree.root)
+    reads: list = []
+    real = machine._read
+    monkeypatch.setattr(machine, "_read", lambda base, path: reads.append(path) or real(base, path))
+    first = machine.survey(root, "Linux", "6.8.0")
+    assert first.nvidia_gpus[0].driver is None and first.kernel_driver is None
+    assert any(path.endswith("/vendor") for path in reads) and "usr/share/misc/pci.ids" in reads
+    reads.clear()
+    assert machine.survey(root, "Linux", "6.8.0") == first
+    assert not [path for path in reads if path.endswith(("/vendor", "/class", "/device", "pci.ids"))], reads
+
+    os.symlink("../../../bus/pci/drivers/nvidia", tree.root / "sys/bus/pci/devices/0000:01:00.0/driver")
+    tree.write("proc/driver/nvidia/version", NVRM)
+    bound = machine.survey(root, "Linux", "6.8.0")
+    assert bound.nvidia_gpus[0].driver == "nvidia" and bound.kernel_driver == "580.95.05"
+    (tree.root / "sys/bus/pci/devices/0000:01:00.0/driver").unlink()
+    assert machine.survey(root, "Linux", "6.8.0").nvidia_gpus[0].driver is None
+
+    tree.nvidia("0x2684", address="0000:41:00.0")  # a device added: the new listing is read afresh
+    assert [g.label() for g in machine.survey(root, "Linux", "6.8.0").nvidia_gpus] == [
+        "NVIDIA GH100 [H100 SXM5 80GB]", "NVIDIA AD102 [GeForce RTX 4090]"]
+    tree.write("usr/share/misc/pci.ids", "10de  NVIDIA Corporation\n\t2330  H100 renamed\n")
+    assert machine.survey(root, "Linux", "6.8.0").nvidia_gpus[0].label() == "NVIDIA H100 renamed"
+
+    tree.write("sys/bus/pci/devices/0000:41:00.0/device", "0x2330\n")  # never on a live bus: only a reset
+    assert machine.survey(root, "Linux", "6.8.0").nvidia_gpus[1].device == "0x2684"
+    caches.reset_caches()
+    assert machine.survey(root, "Linux", "6.8.0").nvidia_gpus[1].device == "0x2330"
+
+
+def test_a_bus_listing_with_unreadable_ids_is_read_again(tmp_path):
+    """A device whose files could not be read (appearing as the bus was read) is not kept as it was."""
+    tree = linux(tmp_path).write("sys/bus/pci/devices/0000:01:00.0/vendor", "0x10de\n")
+    assert machine.nvidia_pci_gpus(str(tree.root)) == ()
+    tree.write("sys/bus/pci/devices/0000:01:00.0/class", "0x030200\n")
+    tree.write("sys/bus/pci/devices/0000:01:00.0/device", "0x2330\n")
+    assert [g.device for g in machine.nvidia_pci_gpus(str(tree.root))] == ["0x2330"]
+
+
+def test_where_keeps_what_the_files_say_and_reads_the_environment_every_time(tmp_path):
+    """The container and the virtual machine a process runs in are read once per root; the environment
+    (a hosted service's variables, Kubernetes') on every call."""
+    from torchgpu_magic import caches
+
+    tree = linux(tmp_path, vm=True).write(".dockerenv")
+    root = str(tree.root)
+    assert hosting.where(root, {}, {}) == hosting.Place(None, "docker", "a virtual machine")
+    (tree.root / ".dockerenv").unlink()
+    tree.write("proc/cpuinfo", "processor\t: 0\nflags\t\t: fpu\n")
+    assert hosting.where(root, {}, {}) == hosting.Place(None, "docker", "a virtual machine")
+    assert hosting.where(root, {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KAGGLE_KERNEL_RUN_TYPE": "Batch"},
+                         {}) == hosting.Place("kaggle", "kubernetes", "a virtual machine")
+    caches.reset_caches()
+    assert hosting.where(root, {}, {}) == hosting.Place(None, None, None)

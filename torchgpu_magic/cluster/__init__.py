@@ -4,7 +4,8 @@
   fix, the one-line :class:`ClusterGone` and :class:`ClusterInterrupted`.
 - :mod:`.ipp_bridge`, :mod:`.dask_bridge`: run one engine-side function on every engine at once and
   gather plain data under a deadline, without queueing behind busy engines or waiting for hung ones.
-- :mod:`.find`: the user's cluster object by name, or the one in the namespace.
+- :mod:`.find`: the user's cluster object by name, or the one in the namespace; what a shell's bridges
+  keep between calls (:class:`Kept`).
 - :mod:`.remote`: the functions that run on the engines (imported there by name).
 - :mod:`.gpus`, :mod:`.timing`, :mod:`.placement`, :mod:`.memory`: the cluster-wide reports.
 
@@ -18,13 +19,13 @@ from typing import Any, Optional, Sequence
 from ..render import Report, Reportable, Table
 from .bridge import DEFAULT_TIMEOUT, PROBLEMS, Bridge, ClusterGone, ClusterInterrupted, Reply
 from .dask_bridge import DaskBridge
-from .find import candidates, close_clients, connect, kind_of
+from .find import Kept, candidates, close_clients, connect, kind_of
 from .ipp_bridge import IPyParallelBridge
 
 __all__ = [
     "DEFAULT_TIMEOUT", "PROBLEMS", "Bridge", "ClusterGone", "ClusterInterrupted", "DaskBridge",
-    "IPyParallelBridge", "LocalAssignment", "Reply", "candidates", "close_clients", "connect", "gpu_report",
-    "kind_of", "local_devices", "placement_report", "time_cell",
+    "IPyParallelBridge", "Kept", "LocalAssignment", "Reply", "candidates", "close_clients", "connect",
+    "gpu_report", "kind_of", "local_devices", "placement_report", "time_cell",
 ]
 
 

@@ -35,8 +35,13 @@ from .bridge import (
 FIX_CLOSED = ("connect again: client = distributed.Client(cluster) for a cluster object of yours, or "
               "Client('tcp://scheduler:8786')")
 REFRESH = 10.0
-"""Seconds the scheduler's list of workers is reused between calls of one bridge (a live panel's ticks):
-new workers appear within this time, and a gone one's row says so at once."""
+"""Seconds the scheduler's list of workers is reused between calls (a live panel's ticks, one magic after
+another: :class:`Workers` keeps it across bridges), unless the client's own count of workers or its
+cluster object's says it changed: new workers appear within this time, and a gone one's row says so at
+once (a call that finds a worker gone asks the scheduler again)."""
+FRESH = ("cudatime",)
+"""The engine functions that leave out busy workers, from the task counts of their last heartbeat: the
+scheduler is asked for them on every call."""
 SILENT = 5.0
 """After a call ran past its deadline, a worker whose last heartbeat is this many heartbeat intervals
 older than the newest is the one that held it: left out until its heartbeats resume."""
@@ -54,16 +59,41 @@ GONE_MESSAGE = ("its worker process exited, and a LocalCluster does not start it
                 "processes)")
 
 
+class Workers:
+    """The scheduler's view of one client's workers, as its bridges keep it between calls: every bridge
+    of the same client given the same :class:`Workers` (by :class:`torchgpu_magic.cluster.Kept`) asks
+    the scheduler at most once per :data:`REFRESH` seconds. It holds no reference to the client."""
+
+    def __init__(self) -> None:
+        self.records: dict = {}  # address -> the scheduler's record of the worker (identity)
+        self.labels: dict = {}  # address -> 'worker NAME'
+        self.fetched = -REFRESH  # when the records were fetched (monotonic)
+        self.held: dict = {}  # address -> last heartbeat of a worker left out for holding a call
+
+
 class DaskBridge(Bridge):
     """A distributed ``Client`` (see the module's docstring). ``cluster_ref``: how the user reaches the
-    client's cluster object (its name when ``--cluster`` named it), for the fix when its workers died."""
+    client's cluster object (its name when ``--cluster`` named it), for the fix when its workers died.
+    ``kept``: the :class:`Workers` the client's earlier bridges fetched (a new one by default)."""
 
-    def __init__(self, name: str, obj: Any, cluster_ref: str = "") -> None:
+    def __init__(self, name: str, obj: Any, cluster_ref: str = "", kept: Optional[Workers] = None) -> None:
         super().__init__(name, obj, "dask")
-        self.workers: dict = {}  # address -> the scheduler's record of the worker (identity)
-        self._fetched = -REFRESH  # when self.workers was fetched (monotonic)
-        self._held: dict = {}  # address -> last heartbeat of a worker left out for holding a call
+        self.kept = Workers() if kept is None else kept
+        self.labels = self.kept.labels
         self.cluster_ref = cluster_ref or f"{name}.cluster"
+
+    @property
+    def workers(self) -> dict:
+        """Address -> the scheduler's record of each worker it listed when last asked."""
+        return self.kept.records
+
+    @property
+    def _fetched(self) -> float:
+        return self.kept.fetched
+
+    @property
+    def _held(self) -> dict:
+        return self.kept.held
 
     # ---- the scheduler's view ---------------------------------------------------------------------------
     def check(self) -> None:
@@ -94,16 +124,29 @@ class DaskBridge(Bridge):
         except OSError as exc:
             raise ClusterGone(f"--cluster {self.name}: the Dask scheduler cannot be reached ({exc}); "
                               f"{FIX_CLOSED}") from None
-        self.workers = dict(info.get("workers") or {})
-        self._fetched = time.monotonic()
-        self.labels = {addr: f"worker {w.get('name', addr)}" for addr, w in self.workers.items()}
-        return self.workers
+        records = dict(info.get("workers") or {})
+        self.labels = {addr: f"worker {w.get('name', addr)}" for addr, w in records.items()}
+        self.kept.records, self.kept.labels, self.kept.fetched = records, self.labels, time.monotonic()
+        return records
+
+    def current(self) -> bool:
+        """Whether the workers in hand may stand for the scheduler's list now: some (none is a cluster
+        the user is about to start workers for), fetched less than :data:`REFRESH` seconds ago, as many
+        as the client's own count of the scheduler's workers (which distributed refreshes every 2 s by
+        itself), and none of them a worker of the client's own cluster object that has closed since."""
+        if not self.workers or time.monotonic() - self._fetched >= REFRESH:
+            return False
+        counted = (getattr(self.obj, "_scheduler_identity", None) or {}).get("n_workers")
+        if isinstance(counted, int) and counted != len(self.workers):
+            return False
+        listed = {record.get("name") for record in self.workers.values()}
+        return not any(name in listed for name in self._closed())
 
     def engines(self) -> list:
         """The workers the scheduler lists, and those of the client's own cluster object that died (keys
         :data:`GONE` + name: their replies say so, with what to do), by name. None at all is one line."""
         self.check()
-        workers = self.workers if time.monotonic() - self._fetched < REFRESH else self.identity()
+        workers = self.workers if self.current() else self.identity()
         gone = [GONE + str(name) for name in self.gone()]
         if not workers and not gone:
             address = getattr(getattr(self.obj, "scheduler", None), "address", "") or "its address"
@@ -128,17 +171,18 @@ class DaskBridge(Bridge):
         names them) that the scheduler no longer lists and that will not come back: their nanny (or
         in-process worker) is closed. [] for a client of a cluster started elsewhere, which this
         cannot see."""
+        listed = {record.get("name") for record in self.workers.values()}
+        return [name for name in self._closed() if name not in listed]
+
+    def _closed(self) -> list:
+        """The names of the workers of the client's own cluster object whose nanny (or in-process
+        worker) is closed; [] for a client of a cluster started elsewhere."""
         cluster = getattr(self.obj, "cluster", None)
         spec, servers = getattr(cluster, "worker_spec", None), getattr(cluster, "workers", None)
         if not isinstance(spec, dict) or not isinstance(servers, dict):
             return []
-        listed = {record.get("name") for record in self.workers.values()}
-        out = []
-        for name in spec:
-            status = getattr(getattr(servers.get(name), "status", None), "name", "closed")
-            if name not in listed and status in ("closed", "closing", "failed", "closing_gracefully"):
-                out.append(name)
-        return out
+        return [name for name in spec if getattr(getattr(servers.get(name), "status", None), "name", "closed")
+                in ("closed", "closing", "failed", "closing_gracefully")]
 
     def dead_fix(self) -> str:
         """What to do about workers that died: start the cluster's workers afresh, or the worker."""
@@ -161,20 +205,44 @@ class DaskBridge(Bridge):
         newest = max(seen.values())
         beat = _heartbeat(len(seen))
         limit = SILENT * beat if strict else max(LONG_SILENT, 2 * SILENT * beat)
+        held = dict(self._held)  # replaced whole: a panel's thread may use the same Workers
         for addr, last in seen.items():
             if newest - last > limit:
-                self._held[addr] = last
-        self._held = {addr: held for addr, held in self._held.items() if addr in seen and seen[addr] <= held}
-        return dict(self._held)
+                held[addr] = last
+        self.kept.held = {addr: last for addr, last in held.items() if addr in seen and seen[addr] <= last}
+        return dict(self.kept.held)
 
     # ---- running our function ---------------------------------------------------------------------------
     def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
             keys: Optional[Sequence[Any]] = None, only: Optional[Sequence[Any]] = None,
             **kwargs: Any) -> list:
+        """As :meth:`Bridge.run`. A worker list kept from an earlier call (:meth:`current`) is not used to
+        name the workers to ask when all are asked: asking an address the scheduler no longer lists
+        holds the call for distributed's connect timeout (30 s). The call then goes to every worker the
+        scheduler has now, and if those that answered are not the ones in hand (a worker came or went
+        since), the list is fetched afresh and the rows made from it with the answers already in,
+        nobody asked twice. (A live panel's calls to some workers, ``keys`` or ``only``, name them
+        from the list in hand, as they did before the list was kept across bridges.)"""
         self.check()
+        reused = self.current() and target not in FRESH
+        if not reused:
+            self.identity()
+        known: dict = {}
+        replies, lost = self._run(target, args, kwargs, timeout, keys, only, known, reused)
+        if lost:
+            self.identity()
+            replies, _ = self._run(target, args, kwargs, timeout, keys, only, known, False)
+        return replies
+
+    def _run(self, target: str, args: tuple, kwargs: dict, timeout: float, keys: Optional[Sequence[Any]],
+             only: Optional[Sequence[Any]], known: dict, everyone: bool) -> tuple:
+        """One pass of :meth:`run`: (replies, whether the list in hand turned out stale). ``known``
+        holds the answers already in (not asked again; this pass adds its own); ``everyone``: ask every
+        worker the scheduler lists now rather than those in hand (when all of those are to be asked)."""
         every = self.engines()
         if self._held or self.silent():
             self.identity()  # a worker looks silent: see whether its heartbeats came back
+            every, everyone = self.engines(), False
         keys = every if keys is None else list(keys)
         replies = {key: Reply(self.label(key), key, False) for key in keys}
         live = self._triage(target, keys, replies, strict=only is not None)  # unasked: no cost to say
@@ -182,18 +250,23 @@ class DaskBridge(Bridge):
             for key in live:
                 replies[key].ok = key not in only
             live = [key for key in live if key in set(only)]
-        answers = self._ask(target, live, args, kwargs, timeout) if live else {}
+        everyone = everyone and only is None and live == [key for key in every if key in self.workers]
+        ask = [key for key in live if key not in known]
+        answers = self._ask(target, ask, args, kwargs, timeout, everyone) if ask else {}
         if answers is None:  # past the deadline: find the workers that stopped heartbeating, ask the rest
             self.identity()
-            fresh = self._triage(target, live, replies, strict=True)
+            fresh = self._triage(target, ask, replies, strict=True)
             answers = (self._ask(target, fresh, args, kwargs, min(timeout, ASK_TIMEOUT))
-                       if fresh and len(fresh) < len(live) else None) or {}
+                       if fresh and len(fresh) < len(ask) else None) or {}
             for key in fresh:
                 if key not in answers:
                     replies[key].fail("timeout", f"no answer in {timeout:g} s")
-        self._fill(answers, replies)
-        return [replies[key] for key in keys]
-
+            self._fill(answers, replies)
+            return [replies[key] for key in keys], False
+        known.update(answers)
+        failed = self._fill({key: known[key] for key in live if key in known}, replies)
+        stale = everyone and (set(answers) != set(ask) or bool(failed))
+        return [replies[key] for key in keys], stale
     def _triage(self, target: str, keys: list, replies: dict, strict: bool = False) -> list:
         """The workers to ask; the others' replies say why not (gone, silent, or busy for a timing)."""
         silent = self.silent(strict)
@@ -216,8 +289,10 @@ class DaskBridge(Bridge):
                 live.append(key)
         return live
 
-    def _ask(self, target: str, keys: list, args: tuple, kwargs: dict, timeout: float) -> Optional[dict]:
-        """One ``Client.run`` to ``keys``: ``{address: envelope or exception}``; None past ``timeout``.
+    def _ask(self, target: str, keys: list, args: tuple, kwargs: dict, timeout: float,
+             everyone: bool = False) -> Optional[dict]:
+        """One ``Client.run`` to ``keys`` (with ``everyone``, to every worker the scheduler lists now,
+        ``keys`` being those expected): ``{address: envelope or exception}``; None past ``timeout``.
         Ctrl-C interrupts the call on the workers and raises :class:`ClusterInterrupted`."""
         from . import remote
 
@@ -225,7 +300,7 @@ class DaskBridge(Bridge):
         deadline = timeout * 0.8 if timeout < 5 else timeout - 1.0  # the workers answer before we give up
         try:
             return self.obj.run(remote.dask_call, target, args, kwargs, deadline, call_id,
-                                remote.process_group(), workers=keys, on_error="return",
+                                remote.process_group(), workers=None if everyone else keys, on_error="return",
                                 callback_timeout=timeout)
         except TIMEOUTS:
             return None
@@ -268,10 +343,12 @@ class DaskBridge(Bridge):
                 time.sleep(0.1)
         return [key for key in keys if key in told], left
 
-    def _fill(self, answers: dict, replies: dict) -> None:
+    def _fill(self, answers: dict, replies: dict) -> list:
+        """Each worker's answer into its reply; returns the workers whose answer was a failure on the way
+        (not of our function there, nor a missing package)."""
         from .remote import answer_of
 
-        missing = []
+        missing, failed = [], []
         for key, answer in answers.items():
             reply = replies.get(key)
             if reply is None:
@@ -281,10 +358,13 @@ class DaskBridge(Bridge):
                 from_exception(reply, type(answer).__name__, str(answer))
                 if reply.message.startswith("No module named"):
                     missing.append(key)
+                else:
+                    failed.append(key)
             else:
                 envelope(reply, answer)
         if missing:
             self._where(missing, replies)
+        return failed
 
     def _where(self, keys: list, replies: dict) -> None:
         """Add each worker's host and Python (standard-library calls, which need nothing of ours there)

@@ -22,13 +22,37 @@ from typing import Any, Optional
 
 from ..errors import MagicInputError
 from .bridge import Bridge, ClusterGone
-from .dask_bridge import DaskBridge
+from .dask_bridge import DaskBridge, Workers
 from .ipp_bridge import IPyParallelBridge
 
 HOW = ("start one first, e.g. rc = ipyparallel.Cluster(n=4).start_and_connect_sync(), or "
        "client = distributed.Client(LocalCluster())")
 
 _OWNED: dict = {}  # id(cluster object) -> (weakref to it, the client this package connected to it)
+
+
+class Kept:
+    """What the bridges of one shell keep between calls, per client: a Dask client's list of workers
+    (:class:`~.dask_bridge.Workers`), so that one magic after another asks the scheduler at most once per
+    :data:`~.dask_bridge.REFRESH` seconds. Keyed weakly on the client (a client the user drops is
+    forgotten with it; nothing here keeps it alive); :meth:`clear` at ``%unload_ext``."""
+
+    def __init__(self) -> None:
+        self._workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def workers(self, client: Any) -> Optional[Workers]:
+        """The :class:`~.dask_bridge.Workers` kept for ``client`` (made on first use); None for an object
+        that cannot be referred to weakly (then nothing is kept for it)."""
+        try:
+            return self._workers.setdefault(client, Workers())
+        except TypeError:
+            return None
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def clear(self) -> None:
+        self._workers.clear()
 
 
 def _kinds() -> list:
@@ -64,9 +88,10 @@ def candidates(ns: dict) -> dict:
     return {name: kind for name, kind in found.items() if kind}
 
 
-def connect(ns: dict, name: Optional[str], px_view: Any = None) -> Bridge:
+def connect(ns: dict, name: Optional[str], px_view: Any = None, kept: Optional[Kept] = None) -> Bridge:
     """The :class:`Bridge` for ``ns[name]``, or for the one cluster in ``ns`` when ``name`` is empty
-    (``px_view``: the view the shell's ``%px`` runs on, preferred when it is that cluster's). Raises
+    (``px_view``: the view the shell's ``%px`` runs on, preferred when it is that cluster's; ``kept``:
+    what earlier bridges of the same shell kept, :class:`Kept`). Raises
     :class:`MagicInputError` naming the candidates when there are none, several clusters, or ``name``
     is not one; :class:`ClusterGone` for a cluster object that no longer runs."""
     found = candidates(ns)
@@ -76,11 +101,11 @@ def connect(ns: dict, name: Optional[str], px_view: Any = None) -> Bridge:
             what = "is not defined" if name not in ns else f"is a {type(ns[name]).__name__}"
             raise MagicInputError(f"--cluster {name}: {name} {what}, not an ipyparallel Client/view/Cluster "
                                   f"or a Dask Client/cluster; cluster objects here: {listed}")
-        return _bridge(name, ns[name], ns)
+        return _bridge(name, ns[name], ns, kept)
     if not found:
         default = _dask_default()
         if default is not None:
-            return DaskBridge("default_client()", default)
+            return DaskBridge("default_client()", default, kept=kept.workers(default) if kept else None)
         raise MagicInputError(f"--cluster: no ipyparallel Client/view/Cluster or Dask Client/cluster in the "
                               f"namespace; {HOW}")
     groups: dict = {}
@@ -91,7 +116,7 @@ def connect(ns: dict, name: Optional[str], px_view: Any = None) -> Bridge:
         raise MagicInputError(f"--cluster: several clusters here ({said}); name one: --cluster NAME")
     (names,) = groups.values()
     chosen = names[0] if len(names) == 1 else _pick(names, ns, px_view)
-    return _bridge(chosen, ns[chosen], ns)
+    return _bridge(chosen, ns[chosen], ns, kept)
 
 
 def _pick(names: list, ns: dict, px_view: Any) -> str:
@@ -120,15 +145,16 @@ def _cluster_key(obj: Any) -> tuple:
     return ("dask", getattr(obj, "scheduler_address", "") or id(obj))
 
 
-def _bridge(name: str, obj: Any, ns: dict) -> Bridge:
+def _bridge(name: str, obj: Any, ns: dict, kept: Optional[Kept] = None) -> Bridge:
     kind = kind_of(obj)
     if kind == "ipyparallel":
         return IPyParallelBridge(name, obj)
-    if kind == "dask":
-        return DaskBridge(name, obj)
     if kind == "ipyparallel cluster":
         return IPyParallelBridge(name, _ipp_client(name, obj, ns))
-    return DaskBridge(name, _dask_client(name, obj, ns), cluster_ref=name)
+    client = obj if kind == "dask" else _dask_client(name, obj, ns)
+    workers = kept.workers(client) if kept is not None else None
+    return DaskBridge(name, client, kept=workers) if kind == "dask" else \
+        DaskBridge(name, client, cluster_ref=name, kept=workers)
 
 
 def _owned(obj: Any) -> Any:

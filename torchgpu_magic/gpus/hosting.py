@@ -25,6 +25,8 @@ Virtual machines: DMI's ``sys_vendor`` / ``product_name`` (``/sys/class/dmi/id``
 
 Every reader takes ``root``, ``environ`` and ``modules`` (``sys.modules``) so that tests script them;
 :func:`where` reads :data:`ROOT`, ``os.environ`` and ``sys.modules`` when given none. Standard library only.
+What the files say of a container or a virtual machine cannot change while a process runs, so it is read
+once per ``root`` (:func:`torchgpu_magic.caches.reset_caches` forgets it); the environment, every time.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
+
+from ..caches import cache
 
 ROOT = "/"
 
@@ -148,33 +152,45 @@ _RUNTIME_WORDS = (("kubepods", "kubernetes"), ("kubelet", "kubernetes"), ("libpo
 
 def container(root: str = "/", environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The container runtime this process runs under ('docker', 'podman', 'kubernetes', 'apptainer', 'lxc',
-    'containerd', 'systemd-nspawn', or 'container' when one is certain but unnamed), or None."""
+    'containerd', 'systemd-nspawn', or 'container' when one is certain but unnamed), or None. The
+    environment is read every time; what the files say, once per ``root`` (:func:`_container_files`)."""
     environ = os.environ if environ is None else environ
     if environ.get("KUBERNETES_SERVICE_HOST"):
         return "kubernetes"
-    if environ.get("APPTAINER_CONTAINER") or environ.get("SINGULARITY_CONTAINER") or \
-            os.path.isdir(os.path.join(root, ".singularity.d")):
+    apptainer, cgroup, podman, docker, mounts = _container_files(root)
+    if environ.get("APPTAINER_CONTAINER") or environ.get("SINGULARITY_CONTAINER") or apptainer:
         return "apptainer"
-    cgroup = _read(root, "proc/1/cgroup")
-    for word, runtime in _RUNTIME_WORDS:
-        if word in cgroup:
-            return runtime
-    if os.path.exists(os.path.join(root, "run/.containerenv")):
+    if cgroup:
+        return cgroup
+    if podman:
         return "podman"
-    if os.path.exists(os.path.join(root, ".dockerenv")):
+    if docker:
         return "docker"
     named = environ.get("container", "").strip().lower()
     if named:
         return {"podman": "podman", "docker": "docker", "lxc": "lxc", "systemd-nspawn": "systemd-nspawn"}.get(
             named, "container")
-    mounts = _read(root, "proc/self/mountinfo")
-    for line in mounts.splitlines():
+    return mounts
+
+
+@cache
+def _container_files(root: str) -> tuple:
+    """What the files say of a container, in :func:`container`'s order: (Apptainer's folder, the runtime
+    named in PID 1's cgroup, Podman's marker, Docker's marker, the runtime named by the bind mount of
+    /etc/hostname or /etc/resolv.conf). Kept for the process's life: the container a process runs in
+    is set when it starts (``%gpuinfo`` runs this on every call, on every engine of a cluster)."""
+    cgroup = _read(root, "proc/1/cgroup")
+    named = next((runtime for word, runtime in _RUNTIME_WORDS if word in cgroup), None)
+    mounted = None
+    for line in _read(root, "proc/self/mountinfo").splitlines():
         fields = line.split()
         if len(fields) > 4 and fields[4] in ("/etc/hostname", "/etc/resolv.conf"):
-            for word, runtime in _RUNTIME_WORDS:
-                if word in line:
-                    return runtime
-    return None
+            mounted = next((runtime for word, runtime in _RUNTIME_WORDS if word in line), None)
+            if mounted:
+                break
+    return (os.path.isdir(os.path.join(root, ".singularity.d")), named,
+            os.path.exists(os.path.join(root, "run/.containerenv")),
+            os.path.exists(os.path.join(root, ".dockerenv")), mounted)
 
 
 # DMI vendor / product words -> how a report names the VM.
@@ -185,9 +201,11 @@ _VMS = (("Google Compute Engine", "Google Compute Engine"), ("Amazon EC2", "Amaz
         ("DigitalOcean", "DigitalOcean"), ("Parallels", "Parallels"), ("BHYVE", "bhyve"))
 
 
+@cache
 def virtual_machine(root: str = "/") -> Optional[str]:
     """The hypervisor or cloud of the virtual machine this runs in ('Amazon EC2', 'a KVM virtual machine',
-    'a virtual machine' when unnamed), or None on bare metal (or where it cannot be told)."""
+    'a virtual machine' when unnamed), or None on bare metal (or where it cannot be told). Kept per
+    ``root`` for the process's life: the machine a process runs on does not change under it."""
     dmi = " ".join(_read(root, f"sys/class/dmi/id/{name}").strip()
                    for name in ("sys_vendor", "product_name", "bios_vendor"))
     for word, name in _VMS:

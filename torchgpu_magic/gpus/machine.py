@@ -24,6 +24,11 @@ Every reader takes ``root`` (the file system to read), so tests script a sysfs t
 :func:`survey` reads :data:`ROOT` when given none (a test of the whole report points it at such a tree)
 and also takes ``system`` and ``release`` (``platform.system()`` and ``platform.release()``). Standard
 library only; nothing here raises for a file it cannot read.
+
+A survey runs on every ``%gpuinfo`` (on every engine for ``--cluster``), and reading each PCI device's ids
+was most of it: the ids are kept per bus listing (:func:`_bus`) and the names until the pci.ids file
+changes, while what can change between two calls (the drivers bound, the kernel module, the listing
+itself) is read every time. :func:`torchgpu_magic.caches.reset_caches` forgets what is kept.
 """
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ import platform
 import re
 from dataclasses import asdict, dataclass
 from typing import Optional
+
+from ..caches import table
 
 __all__ = ["ROOT", "NVIDIA_VENDOR", "AMD_VENDOR", "INTEL_VENDOR", "PCIGPU", "Distribution", "Machine",
            "pci_gpus", "nvidia_pci_gpus", "kernel_driver", "distribution", "is_wsl", "wsl_gpu", "survey"]
@@ -140,49 +147,87 @@ def nvidia_pci_gpus(root: str = "/") -> Optional[tuple]:
 def pci_gpus(root: str = "/", vendor: str = NVIDIA_VENDOR) -> Optional[tuple]:
     """The display devices of ``vendor`` (its PCI vendor id) on the PCI bus (:class:`PCIGPU`), in address
     order; None where the bus cannot be read or lists no device at all (a machine always has some: an
-    empty list means a sandbox or a system without sysfs, not a machine without GPUs)."""
+    empty list means a sandbox or a system without sysfs, not a machine without GPUs). The driver bound
+    to each is read afresh every time (a driver can be bound or unbound at any moment); the devices'
+    ids and names come from :func:`_bus` and :func:`_pci_names`, which keep them."""
+    ids = _bus(root)
+    if ids is None:
+        return None
     base = os.path.join(root, "sys/bus/pci/devices")
-    try:
-        addresses = sorted(os.listdir(base))
-    except OSError:
-        return None
-    if not addresses:
-        return None
+    classes = _GPU_CLASSES.get(vendor, (_DISPLAY_CLASS,))
     found = []
-    for address in addresses:
-        klass = (_read(base, f"{address}/class") or "").strip().lower()
-        if (_read(base, f"{address}/vendor") or "").strip().lower() != vendor or \
-                not klass.startswith(_GPU_CLASSES.get(vendor, (_DISPLAY_CLASS,))):
+    for address, (device_vendor, klass, device) in ids.items():
+        if device_vendor != vendor or not klass.startswith(classes):
             continue
-        device = (_read(base, f"{address}/device") or "").strip().lower()
-        link = os.path.join(base, address, "driver")
-        driver = os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+        try:
+            driver: Optional[str] = os.path.basename(os.readlink(os.path.join(base, address, "driver")))
+        except OSError:  # no link: no driver bound
+            driver = None
         found.append(PCIGPU(address, device, driver=driver, vendor=vendor))
     if found:
-        names = _pci_names(root, {g.device for g in found}, vendor)
+        names = _pci_names(root, frozenset(g.device for g in found), vendor)
         found = [PCIGPU(g.address, g.device, names.get(g.device), g.driver, vendor) for g in found]
     return tuple(found)
 
 
-def _pci_names(root: str, devices: set, vendor: str = NVIDIA_VENDOR) -> dict:
-    """Device id -> name from the pci.ids database (``vendor``'s block only), where the system has one."""
+_BUS = table()  # root -> (the bus's listing, {address: (vendor, class, device)})
+_NAMES = table()  # (root, vendor, device ids, the database's (path, size, mtime)) -> {device id: name}
+
+
+def _bus(root: str) -> Optional[dict]:
+    """``{address: (vendor, class, device)}`` of every device on the PCI bus, in address order; None where
+    the bus cannot be read or lists none. Reading the ids is most of a survey's cost (three small files
+    per device, every device of the machine), and they cannot change while the device stays at its
+    address, so they are read again only when the bus's listing changes (a device added or removed); a
+    listing whose files could not all be read is not kept."""
+    base = os.path.join(root, "sys/bus/pci/devices")
+    try:
+        addresses = tuple(sorted(os.listdir(base)))
+    except OSError:
+        return None
+    if not addresses:
+        return None
+    kept = _BUS.get(root)
+    if kept is not None and kept[0] == addresses:
+        return kept[1]
+    read = {address: tuple(_read(base, f"{address}/{name}") for name in ("vendor", "class", "device"))
+            for address in addresses}
+    ids = {address: tuple((text or "").strip().lower() for text in texts) for address, texts in read.items()}
+    if all(text is not None for texts in read.values() for text in texts):
+        _BUS[root] = (addresses, ids)
+    return ids
+
+
+def _pci_names(root: str, devices: frozenset, vendor: str = NVIDIA_VENDOR) -> dict:
+    """Device id -> name from the pci.ids database (``vendor``'s block only), where the system has one;
+    kept until the database file changes (its size or modification time), since reading it means
+    reading the whole file (over a megabyte)."""
     for path in _PCI_IDS:
-        text = _read(root, path)
-        if text is None:
+        try:
+            stat = os.stat(os.path.join(root, path))
+        except OSError:
             continue
-        names: dict = {}
-        inside = False
-        for line in text.splitlines():
-            if line.startswith(vendor.replace("0x", "") + " "):
-                inside = True
-            elif inside and line and not line.startswith(("\t", "#")):
-                break
-            elif inside and line.startswith("\t") and not line.startswith("\t\t"):
-                ident, _, name = line.strip().partition(" ")
-                if f"0x{ident.lower()}" in devices:
-                    names[f"0x{ident.lower()}"] = name.strip()
-        return names
+        key = (root, vendor, devices, path, stat.st_size, stat.st_mtime_ns)
+        if key not in _NAMES:
+            _NAMES[key] = _names_in(_read(root, path) or "", devices, vendor)
+        return _NAMES[key]
     return {}
+
+
+def _names_in(text: str, devices: frozenset, vendor: str) -> dict:
+    """Device id -> name for ``devices`` of ``vendor`` in the text of a pci.ids database."""
+    names: dict = {}
+    inside = False
+    for line in text.splitlines():
+        if line.startswith(vendor.replace("0x", "") + " "):
+            inside = True
+        elif inside and line and not line.startswith(("\t", "#")):
+            break
+        elif inside and line.startswith("\t") and not line.startswith("\t\t"):
+            ident, _, name = line.strip().partition(" ")
+            if f"0x{ident.lower()}" in devices:
+                names[f"0x{ident.lower()}"] = name.strip()
+    return names
 
 
 def kernel_driver(root: str = "/") -> Optional[str]:

@@ -71,6 +71,7 @@ class TorchGPUMagics(Magics):
         super().__init__(shell)
         self._closers: list[Callable[[], None]] = []
         self._cluster_closer = False  # whether unload closes the clients --cluster connected
+        self.cluster_kept: Any = None  # cluster.Kept: what --cluster bridges keep between calls, till unload
         self.tracebacks = Tracebacks(shell)  # the user's cell first, errors explained above
         self.parts: list[MagicsPart] = []  # the magics' classes made so far
 
@@ -124,16 +125,28 @@ class MagicsPart(Magics):
     def cluster_bridge(self, name: Optional[str]) -> Any:
         """The :class:`~torchgpu_magic.cluster.Bridge` for ``--cluster [NAME]``: the view ``%px`` runs on
         is preferred among names for one cluster, and the clients connected here to cluster objects
-        (``--cluster cluster`` on an ``ipp.Cluster`` or ``LocalCluster``) are closed at unload."""
+        (``--cluster cluster`` on an ``ipp.Cluster`` or ``LocalCluster``) are closed at unload. The
+        bridge is made anew for each call, with what the earlier ones kept of the same client
+        (:class:`~torchgpu_magic.cluster.Kept`, forgotten at unload)."""
         from .. import cluster
 
         px = self.shell.magics_manager.magics["line"].get("px")
         view = getattr(getattr(px, "__self__", None), "view", None)
-        bridge = cluster.connect(self.shell.user_ns, name, view)
-        if not self._owner._cluster_closer:
-            self._owner._cluster_closer = True
+        owner = self._owner
+        if owner.cluster_kept is None:
+            owner.cluster_kept = cluster.Kept()
+        bridge = cluster.connect(self.shell.user_ns, name, view, owner.cluster_kept)
+        if not owner._cluster_closer:
+            owner._cluster_closer = True
             self.add_closer(cluster.close_clients)
+            self.add_closer(self._forget_kept)
         return bridge
+
+    def _forget_kept(self) -> None:
+        """At unload: drop what the --cluster bridges kept."""
+        kept, self._owner.cluster_kept = self._owner.cluster_kept, None
+        if kept is not None:
+            kept.clear()
 
     def start(self) -> None:
         """Hook what this magic needs into the shell, once, when its class is first made (at its first

@@ -102,13 +102,13 @@ browser-deps:
 lint: $(VENV)/.test
 	$(VPY) -m ruff check torchgpu_magic tests benchmarks notebooks docs
 
-# `make test` runs every leg in TEST_LEGS, each a make target of its own, TEST_JOBS of them at once (default:
-# one more than the CPUs, at most 4; tests/run_legs.py), and every one of them even when another failed: one broken leg
-# must not hide what the others would say. Each leg's output is printed whole when it ends (also in
-# test-artifacts/legs/LEG.log); the run ends with one line per leg (passed or failed, and its seconds) and
-# fails if any leg did. The legs are independent and none keeps two cores busy, so at once they take far
-# less time than in turn.
-# A new leg is a target added to the list (`TEST_LEGS += test-xyz`); list the long ones first.
+# `make test` runs every leg in TEST_LEGS, each a make target of its own, TEST_JOBS of them at once
+# (default: the CPUs, at most 4; tests/run_legs.py), and every one of them even when another failed: one
+# broken leg must not hide what the others would say. Each leg's output is printed whole when it ends (also
+# in test-artifacts/legs/LEG.log); the run ends with one line per leg (passed or failed, and its seconds)
+# and fails if any leg did. The legs are independent and none keeps two cores busy, so two at a time on two
+# cores take two thirds of the time they take in turn. A new leg is a target added to the list
+# (`TEST_LEGS += test-xyz`); list the long ones first.
 TEST_LEGS := test-main test-ipython7 test-simulated test-simulated-xpu test-simulated-mps test-simulated-rocm \
   test-cudabuild lint
 TEST_JOBS ?=

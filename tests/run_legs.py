@@ -1,16 +1,17 @@
 """Run `make test`'s legs, several at a time, and say how each went.
 
-Each leg is a make target of its own (``make --no-print-directory LEG``), run in a process of its own with its
-output in ``test-artifacts/legs/LEG.log``; ``--jobs`` of them run at once (default: one more than the machine's
-CPUs, at most 4; 3 on the 2-core CI machines), taken in the order given, so list the long ones first. When a leg ends,
-its whole log is printed at once (legs never interleave their lines), with its result and seconds. Every
-leg runs even when another failed: one broken leg must not hide what the others would say. The end is one
-line per leg and the run's wall time, and the exit status is 1 if any leg failed.
+Each leg is a make target of its own (``make --no-print-directory LEG``), run in a process of its own with
+its output in ``test-artifacts/legs/LEG.log``; ``--jobs`` of them run at once (default: the machine's CPUs,
+at most 4: 2 on the 2-core CI machines), taken in the order given, so list the long ones
+first. When a leg ends, its whole log is printed at once (legs never interleave their lines), with its
+result and seconds. Every leg runs even when another failed: one broken leg must not hide what the others
+would say. The end is one line per leg and the run's wall time, and the exit status is 1 if any leg failed.
 
 Why at once: the legs are independent (separate venvs or separate pytest sessions, each with its own
 temporary directories, kernels, clusters and ports), and one leg keeps 1.3 of two cores busy on average
 (its kernels, engines and browser wait on one another): run one after another they took 21 minutes of
-CI, two at a time 14 (user + sys 18 min over 14.3 min of wall time).
+CI, two at a time 14 (user + sys 18 min over 14.3 min of wall time). Three at a time took as long
+(13 min 25 s of legs against 13 min 40 s) with each leg far slower: two it is, on two cores.
 
 Usage: python3 tests/run_legs.py [--jobs N] LEG [LEG ...]
 """
@@ -47,8 +48,8 @@ def run_leg(leg: str, printed: threading.Lock) -> tuple:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=min(4, (os.cpu_count() or 1) + 1),
-                        help="legs at once (default: one more than the CPUs, at most 4)")
+    parser.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+                        help="legs at once (default: the CPUs, at most 4)")
     parser.add_argument("legs", nargs="+", help="make targets, the long ones first")
     args = parser.parse_args()
     started = time.monotonic()

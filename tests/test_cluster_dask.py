@@ -31,9 +31,8 @@ psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.filterwarnings("ignore:Port 8787 is already in use")
 
 
-
 @pytest.fixture(scope="module")
-def client():
+def cluster_client():
     main = sys.modules["__main__"]
     added_spec = not hasattr(main, "__spec__")
     if added_spec:
@@ -56,6 +55,15 @@ def client():
                 cluster.close(timeout=20)
                 if added_spec:  # the shell's reset may have cleared it already
                     vars(main).pop("__spec__", None)
+
+
+@pytest.fixture
+def client(cluster_client):
+    """The module's client once both its workers are the scheduler's again: a test before may have
+    stopped one (SIGSTOP) or interrupted it, and on a loaded machine (three legs of `make test` at once)
+    the scheduler hears from it again only after a while; a test must not start with one worker."""
+    cluster_client.wait_for_workers(2, timeout=120)
+    return cluster_client
 
 
 def _define(code: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import MagicInputError
@@ -288,10 +288,12 @@ def _pick(snap: Any, snap_field: str, dev: Any, dev_field: str) -> Any:
 
 
 def _plain(obj: Any) -> Any:
+    """``obj`` as plain JSON-able data, in one walk (``asdict`` first would copy every nested dataclass
+    and walk it twice: the better part of each engine's ``%gpuinfo --cluster`` reply)."""
     if is_na(obj):
         return None
     if is_dataclass(obj) and not isinstance(obj, type):
-        return {k: _plain(v) for k, v in asdict(obj).items()}
+        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -87,14 +87,6 @@ class DaskBridge(Bridge):
         """Address -> the scheduler's record of each worker it listed when last asked."""
         return self.kept.records
 
-    @property
-    def _fetched(self) -> float:
-        return self.kept.fetched
-
-    @property
-    def _held(self) -> dict:
-        return self.kept.held
-
     # ---- the scheduler's view ---------------------------------------------------------------------------
     def check(self) -> None:
         """Raise :class:`ClusterGone` (one line) unless the client is connected."""
@@ -134,7 +126,7 @@ class DaskBridge(Bridge):
         the user is about to start workers for), fetched less than :data:`REFRESH` seconds ago, as many
         as the client's own count of the scheduler's workers (which distributed refreshes every 2 s by
         itself), and none of them a worker of the client's own cluster object that has closed since."""
-        if not self.workers or time.monotonic() - self._fetched >= REFRESH:
+        if not self.workers or time.monotonic() - self.kept.fetched >= REFRESH:
             return False
         counted = (getattr(self.obj, "_scheduler_identity", None) or {}).get("n_workers")
         if isinstance(counted, int) and counted != len(self.workers):
@@ -205,7 +197,7 @@ class DaskBridge(Bridge):
         newest = max(seen.values())
         beat = _heartbeat(len(seen))
         limit = SILENT * beat if strict else max(LONG_SILENT, 2 * SILENT * beat)
-        held = dict(self._held)  # replaced whole: a panel's thread may use the same Workers
+        held = dict(self.kept.held)  # replaced whole: a panel's thread may use the same Workers
         for addr, last in seen.items():
             if newest - last > limit:
                 held[addr] = last
@@ -240,7 +232,7 @@ class DaskBridge(Bridge):
         holds the answers already in (not asked again; this pass adds its own); ``everyone``: ask every
         worker the scheduler lists now rather than those in hand (when all of those are to be asked)."""
         every = self.engines()
-        if self._held or self.silent():
+        if self.kept.held or self.silent():
             self.identity()  # a worker looks silent: see whether its heartbeats came back
             every, everyone = self.engines(), False
         keys = every if keys is None else list(keys)

@@ -168,7 +168,7 @@ def profiler_activity(event: Any) -> str:
     from torch.autograd import DeviceType
 
     name = event.name
-    annotation = getattr(event, "is_user_annotation", False)
+    annotation = event.is_user_annotation  # torch 2.11 has it too, as the H200 run printed
     if event.device_type != DeviceType.CPU:
         if annotation:
             return "gpu_user_annotation"

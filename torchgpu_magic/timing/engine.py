@@ -242,7 +242,7 @@ def tally(events: Any) -> tuple:
         activity = profiler_activity(event)
         if activity in RUNTIME_ACTIVITIES:
             runtime += 1
-        elif activity in KERNEL_ACTIVITIES and not getattr(event, "is_user_annotation", False):
+        elif activity in KERNEL_ACTIVITIES and not event.is_user_annotation:
             calls, spent = totals.get(event.name, (0, 0.0))
             totals[event.name] = (calls + 1, spent + event.device_time_total)
             spans.append((event.time_range.start, event.time_range.end))

@@ -50,7 +50,6 @@ class OnTorchMagics(MagicsPart):
         self._setting = ""  # what the line form set, for `%ontorch` with no argument
         self._depth = 0  # how many %%ontorch cells are running (nested ones included)
         self._closer_added = False
-        self._parsed: dict = {}  # parsed options by magic line: see _args
         self._shapes: dict = {}  # cell source -> line of its shown last expression, or 0: see _compile
         self._footer_caches: Any = None  # (before, after) placement.SnapshotCache of the footer
 
@@ -97,7 +96,7 @@ class OnTorchMagics(MagicsPart):
         Every refusal happens here, before anything changes."""
         from .. import devices
 
-        args = self._args(line)
+        args = parse_args(self.ontorch, line)
         if args.cluster is not None:
             return self._cluster(args, cell)
         if cell is None and args.spec is None and not args.reset:
@@ -149,18 +148,6 @@ class OnTorchMagics(MagicsPart):
                              "%ontorch local --cluster [NAME]; then %%px %%ontorch local on the engines")
         assignment = cluster.local_devices(self.cluster_bridge(args.cluster))
         show(assignment, quiet=args.quiet)
-
-    def _args(self, line: str) -> Any:
-        """``parse_args`` for ``%%ontorch``, remembered per line: a notebook re-runs the same few magic
-        lines, and argparse is a measurable part of the magic's cost on a fast cell. The parsed
-        options are only read, never changed, so sharing them is safe."""
-        args = self._parsed.get(line)
-        if args is None:
-            args = parse_args(self.ontorch, line)
-            if len(self._parsed) >= 64:
-                self._parsed.clear()
-            self._parsed[line] = args
-        return args
 
     def _device(self, spec: str, fallback: Optional[str], magic: str) -> tuple:
         """Resolve SPEC (and always validate --fallback); (device, one-line note or '')."""

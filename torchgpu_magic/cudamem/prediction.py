@@ -19,7 +19,8 @@ import re
 import time
 import traceback
 import warnings
-from typing import Any, Callable, Iterator, Mapping, Optional
+from dataclasses import asdict
+from typing import Any, Iterator, Mapping, Optional
 
 from .. import accelerators
 from ..errors import MagicInputError
@@ -142,10 +143,6 @@ def _where(exc: BaseException, filename: str) -> str:
     return found
 
 
-def _ledger_for(target: Target) -> Callable[[str], Ledger]:
-    return lambda name: Ledger(CachingAllocatorModel() if target.kind == "cuda" else None)
-
-
 def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Target,
                   cc: Optional[tuple], resize: Optional[dict]) -> tuple:
     """One run of ``code`` on fake copies; returns (ledgers, rows, fqns, workspaces, caught warnings)."""
@@ -154,6 +151,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
     from .cudastandin import StrayDeviceError, guarded
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    cuda = target.kind == "cuda"
     added: list = []  # the workspaces allocated, in order
     threads: set = set()  # (ledger, thread) pairs whose workspaces are allocated
 
@@ -169,7 +167,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
 
     with _torch_state_kept():
         fake_ns, copies = fake_namespace(ns, names, fake_mode, target.run_on, resize)
-        mark_target(copies, foreach=target.kind == "cuda")
+        mark_target(copies, foreach=cuda)
         objects = find_objects(copies)
         del copies
         rules = guarded(target.kind, target.run_on, target.native, cc)
@@ -180,8 +178,9 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
             logger.setLevel(logging.CRITICAL)  # its log of a failed op would print in the cell's output
             try:
                 with fake_mode, rules, _fake_module_moves():
-                    result = run_tracked(lambda: exec(code, fake_ns), objects, _ledger_for(target),
-                                         on_matmul if target.kind == "cuda" else None, filename)
+                    result = run_tracked(lambda: exec(code, fake_ns), objects,
+                                         lambda name: Ledger(CachingAllocatorModel() if cuda else None),
+                                         on_matmul if cuda else None, filename)
             except StrayDeviceError as exc:
                 raise PredictionError(f"--predict stopped this cell: {exc}") from None
             except MagicInputError:
@@ -236,12 +235,9 @@ def predict(code: Any, filename: str, ns: Mapping[str, Any], names: list, target
     ledgers, rows, fqns, workspaces, notes = _run_on_fakes(code, filename, ns, names, target, cc, resize)
     device = next((d for d in ledgers if d.split(":")[0] == target.run_on.split(":")[0]), None)
     ledger = ledgers.get(device) if device is not None else Ledger()
-    allowances = [dict(what=a.what, nbytes=a.nbytes, source=a.source, in_allocator=a.in_allocator)
-                  for a in workspaces]
+    allowances = [asdict(a) for a in workspaces]
     if target.kind == "cuda":
-        context = cuda_context(cc)
-        allowances.append(dict(what=context.what, nbytes=context.nbytes, source=context.source,
-                               in_allocator=False))
+        allowances.append(asdict(cuda_context(cc)))
         notes.insert(0, f"GPU generation: {describe_arch(cc, cc_source)}")
         if accelerators.is_rocm():
             notes.insert(1, "ROCm: the allowances are CUDA's figures (its context, cuBLAS workspaces); HIP's "
@@ -289,16 +285,6 @@ def fit(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Ta
     tensors, current = batch_tensors(ns, fit_names)
     names = sorted(set(names) | set(fit_names))
     seen: dict = {}
-    usable: list = []  # (bytes, source) the search fits into: a GPU's capacity less FIT_MARGIN
-
-    def usable_capacity(report: CellMemory) -> tuple:
-        if report.capacity is None or target.kind != "cuda":
-            return report.capacity, report.capacity_source
-        margin = int(report.capacity * FIT_MARGIN)
-        return report.capacity - margin, (f"{report.capacity_source}: {fmt_bytes(report.capacity)}, less a "
-                                          f"{FIT_MARGIN * 100:g} % margin of {fmt_bytes(margin)} for what a "
-                                          "prediction cannot count: kernels loaded as the step runs, cuDNN "
-                                          "workspaces, fragmentation")
 
     def at(size: int) -> CellMemory:
         if size not in seen:
@@ -311,9 +297,12 @@ def fit(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Ta
             if report.capacity is None:
                 raise MagicInputError(f"--fit needs a capacity: {target.device} has none known here; "
                                       f"give --capacity SIZE (e.g. --capacity 79GiB)")
-            if not usable:
-                usable.append(usable_capacity(report))
-            report.capacity, report.capacity_source = usable[0]
+            if target.kind == "cuda":  # the search fits into a GPU's capacity less FIT_MARGIN
+                margin = int(report.capacity * FIT_MARGIN)
+                report.capacity, report.capacity_source = report.capacity - margin, (
+                    f"{report.capacity_source}: {fmt_bytes(report.capacity)}, less a {FIT_MARGIN * 100:g} % "
+                    f"margin of {fmt_bytes(margin)} for what a prediction cannot count: kernels loaded as "
+                    "the step runs, cuDNN workspaces, fragmentation")
             seen[size] = report
         return seen[size]
 

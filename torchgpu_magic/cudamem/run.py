@@ -36,6 +36,7 @@ _NEEDED = ("_update_snap", "_pre_fw_hook", "_update_peak_stats", "_mod_tracker",
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "addmv", "mv", "dot",
                       "vdot", "addr", "_scaled_mm", "_int_mm"})
 _WALK_DEPTH = 3
+_TESTED = ", ".join(f"{a}.{b}" for a, b in TESTED_TORCH)
 
 
 class TrackerUnavailable(MagicInputError):
@@ -56,9 +57,8 @@ def version_note() -> Optional[str]:
 
     if torch_version() in TESTED_TORCH:
         return None
-    tested = ", ".join(f"{a}.{b}" for a, b in TESTED_TORCH)
-    return (f"note: torch {torch.__version__} is not among the releases %%cudamem is tested with ({tested}); "
-            f"MemTracker is private to torch and may attribute differently")
+    return (f"note: torch {torch.__version__} is not among the releases %%cudamem is tested with "
+            f"({_TESTED}); MemTracker is private to torch and may attribute differently")
 
 
 @functools.cache
@@ -69,20 +69,16 @@ def tracker_class() -> type:
     try:
         MemTracker = mem_tracker_class()
     except Exception as exc:  # noqa: BLE001 - any import failure: one line, never a traceback
-        tested = ", ".join(f"{a}.{b}" for a, b in TESTED_TORCH)
         raise TrackerUnavailable(
             f"this torch {torch.__version__} has no MemTracker (torch.distributed._tools.mem_tracker: "
             f"{type(exc).__name__}: {exc}); %%cudamem needs a torch built with torch.distributed "
-            f"(tested with {tested})") from None
+            f"(tested with {_TESTED})") from None
     missing = [name for name in _NEEDED if not hasattr(MemTracker(), name)]
     if missing:
         raise TrackerUnavailable(f"torch {torch.__version__}'s MemTracker lacks {', '.join(missing)}: its "
                                  f"private interface changed; %%cudamem is tested with torch 2.11 to 2.13")
-    return _define(MemTracker)
 
-
-def _define(base: type) -> type:
-    class Tracker(base):  # type: ignore[misc, valid-type]
+    class Tracker(MemTracker):  # type: ignore[misc, valid-type]
         """MemTracker, with each update also handed to the ledger of its device."""
 
         def __init__(self, ledger_for: Callable[[str], Ledger],
@@ -96,7 +92,6 @@ def _define(base: type) -> type:
             # the operator running: [its name, its cell line, (phase, module), the Python frame that
             # called it], the last three found when first asked; all None between operators
             self._now: list = [None, None, None, None]
-            self._op_names: dict = {}
             self.ledgers: dict = {}
             self.started = False
             self._stats_by_fqn: dict = {}  # module name -> its _ModMemStats, for _update_peak_stats
@@ -218,7 +213,7 @@ def _define(base: type) -> type:
                 caller = sys._getframe(1)
             except ValueError:  # a device thread of the autograd engine: no Python frame below
                 caller = None
-            self._now = [self._op_names.get(func) or self._op_name(func), None, None, caller]
+            self._now = [_op_name(func), None, None, caller]
             try:
                 out = super().__torch_dispatch__(func, types, args, kwargs)
                 if self._on_matmul is not None and func.overloadpacket.__name__ in _MATMULS:
@@ -229,11 +224,13 @@ def _define(base: type) -> type:
                 self._now = outer
             return out
 
-        def _op_name(self, func: Any) -> str:
-            name = self._op_names[func] = str(func.overloadpacket)  # 'aten.mm'
-            return name
-
     return Tracker
+
+
+@functools.cache
+def _op_name(func: Any) -> str:
+    """An operator's name as the series shows it: 'aten.mm' (torch's operators live as long as torch)."""
+    return str(func.overloadpacket)
 
 
 def find_objects(values: Iterable[tuple]) -> list:
@@ -290,11 +287,10 @@ def _is_user_object(obj: Any) -> bool:
     attributes may hold models: not a class, function, module or builtin."""
     import types
 
-    typ = type(obj)
     if isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType,
                         types.BuiltinFunctionType)):
         return False
-    return typ.__module__ not in ("builtins", "types") and type(getattr(obj, "__dict__", None)) is dict
+    return type(obj).__module__ not in ("builtins", "types") and type(getattr(obj, "__dict__", None)) is dict
 
 
 def module_names(objects: Iterable[tuple]) -> dict:

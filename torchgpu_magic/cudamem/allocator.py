@@ -62,9 +62,7 @@ def category_of(reftype: str) -> str:
 
 def round_size(nbytes: int) -> int:
     """The size the caching allocator hands out for a request: a multiple of 512 B, at least 512 B."""
-    if nbytes < MIN_BLOCK:
-        return MIN_BLOCK
-    return MIN_BLOCK * ((nbytes + MIN_BLOCK - 1) // MIN_BLOCK)
+    return max(MIN_BLOCK, MIN_BLOCK * ((nbytes + MIN_BLOCK - 1) // MIN_BLOCK))
 
 
 def segment_size(rounded: int) -> int:
@@ -114,11 +112,6 @@ class CachingAllocatorModel:
         block.free = True
         bisect.insort(self._free[block.small], (*block.key(), block))
 
-    def _unlist(self, block: _Block) -> None:
-        pool = self._free[block.small]
-        index = bisect.bisect_left(pool, block.key())
-        del pool[index]
-
     def malloc(self, key: Any, nbytes: int) -> int:
         """Hand out a block for a request of ``nbytes`` under ``key``; returns the block's size."""
         size = round_size(nbytes)
@@ -157,7 +150,8 @@ class CachingAllocatorModel:
         for neighbour in (block.prev, block.next):
             if neighbour is None or not neighbour.free:
                 continue
-            self._unlist(neighbour)
+            pool = self._free[neighbour.small]
+            del pool[bisect.bisect_left(pool, neighbour.key())]
             first, second = (neighbour, block) if neighbour is block.prev else (block, neighbour)
             first.size += second.size
             first.next = second.next
@@ -212,11 +206,6 @@ class Ledger:
         self.series.start(self.by_category)
         self._recording = True
 
-    def _record(self, kind: str, category: str, nbytes: int, phase: str, module: Optional[str],
-                source: Optional[str] = None) -> None:
-        if self._recording:
-            self.series.record(kind, category, nbytes, phase, module, *self.context(), source)
-
     def stop(self) -> None:
         """The cell has ended: keep the figures as they are now."""
         self.end = self.total
@@ -227,7 +216,8 @@ class Ledger:
         self.by_category[category] += nbytes
         self.total += nbytes
         phase, module = self.where()
-        self._record("alloc", category, nbytes, phase, module)
+        if self._recording:
+            self.series.record("alloc", category, nbytes, phase, module, *self.context())
         if self.total > self.phase_peaks.get(phase, -1):
             self.phase_peaks[phase] = self.total
         if self.total > self.peak:
@@ -254,7 +244,7 @@ class Ledger:
         self.by_category[category] -= size
         self.total -= size
         if self._recording:
-            self._record("free", category, size, *self.where())
+            self.series.record("free", category, size, *self.where(), *self.context())
 
     def resize(self, key: Any, nbytes: int) -> None:
         """A storage changed size (``resize_``): the allocator frees it and hands out a new block."""
@@ -273,7 +263,7 @@ class Ledger:
         self.by_category[old] -= size
         self.by_category[category] += size
         if self._recording:
-            self._record("recategorize", category, size, *self.where(), source=old)
+            self.series.record("recategorize", category, size, *self.where(), *self.context(), old)
 
     @property
     def reserved_peak(self) -> Optional[int]:

@@ -28,16 +28,6 @@ class StrayDeviceError(RuntimeError):
     anything uses it."""
 
 
-def _tensors(values: Any) -> Iterator[Any]:
-    import torch
-
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (v for v in value if isinstance(v, torch.Tensor))
-
-
 class _Devices:
     """The device rules of one fake run: ``remap`` (the target's type, when cpu stands in for it) is read
     as ``run_on``; any other type but those ``allowed`` is refused before a tensor of it exists."""
@@ -55,9 +45,21 @@ class _Devices:
             + ("" if kind == self.target else f" (predict for {kind} with --predict {kind})"))
 
     def device(self, value: Any, where: Any, loose: bool = True) -> Any:
-        """``value`` with the remapped type read as ``run_on``; a refused type raises."""
-        kind = _kind_of(value, loose)
-        if kind is None:
+        """``value`` with the remapped type read as ``run_on``; a refused type raises. A device is named
+        by a torch.device, and, when ``loose`` (an argument that can only be a device, as ``Tensor.to``'s
+        first), by a string ('cuda:1') or an int (``to(0)`` means cuda:0)."""
+        import torch
+
+        if isinstance(value, torch.device):
+            kind = value.type
+        elif loose and isinstance(value, str):
+            try:
+                kind = torch.device(value.strip()).type
+            except RuntimeError:
+                return value
+        elif loose and isinstance(value, int) and not isinstance(value, bool):
+            kind = "cuda"
+        else:
             return value
         if kind == self.remap:
             return self.run_on
@@ -66,27 +68,15 @@ class _Devices:
         return value
 
     def check(self, values: Any, where: Any) -> None:
-        for tensor in _tensors(values):
-            kind = tensor.device.type
-            if kind not in self.allowed or kind == self.remap:
-                self._refuse(kind, where)
+        """Refuse the tensors in ``values`` (a value, or a list or tuple of values or of lists of them)
+        on a device they cannot live on."""
+        import torch
 
-
-def _kind_of(value: Any, loose: bool) -> Optional[str]:
-    """The device type ``value`` names: a torch.device, and, when ``loose`` (an argument that can only be
-    a device, as ``Tensor.to``'s first), a string ('cuda:1') or an int (``to(0)`` means cuda:0)."""
-    import torch
-
-    if isinstance(value, torch.device):
-        return value.type
-    if loose and isinstance(value, str):
-        try:
-            return torch.device(value.strip()).type
-        except RuntimeError:
-            return None
-    if loose and isinstance(value, int) and not isinstance(value, bool):
-        return "cuda"
-    return None
+        for value in values if isinstance(values, (list, tuple)) else (values,):
+            for tensor in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(tensor, torch.Tensor) and (tensor.device.type not in self.allowed
+                                                         or tensor.device.type == self.remap):
+                    self._refuse(tensor.device.type, where)
 
 
 def _function_mode(rules: _Devices) -> Any:
@@ -109,7 +99,7 @@ def _function_mode(rules: _Devices) -> Any:
             rules.check(args, func)
             with torch_function_disabled():
                 out = func(*args, **kwargs)
-            rules.check(out if isinstance(out, (list, tuple)) else (out,), func)
+            rules.check(out, func)
             return out
 
     return StandIn()
@@ -122,7 +112,7 @@ def _dispatch_mode(rules: _Devices) -> Any:
             if kwargs.get("device") is not None:
                 kwargs["device"] = rules.device(kwargs["device"], func)
             out = func(*args, **kwargs)
-            rules.check(out if isinstance(out, (list, tuple)) else (out,), func)
+            rules.check(out, func)
             return out
 
     return StandInOps()

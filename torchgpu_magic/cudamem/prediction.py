@@ -22,11 +22,12 @@ import warnings
 from dataclasses import asdict
 from typing import Any, Iterator, Mapping, Optional
 
-from .. import accelerators
+from .. import accelerators, devices
 from ..errors import MagicInputError
 from ..render import fmt_bytes
 from ..torchapi import FAKE_TENSOR_LOGGER, fake_tensor_class, fake_tensor_mode_class
 from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger
+from .cudastandin import StrayDeviceError, guarded
 from .fakenamespace import fake_namespace, mark_target, names_read
 from .report import CellMemory, FitResult
 from .run import find_objects, report, run_tracked, version_note
@@ -64,8 +65,6 @@ def _torch_state_kept() -> Iterator[None]:
     """Whatever the cell sets of torch's global state comes back as it was: default device and dtype,
     grad mode, the cpu random generator, the intra-op thread count."""
     import torch
-
-    from .. import devices
 
     saved = devices.current_state()
     grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
@@ -147,9 +146,6 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
                   cc: Optional[tuple], resize: Optional[dict]) -> tuple:
     """One run of ``code`` on fake copies; returns (ledgers, rows, fqns, workspaces, caught warnings)."""
     FakeTensorMode = fake_tensor_mode_class()
-
-    from .cudastandin import StrayDeviceError, guarded
-
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     cuda = target.kind == "cuda"
     added: list = []  # the workspaces allocated, in order
@@ -306,29 +302,20 @@ def fit(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Ta
             seen[size] = report
         return seen[size]
 
-    limit = max(current, 1) * 2 ** FIT_DOUBLINGS
-    lo, hi = None, None
-    size = max(current, 1)
-    if at(size).fits:
-        lo = size
-        while size * 2 <= limit:
-            size *= 2
-            if not at(size).fits:
-                hi = size
-                break
-            lo = size
-    else:
-        hi = size
-        while size > 1:
-            size //= 2
-            if at(size).fits:
-                lo = size
-                break
-            hi = size
+    size = start = max(current, 1)
+    limit = start * 2 ** FIT_DOUBLINGS
+    lo = hi = None
+    while lo is None or hi is None:  # doubling while it fits, halving while it does not, to 1 or the limit
+        if at(size).fits:
+            lo, size = size, size * 2
+        else:
+            hi, size = size, size // 2
+        if not 1 <= size <= limit:
+            break
     while lo is not None and hi is not None and hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if at(mid).fits else (lo, mid)
-    first = seen[max(current, 1)]
+    first = seen[start]
     return FitResult(names=list(fit_names), device=target.device, capacity=first.capacity,
                      capacity_source=first.capacity_source, current=current, best=lo,
                      predictions=[(s, r.needs, bool(r.fits)) for s, r in seen.items()],

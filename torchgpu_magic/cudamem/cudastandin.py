@@ -21,6 +21,7 @@ import contextlib
 from typing import Any, Iterator, Optional
 
 from ..torchapi import dispatch_mode_base, torch_function_disabled
+from .cudakernels import kernels
 
 
 class StrayDeviceError(RuntimeError):
@@ -163,8 +164,6 @@ def guarded(kind: str, run_on: str, native: bool, cc: Optional[tuple]) -> Iterat
                      kind)
     with contextlib.ExitStack() as stack:
         if kind == "cuda" and not native:
-            from .cudakernels import kernels
-
             autocast = stack.enter_context(kernels(cc))
             stack.enter_context(_cuda_autocast(autocast))
         stack.enter_context(_function_mode(rules))

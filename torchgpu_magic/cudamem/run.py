@@ -19,6 +19,7 @@ import itertools
 import sys
 import threading
 import time
+import types
 import warnings
 from typing import Any, Callable, Iterable, Optional
 
@@ -241,17 +242,15 @@ def find_objects(values: Iterable[tuple]) -> list:
 
     found: list = []
     seen: set = set()
+    kinds = ((torch.Tensor, "tensor"), (torch.nn.Module, "module"), (torch.optim.Optimizer, "optimizer"))
 
     def visit(path: str, obj: Any, depth: int) -> None:
         if id(obj) in seen:
             return
         seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            found.append((path, obj, "tensor"))
-        elif isinstance(obj, torch.nn.Module):
-            found.append((path, obj, "module"))
-        elif isinstance(obj, torch.optim.Optimizer):
-            found.append((path, obj, "optimizer"))
+        kind = next((name for cls, name in kinds if isinstance(obj, cls)), None)
+        if kind is not None:
+            found.append((path, obj, kind))
         elif depth > 0 and isinstance(obj, (list, tuple)):
             for i, item in enumerate(obj[:1000]):
                 visit(f"{path}[{i}]", item, depth - 1)
@@ -285,8 +284,6 @@ def home_device(objects: Iterable[tuple]) -> str:
 def _is_user_object(obj: Any) -> bool:
     """An instance of a class from user code or a library (a ``Trainer``, a dataclass), whose
     attributes may hold models: not a class, function, module or builtin."""
-    import types
-
     if isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType,
                         types.BuiltinFunctionType)):
         return False

@@ -26,6 +26,7 @@ from typing import Optional
 
 from .. import accelerators
 from ..errors import MagicInputError
+from ..host import memory_limits
 from ..torchapi import backend_linked, cuda_compiled, cuda_device_counter, has_primary_context
 from .allocator import GIB, KIB, MIB
 
@@ -226,8 +227,6 @@ def host_capacity() -> tuple:
     :func:`torchgpu_magic.host.memory_limits`): the counterpart of a GPU's ``total_memory``. Not what is
     free now, which leaves out the tensors the cell's objects already hold and so would count them
     twice."""
-    from ..host import memory_limits
-
     try:
         import psutil
 

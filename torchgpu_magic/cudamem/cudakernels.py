@@ -154,11 +154,8 @@ class Autocast:
 
     def __init__(self) -> None:
         self.learnt: dict = {}
-        self.weights: dict = {}  # (id(weight), dtype) -> (weight, cast): kept until the region ends
-
-    def clear(self) -> None:
-        """The autocast region ended (``torch.clear_autocast_cache``): its cast weights go."""
-        self.weights.clear()
+        # (id(weight), dtype) -> (weight, cast): kept until the region ends (``torch.clear_autocast_cache``)
+        self.weights: dict = {}
 
     def kernel(self, op: Any) -> Any:
         import torch

@@ -1,16 +1,14 @@
 """Fake cpu tensors standing in for a device this torch cannot run fake tensors on (``cuda`` on a build
-without CUDA, or where running them would create a CUDA context), and the target's kernel choices.
+without CUDA, or where running them would create a CUDA context: :mod:`.targetdevice` says why), and
+the target's kernel choices.
 
-On a build without CUDA the first autograd operation on a fake ``cuda`` tensor aborts the process, so a
-prediction for ``cuda`` runs on fake cpu tensors, and :func:`guarded` makes sure no ``cuda`` tensor
-is ever made: every device the cell names (``device='cuda'``, ``.to('cuda')``, ``.cuda()``,
-``torch.device('cuda')``, ``torch.set_default_device('cuda')``) is read as the stand-in, at the level of
-Python calls (before torch would try to initialise CUDA) and again at the level of the operators they
-run; a ``cuda`` tensor that still appeared would stop the run with an exception before any operation
-used it. ``torch.autocast('cuda', ...)`` turns on torch's own CUDA autocast state (built without the
-availability check a CUDA-less torch would fail), which :mod:`.cudakernels` applies to the cpu tensors
-as CUDA's autocast kernels would. Whatever the target, a device fake tensors cannot live on here (``cuda``
-in a prediction for cpu) is refused the same way, in one line.
+:func:`guarded` makes sure no ``cuda`` tensor is ever made: every device the cell names (``device='cuda'``,
+``.to('cuda')``, ``.cuda()``, ``torch.device('cuda')``, ``torch.set_default_device('cuda')``) is read as the
+stand-in, at the level of Python calls (before torch would try to initialise CUDA) and again at the level of
+the operators they run; a ``cuda`` tensor that still appeared would stop the run with an exception before any
+operation used it. ``torch.autocast('cuda', ...)`` turns on torch's own CUDA autocast state (built without the
+availability check a CUDA-less torch would fail). Whatever the target, a device fake tensors cannot live on
+here (``cuda`` in a prediction for cpu) is refused the same way, in one line.
 
 Where cpu and CUDA kernels allocate differently (autocast's casts, attention, dropout), CUDA's choice is
 made by :mod:`.cudakernels`, in the dispatcher, however the op is reached.
@@ -142,7 +140,7 @@ def _cuda_autocast(autocast: Any) -> Iterator[None]:
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     def clear_both() -> None:
-        autocast.clear()
+        autocast.weights.clear()
         clear()
 
     cls.__init__, torch.clear_autocast_cache = init, clear_both

@@ -1,15 +1,14 @@
 """``--predict`` and ``--fit``: a cell's memory on a device, from a run on fake tensors.
 
 The cell runs once under ``FakeTensorMode`` on fake copies of what it uses (:mod:`.fakenamespace`),
-tracked by MemTracker (:mod:`.run`) and accounted as the target's allocator would (:mod:`.allocator`),
-on the target's own fake tensors or on cpu standing in for it (:mod:`.cudastandin`,
-:mod:`.cudakernels`, :mod:`.targetdevice`). Nothing real is allocated, moved or changed (on fake CUDA
-tensors, which run only on a GPU this process already holds a context on, torch allocates one element
-once per device: at most a 2 MiB cached segment), and no CUDA context is created: the cell's names live in a
-namespace of their own, torch's global settings (default device and dtype, grad mode, the random
-generator, thread count) are put back afterwards, and a cell fake tensors cannot run (a value read with
-``.item()``, an operator without a shape function) ends in one line saying why. :func:`fit` searches
-the largest batch that fits.
+tracked by MemTracker (:mod:`.run`) and accounted as the target's allocator would (:mod:`.allocator`), on
+the target's own fake tensors or on cpu standing in for it (:mod:`.cudastandin`, :mod:`.cudakernels`,
+:mod:`.targetdevice`). Nothing real is allocated, moved or changed (but for the one element per GPU that
+:mod:`.targetdevice` explains), and no CUDA context is created: the cell's names live in a namespace of
+their own, torch's global settings (default device and dtype, grad mode, the random generator, thread
+count) are put back afterwards, and a cell fake tensors cannot run (a value read with ``.item()``, an
+operator without a shape function) ends in one line saying why. :func:`fit` searches the largest batch
+that fits.
 """
 from __future__ import annotations
 

@@ -119,12 +119,8 @@ def tracker_class() -> type:
                 return now[2]
             running = self._mod_tracker.parents - {"Global"}
             module = max(running, key=lambda n: (n.count("."), n)) if running else None
-            if self._in_opt:
-                place = "optimizer step", module
-            elif self._mod_tracker.is_bw:
-                place = "backward", module
-            else:
-                place = ("forward" if running else "outside modules"), module
+            place = ("optimizer step" if self._in_opt else "backward" if self._mod_tracker.is_bw
+                     else "forward" if running else "outside modules"), module
             if now[0] is not None:
                 now[2] = place
             return place

@@ -212,12 +212,17 @@ class Ledger:
         self.end_categories = dict(self.by_category)
         self._running = self._recording = False
 
-    def _grow(self, nbytes: int, category: str) -> None:
-        self.by_category[category] += nbytes
-        self.total += nbytes
+    def add(self, key: Any, nbytes: int, category: str) -> None:
+        """A storage of ``nbytes`` became live, in ``category``."""
+        if not self._running or key in self.live:
+            return
+        size = self.allocator.malloc(key, nbytes) if self.allocator is not None else nbytes
+        self.live[key] = (size, category)
+        self.by_category[category] += size
+        self.total += size
         phase, module = self.where()
         if self._recording:
-            self.series.record("alloc", category, nbytes, phase, module, *self.context())
+            self.series.record("alloc", category, size, phase, module, *self.context())
         if self.total > self.phase_peaks.get(phase, -1):
             self.phase_peaks[phase] = self.total
         if self.total > self.peak:
@@ -225,14 +230,6 @@ class Ledger:
             self.peak_categories = dict(self.by_category)
             self.peak_phase, self.peak_module = phase, module
             self.series.peak_row = self.series.events if self._recording else 0
-
-    def add(self, key: Any, nbytes: int, category: str) -> None:
-        """A storage of ``nbytes`` became live, in ``category``."""
-        if not self._running or key in self.live:
-            return
-        size = self.allocator.malloc(key, nbytes) if self.allocator is not None else nbytes
-        self.live[key] = (size, category)
-        self._grow(size, category)
 
     def remove(self, key: Any) -> None:
         """A storage was freed."""

@@ -218,10 +218,6 @@ def _cudnn_preferred(cc: Optional[tuple]) -> bool:
     return cc is not None and cc[0] in (9, 10) and version is not None and version > 91500
 
 
-def _dense(*tensors: Any) -> bool:
-    return all(t.dim() == 4 and not t.is_nested and t.stride(-1) == 1 for t in tensors)
-
-
 def _low(dtype: Any) -> bool:
     import torch
 
@@ -236,7 +232,7 @@ def choose_backend(query: Any, key: Any, value: Any, mask: Any, dropout_p: float
 
     cuda = torch.backends.cuda
     cc = cc or (8, 0)
-    dense = _dense(query, key, value)
+    dense = all(t.dim() == 4 and not t.is_nested and t.stride(-1) == 1 for t in (query, key, value))
     d_q, d_k, d_v = query.shape[-1], key.shape[-1], value.shape[-1]
     ampere = cc >= (8, 0)
 

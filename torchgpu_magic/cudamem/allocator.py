@@ -62,9 +62,7 @@ def category_of(reftype: str) -> str:
 
 def round_size(nbytes: int) -> int:
     """The size the caching allocator hands out for a request: a multiple of 512 B, at least 512 B."""
-    if nbytes < MIN_BLOCK:
-        return MIN_BLOCK
-    return MIN_BLOCK * ((nbytes + MIN_BLOCK - 1) // MIN_BLOCK)
+    return max(MIN_BLOCK, MIN_BLOCK * ((nbytes + MIN_BLOCK - 1) // MIN_BLOCK))
 
 
 def segment_size(rounded: int) -> int:
@@ -114,11 +112,6 @@ class CachingAllocatorModel:
         block.free = True
         bisect.insort(self._free[block.small], (*block.key(), block))
 
-    def _unlist(self, block: _Block) -> None:
-        pool = self._free[block.small]
-        index = bisect.bisect_left(pool, block.key())
-        del pool[index]
-
     def malloc(self, key: Any, nbytes: int) -> int:
         """Hand out a block for a request of ``nbytes`` under ``key``; returns the block's size."""
         size = round_size(nbytes)
@@ -157,7 +150,8 @@ class CachingAllocatorModel:
         for neighbour in (block.prev, block.next):
             if neighbour is None or not neighbour.free:
                 continue
-            self._unlist(neighbour)
+            pool = self._free[neighbour.small]
+            del pool[bisect.bisect_left(pool, neighbour.key())]
             first, second = (neighbour, block) if neighbour is block.prev else (block, neighbour)
             first.size += second.size
             first.next = second.next
@@ -212,29 +206,11 @@ class Ledger:
         self.series.start(self.by_category)
         self._recording = True
 
-    def _record(self, kind: str, category: str, nbytes: int, phase: str, module: Optional[str],
-                source: Optional[str] = None) -> None:
-        if self._recording:
-            self.series.record(kind, category, nbytes, phase, module, *self.context(), source)
-
     def stop(self) -> None:
         """The cell has ended: keep the figures as they are now."""
         self.end = self.total
         self.end_categories = dict(self.by_category)
         self._running = self._recording = False
-
-    def _grow(self, nbytes: int, category: str) -> None:
-        self.by_category[category] += nbytes
-        self.total += nbytes
-        phase, module = self.where()
-        self._record("alloc", category, nbytes, phase, module)
-        if self.total > self.phase_peaks.get(phase, -1):
-            self.phase_peaks[phase] = self.total
-        if self.total > self.peak:
-            self.peak = self.total
-            self.peak_categories = dict(self.by_category)
-            self.peak_phase, self.peak_module = phase, module
-            self.series.peak_row = self.series.events if self._recording else 0
 
     def add(self, key: Any, nbytes: int, category: str) -> None:
         """A storage of ``nbytes`` became live, in ``category``."""
@@ -242,7 +218,18 @@ class Ledger:
             return
         size = self.allocator.malloc(key, nbytes) if self.allocator is not None else nbytes
         self.live[key] = (size, category)
-        self._grow(size, category)
+        self.by_category[category] += size
+        self.total += size
+        phase, module = self.where()
+        if self._recording:
+            self.series.record("alloc", category, size, phase, module, *self.context())
+        if self.total > self.phase_peaks.get(phase, -1):
+            self.phase_peaks[phase] = self.total
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_categories = dict(self.by_category)
+            self.peak_phase, self.peak_module = phase, module
+            self.series.peak_row = self.series.events if self._recording else 0
 
     def remove(self, key: Any) -> None:
         """A storage was freed."""
@@ -254,7 +241,7 @@ class Ledger:
         self.by_category[category] -= size
         self.total -= size
         if self._recording:
-            self._record("free", category, size, *self.where())
+            self.series.record("free", category, size, *self.where(), *self.context())
 
     def resize(self, key: Any, nbytes: int) -> None:
         """A storage changed size (``resize_``): the allocator frees it and hands out a new block."""
@@ -273,7 +260,7 @@ class Ledger:
         self.by_category[old] -= size
         self.by_category[category] += size
         if self._recording:
-            self._record("recategorize", category, size, *self.where(), source=old)
+            self.series.record("recategorize", category, size, *self.where(), *self.context(), old)
 
     @property
     def reserved_peak(self) -> Optional[int]:

@@ -33,6 +33,7 @@ torch is imported inside the functions: importing this module costs nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Iterator, Optional
 
 from ..torchapi import (
@@ -51,7 +52,6 @@ from ..torchapi import (
 
 AUTOCAST_KEY = "AutocastCUDA"
 COMPOSITE_KEY = "CompositeImplicitAutograd"
-_PROBE_CLASS: list = []  # the data-less CUDA-shaped tensor class, made once
 
 
 class _Reached(Exception):
@@ -73,11 +73,10 @@ def _by_name(op: Any, args: tuple, kwargs: dict) -> dict:
     return {**dict(zip(argument_names(op), args)), **kwargs}
 
 
+@functools.cache
 def _probe_class() -> type:
     """A tensor on ``cuda:0`` with a shape and a dtype and no data (it never needs a GPU), for calling torch's
     ``AutocastCUDA`` kernel: a cast of it gives another, and any other op that reaches it ends the probe."""
-    if _PROBE_CLASS:
-        return _PROBE_CLASS[0]
     import torch
 
     class CudaShaped(torch.Tensor):
@@ -97,7 +96,6 @@ def _probe_class() -> type:
                 return cls(torch.empty_like(args[0].meta, dtype=kwargs.get("dtype") or args[0].dtype))
             raise _Reached
 
-    _PROBE_CLASS.append(CudaShaped)
     return CudaShaped
 
 
@@ -156,11 +154,8 @@ class Autocast:
 
     def __init__(self) -> None:
         self.learnt: dict = {}
-        self.weights: dict = {}  # (id(weight), dtype) -> (weight, cast): kept until the region ends
-
-    def clear(self) -> None:
-        """The autocast region ended (``torch.clear_autocast_cache``): its cast weights go."""
-        self.weights.clear()
+        # (id(weight), dtype) -> (weight, cast): kept until the region ends (``torch.clear_autocast_cache``)
+        self.weights: dict = {}
 
     def kernel(self, op: Any) -> Any:
         import torch
@@ -223,10 +218,6 @@ def _cudnn_preferred(cc: Optional[tuple]) -> bool:
     return cc is not None and cc[0] in (9, 10) and version is not None and version > 91500
 
 
-def _dense(*tensors: Any) -> bool:
-    return all(t.dim() == 4 and not t.is_nested and t.stride(-1) == 1 for t in tensors)
-
-
 def _low(dtype: Any) -> bool:
     import torch
 
@@ -241,7 +232,7 @@ def choose_backend(query: Any, key: Any, value: Any, mask: Any, dropout_p: float
 
     cuda = torch.backends.cuda
     cc = cc or (8, 0)
-    dense = _dense(query, key, value)
+    dense = all(t.dim() == 4 and not t.is_nested and t.stride(-1) == 1 for t in (query, key, value))
     d_q, d_k, d_v = query.shape[-1], key.shape[-1], value.shape[-1]
     ampere = cc >= (8, 0)
 
@@ -289,7 +280,7 @@ def attention_kernel(cc: Optional[tuple]) -> Any:
              is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         backend = choose_backend(query, key, value, attn_mask, dropout_p, is_causal, cc, grad)
-        if backend != "math" and enable_gqa and key.shape[1] != query.shape[1] and backend == "efficient":
+        if backend == "efficient" and enable_gqa and key.shape[1] != query.shape[1]:
             repeat = query.shape[1] // key.shape[1]
             key, value = key.repeat_interleave(repeat, 1), value.repeat_interleave(repeat, 1)
         if backend == "flash":

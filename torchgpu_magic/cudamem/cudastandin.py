@@ -1,16 +1,14 @@
 """Fake cpu tensors standing in for a device this torch cannot run fake tensors on (``cuda`` on a build
-without CUDA, or where running them would create a CUDA context), and the target's kernel choices.
+without CUDA, or where running them would create a CUDA context: :mod:`.targetdevice` says why), and
+the target's kernel choices.
 
-On a build without CUDA the first autograd operation on a fake ``cuda`` tensor aborts the process, so a
-prediction for ``cuda`` runs on fake cpu tensors, and :func:`guarded` makes sure no ``cuda`` tensor
-is ever made: every device the cell names (``device='cuda'``, ``.to('cuda')``, ``.cuda()``,
-``torch.device('cuda')``, ``torch.set_default_device('cuda')``) is read as the stand-in, at the level of
-Python calls (before torch would try to initialise CUDA) and again at the level of the operators they
-run; a ``cuda`` tensor that still appeared would stop the run with an exception before any operation
-used it. ``torch.autocast('cuda', ...)`` turns on torch's own CUDA autocast state (built without the
-availability check a CUDA-less torch would fail), which :mod:`.cudakernels` applies to the cpu tensors
-as CUDA's autocast kernels would. Whatever the target, a device fake tensors cannot live on here (``cuda``
-in a prediction for cpu) is refused the same way, in one line.
+:func:`guarded` makes sure no ``cuda`` tensor is ever made: every device the cell names (``device='cuda'``,
+``.to('cuda')``, ``.cuda()``, ``torch.device('cuda')``, ``torch.set_default_device('cuda')``) is read as the
+stand-in, at the level of Python calls (before torch would try to initialise CUDA) and again at the level of
+the operators they run; a ``cuda`` tensor that still appeared would stop the run with an exception before any
+operation used it. ``torch.autocast('cuda', ...)`` turns on torch's own CUDA autocast state (built without the
+availability check a CUDA-less torch would fail). Whatever the target, a device fake tensors cannot live on
+here (``cuda`` in a prediction for cpu) is refused the same way, in one line.
 
 Where cpu and CUDA kernels allocate differently (autocast's casts, attention, dropout), CUDA's choice is
 made by :mod:`.cudakernels`, in the dispatcher, however the op is reached.
@@ -21,21 +19,12 @@ import contextlib
 from typing import Any, Iterator, Optional
 
 from ..torchapi import dispatch_mode_base, torch_function_disabled
+from .cudakernels import kernels
 
 
 class StrayDeviceError(RuntimeError):
     """A device fake tensors cannot live on here was named, or a tensor of one appeared; raised before
     anything uses it."""
-
-
-def _tensors(values: Any) -> Iterator[Any]:
-    import torch
-
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
 class _Devices:
@@ -55,9 +44,21 @@ class _Devices:
             + ("" if kind == self.target else f" (predict for {kind} with --predict {kind})"))
 
     def device(self, value: Any, where: Any, loose: bool = True) -> Any:
-        """``value`` with the remapped type read as ``run_on``; a refused type raises."""
-        kind = _kind_of(value, loose)
-        if kind is None:
+        """``value`` with the remapped type read as ``run_on``; a refused type raises. A device is named
+        by a torch.device, and, when ``loose`` (an argument that can only be a device, as ``Tensor.to``'s
+        first), by a string ('cuda:1') or an int (``to(0)`` means cuda:0)."""
+        import torch
+
+        if isinstance(value, torch.device):
+            kind = value.type
+        elif loose and isinstance(value, str):
+            try:
+                kind = torch.device(value.strip()).type
+            except RuntimeError:
+                return value
+        elif loose and isinstance(value, int) and not isinstance(value, bool):
+            kind = "cuda"
+        else:
             return value
         if kind == self.remap:
             return self.run_on
@@ -66,27 +67,15 @@ class _Devices:
         return value
 
     def check(self, values: Any, where: Any) -> None:
-        for tensor in _tensors(values):
-            kind = tensor.device.type
-            if kind not in self.allowed or kind == self.remap:
-                self._refuse(kind, where)
+        """Refuse the tensors in ``values`` (a value, or a list or tuple of values or of lists of them)
+        on a device they cannot live on."""
+        import torch
 
-
-def _kind_of(value: Any, loose: bool) -> Optional[str]:
-    """The device type ``value`` names: a torch.device, and, when ``loose`` (an argument that can only be
-    a device, as ``Tensor.to``'s first), a string ('cuda:1') or an int (``to(0)`` means cuda:0)."""
-    import torch
-
-    if isinstance(value, torch.device):
-        return value.type
-    if loose and isinstance(value, str):
-        try:
-            return torch.device(value.strip()).type
-        except RuntimeError:
-            return None
-    if loose and isinstance(value, int) and not isinstance(value, bool):
-        return "cuda"
-    return None
+        for value in values if isinstance(values, (list, tuple)) else (values,):
+            for tensor in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(tensor, torch.Tensor) and (tensor.device.type not in self.allowed
+                                                         or tensor.device.type == self.remap):
+                    self._refuse(tensor.device.type, where)
 
 
 def _function_mode(rules: _Devices) -> Any:
@@ -109,7 +98,7 @@ def _function_mode(rules: _Devices) -> Any:
             rules.check(args, func)
             with torch_function_disabled():
                 out = func(*args, **kwargs)
-            rules.check(out if isinstance(out, (list, tuple)) else (out,), func)
+            rules.check(out, func)
             return out
 
     return StandIn()
@@ -122,7 +111,7 @@ def _dispatch_mode(rules: _Devices) -> Any:
             if kwargs.get("device") is not None:
                 kwargs["device"] = rules.device(kwargs["device"], func)
             out = func(*args, **kwargs)
-            rules.check(out if isinstance(out, (list, tuple)) else (out,), func)
+            rules.check(out, func)
             return out
 
     return StandInOps()
@@ -151,7 +140,7 @@ def _cuda_autocast(autocast: Any) -> Iterator[None]:
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     def clear_both() -> None:
-        autocast.clear()
+        autocast.weights.clear()
         clear()
 
     cls.__init__, torch.clear_autocast_cache = init, clear_both
@@ -173,8 +162,6 @@ def guarded(kind: str, run_on: str, native: bool, cc: Optional[tuple]) -> Iterat
                      kind)
     with contextlib.ExitStack() as stack:
         if kind == "cuda" and not native:
-            from .cudakernels import kernels
-
             autocast = stack.enter_context(kernels(cc))
             stack.enter_context(_cuda_autocast(autocast))
         stack.enter_context(_function_mode(rules))

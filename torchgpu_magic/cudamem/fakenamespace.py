@@ -26,14 +26,14 @@ class CopyError(MagicInputError):
     """A value the cell uses cannot be copied for a prediction; the message says which and why."""
 
 
-def _code_globals(code: types.CodeType, found: set) -> None:
+def _code_globals(code: types.CodeType) -> set:
     """The global names ``code`` (and the code nested in it) reads or writes."""
-    for instr in dis.get_instructions(code):
-        if instr.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"):
-            found.add(instr.argval)
+    found = {instr.argval for instr in dis.get_instructions(code)
+             if instr.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL")}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            _code_globals(const, found)
+            found |= _code_globals(const)
+    return found
 
 
 def is_notebook_function(value: Any, ns: Mapping[str, Any]) -> bool:
@@ -64,9 +64,7 @@ def names_read(tree: ast.AST, ns: Mapping[str, Any]) -> list:
         seen.add(name)
         value = ns[name]
         if is_notebook_function(value, ns):
-            more: set = set()
-            _code_globals(value.__code__, more)
-            todo.extend(sorted(more - seen))
+            todo.extend(sorted(_code_globals(value.__code__) - seen))
     return sorted(seen)
 
 

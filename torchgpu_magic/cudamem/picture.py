@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import html
+import itertools
 import math
 from typing import Any, Optional, Sequence
 
@@ -69,10 +70,8 @@ class MemoryPicture:
     def natural_scale(self) -> int:
         """The top of the chart on its own: the peak, or the capacity when it is drawn."""
         top = max(self.peak, 1)
-        return max(top, self.capacity) if self._capacity_drawn(top) else top
-
-    def _capacity_drawn(self, top: int) -> bool:
-        return self.capacity is not None and 0 < self.capacity <= _CAPACITY_ON_SCALE * top
+        drawn = self.capacity is not None and 0 < self.capacity <= _CAPACITY_ON_SCALE * top
+        return max(top, self.capacity) if drawn else top
 
     # ---- what is drawn ----------------------------------------------------------------------------
     def figures(self) -> dict:
@@ -113,11 +112,10 @@ class MemoryPicture:
         """(sampled rows, {category: cumulative tops per sampled row}) for the categories present."""
         rows = self.series.sample(columns)
         live = self.series.categories_at(rows)
-        index = {name: i for i, name in enumerate(self.series.categories)}
         tops: dict = {}
         running = [0] * len(rows)
         for name in STACK:
-            values = [values[index[name]] for values in live]
+            values = [values[self.series.category_index[name]] for values in live]
             if not any(values):
                 continue
             running = [a + b for a, b in zip(running, values)]
@@ -217,16 +215,13 @@ class MemoryPicture:
         return out
 
     def _svg_capacity(self, left: int, right: int, y_of: Any) -> list:
-        note = self.capacity_note()
-        if note is None:
-            return []
-        if self.capacity is not None and self.capacity <= self.scale:
-            y = y_of(self.capacity)
-            return [f'<g class="tgm-capacity"><line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" '
-                    f'stroke="#c00" stroke-width="1.5" stroke-dasharray="6 3"/><text x="{left + 4}" '
-                    f'y="{y + 13:.1f}" fill="#c00" stroke="#fff" stroke-width="3" paint-order="stroke">'
-                    f"{html.escape(note)}</text></g>"]
-        return []  # named under the chart (:meth:`_footer`)
+        if self.capacity is None or self.capacity > self.scale:
+            return []  # none, or named under the chart (:meth:`_footer`)
+        y = y_of(self.capacity)
+        return [f'<g class="tgm-capacity"><line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" '
+                f'stroke="#c00" stroke-width="1.5" stroke-dasharray="6 3"/><text x="{left + 4}" '
+                f'y="{y + 13:.1f}" fill="#c00" stroke="#fff" stroke-width="3" paint-order="stroke">'
+                f"{html.escape(self.capacity_note() or '')}</text></g>"]
 
     def _svg_peak(self, x: float, y: float, width: int) -> list:
         label = self.peak_label()
@@ -316,10 +311,10 @@ class MemoryPicture:
         width = self.columns
         columns = max(10, width - label_w - 2)
         picks, peak_column = self._text_picks(columns)
-        index = {name: i for i, name in enumerate(self.series.categories)}
+        index = self.series.category_index
         rows = sorted(set(picks))
         live = dict(zip(rows, self.series.categories_at(rows)))
-        grid = self._text_grid([live[row] for row in picks], index, blocks, fancy)
+        grid = self._text_grid([live[row] for row in picks], blocks, fancy)
         capacity_level = None
         if self.capacity is not None and self.capacity <= self.scale:
             capacity_level = min(TEXT_ROWS - 1, int(self.capacity / self.scale * TEXT_ROWS))
@@ -347,22 +342,19 @@ class MemoryPicture:
         count, peak = len(self.series), self.series.peak_row
         picks = []
         for column in range(columns):
-            if count <= columns:
-                picks.append(column * count // columns)
-                continue
             lo, hi = column * count // columns, (column + 1) * count // columns
             chunk = self._totals[lo:hi]
-            picks.append(lo + chunk.index(max(chunk)))
+            picks.append(lo + chunk.index(max(chunk)) if count > columns else lo)
         peak_column = next((c for c, row in enumerate(picks) if row == peak), peak * columns // count)
         picks[peak_column] = peak
         return picks, peak_column
 
-    def _text_grid(self, columns: list, index: dict, blocks: dict, fancy: bool) -> list:
+    def _text_grid(self, columns: list, blocks: dict, fancy: bool) -> list:
         """:data:`TEXT_ROWS` rows (the bottom first) of one character per column (its bytes by category):
         a cell the stack covers shows the category at its middle, the cell the stack ends in an eighth
         block as high as the stack reaches into it."""
         grid = [[" "] * len(columns) for _ in range(TEXT_ROWS)]
-        step = self.scale / TEXT_ROWS
+        step, index = self.scale / TEXT_ROWS, self.series.category_index
         for column, values in enumerate(columns):
             stack, top = [], 0
             for name in STACK:
@@ -432,11 +424,8 @@ class SideBySide:
 
 def _ticks(scale: int) -> list:
     """(bytes, label) of about four round marks from 0 to ``scale`` in its binary unit: 0 B, 10 MiB..."""
-    unit, name = 1, "B"
-    for power, label in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
-        if scale >= 1024 ** power:
-            unit, name = 1024 ** power, label
-            break
+    power = next((p for p in (4, 3, 2, 1) if scale >= 1024 ** p), 0)
+    unit, name = 1024 ** power, ("B", "KiB", "MiB", "GiB", "TiB")[power]
     raw = scale / unit / 4
     magnitude = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
@@ -450,12 +439,8 @@ def _ticks(scale: int) -> list:
 def _phase_row(phases: list, fancy: bool) -> str:
     """The phases under the chart: each run of columns as ``├─forward─┤`` (or short, or bare)."""
     out = []
-    start = 0
-    for column in range(1, len(phases) + 1):
-        if column < len(phases) and phases[column] == phases[start]:
-            continue
-        span, phase = column - start, phases[start]
-        start = column
+    for phase, run in itertools.groupby(phases):
+        span = len(list(run))
         name = phase if len(phase) + 2 <= span else SHORT[phase] if len(SHORT[phase]) + 2 <= span else ""
         if span == 1:
             out.append("│" if fancy else "|")

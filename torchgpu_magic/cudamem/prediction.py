@@ -1,15 +1,14 @@
 """``--predict`` and ``--fit``: a cell's memory on a device, from a run on fake tensors.
 
 The cell runs once under ``FakeTensorMode`` on fake copies of what it uses (:mod:`.fakenamespace`),
-tracked by MemTracker (:mod:`.run`) and accounted as the target's allocator would (:mod:`.allocator`),
-on the target's own fake tensors or on cpu standing in for it (:mod:`.cudastandin`,
-:mod:`.cudakernels`, :mod:`.targetdevice`). Nothing real is allocated, moved or changed (on fake CUDA
-tensors, which run only on a GPU this process already holds a context on, torch allocates one element
-once per device: at most a 2 MiB cached segment), and no CUDA context is created: the cell's names live in a
-namespace of their own, torch's global settings (default device and dtype, grad mode, the random
-generator, thread count) are put back afterwards, and a cell fake tensors cannot run (a value read with
-``.item()``, an operator without a shape function) ends in one line saying why. :func:`fit` searches
-the largest batch that fits.
+tracked by MemTracker (:mod:`.run`) and accounted as the target's allocator would (:mod:`.allocator`), on
+the target's own fake tensors or on cpu standing in for it (:mod:`.cudastandin`, :mod:`.cudakernels`,
+:mod:`.targetdevice`). Nothing real is allocated, moved or changed (but for the one element per GPU that
+:mod:`.targetdevice` explains), and no CUDA context is created: the cell's names live in a namespace of
+their own, torch's global settings (default device and dtype, grad mode, the random generator, thread
+count) are put back afterwards, and a cell fake tensors cannot run (a value read with ``.item()``, an
+operator without a shape function) ends in one line saying why. :func:`fit` searches the largest batch
+that fits.
 """
 from __future__ import annotations
 
@@ -19,13 +18,15 @@ import re
 import time
 import traceback
 import warnings
-from typing import Any, Callable, Iterator, Mapping, Optional
+from dataclasses import asdict
+from typing import Any, Iterator, Mapping, Optional
 
-from .. import accelerators
+from .. import accelerators, devices
 from ..errors import MagicInputError
 from ..render import fmt_bytes
 from ..torchapi import FAKE_TENSOR_LOGGER, fake_tensor_class, fake_tensor_mode_class
 from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger
+from .cudastandin import StrayDeviceError, guarded
 from .fakenamespace import fake_namespace, mark_target, names_read
 from .report import CellMemory, FitResult
 from .run import find_objects, report, run_tracked, version_note
@@ -63,8 +64,6 @@ def _torch_state_kept() -> Iterator[None]:
     """Whatever the cell sets of torch's global state comes back as it was: default device and dtype,
     grad mode, the cpu random generator, the intra-op thread count."""
     import torch
-
-    from .. import devices
 
     saved = devices.current_state()
     grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
@@ -142,18 +141,12 @@ def _where(exc: BaseException, filename: str) -> str:
     return found
 
 
-def _ledger_for(target: Target) -> Callable[[str], Ledger]:
-    return lambda name: Ledger(CachingAllocatorModel() if target.kind == "cuda" else None)
-
-
 def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Target,
                   cc: Optional[tuple], resize: Optional[dict]) -> tuple:
     """One run of ``code`` on fake copies; returns (ledgers, rows, fqns, workspaces, caught warnings)."""
     FakeTensorMode = fake_tensor_mode_class()
-
-    from .cudastandin import StrayDeviceError, guarded
-
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    cuda = target.kind == "cuda"
     added: list = []  # the workspaces allocated, in order
     threads: set = set()  # (ledger, thread) pairs whose workspaces are allocated
 
@@ -169,7 +162,7 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
 
     with _torch_state_kept():
         fake_ns, copies = fake_namespace(ns, names, fake_mode, target.run_on, resize)
-        mark_target(copies, foreach=target.kind == "cuda")
+        mark_target(copies, foreach=cuda)
         objects = find_objects(copies)
         del copies
         rules = guarded(target.kind, target.run_on, target.native, cc)
@@ -180,8 +173,9 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
             logger.setLevel(logging.CRITICAL)  # its log of a failed op would print in the cell's output
             try:
                 with fake_mode, rules, _fake_module_moves():
-                    result = run_tracked(lambda: exec(code, fake_ns), objects, _ledger_for(target),
-                                         on_matmul if target.kind == "cuda" else None, filename)
+                    result = run_tracked(lambda: exec(code, fake_ns), objects,
+                                         lambda name: Ledger(CachingAllocatorModel() if cuda else None),
+                                         on_matmul if cuda else None, filename)
             except StrayDeviceError as exc:
                 raise PredictionError(f"--predict stopped this cell: {exc}") from None
             except MagicInputError:
@@ -236,12 +230,9 @@ def predict(code: Any, filename: str, ns: Mapping[str, Any], names: list, target
     ledgers, rows, fqns, workspaces, notes = _run_on_fakes(code, filename, ns, names, target, cc, resize)
     device = next((d for d in ledgers if d.split(":")[0] == target.run_on.split(":")[0]), None)
     ledger = ledgers.get(device) if device is not None else Ledger()
-    allowances = [dict(what=a.what, nbytes=a.nbytes, source=a.source, in_allocator=a.in_allocator)
-                  for a in workspaces]
+    allowances = [asdict(a) for a in workspaces]
     if target.kind == "cuda":
-        context = cuda_context(cc)
-        allowances.append(dict(what=context.what, nbytes=context.nbytes, source=context.source,
-                               in_allocator=False))
+        allowances.append(asdict(cuda_context(cc)))
         notes.insert(0, f"GPU generation: {describe_arch(cc, cc_source)}")
         if accelerators.is_rocm():
             notes.insert(1, "ROCm: the allowances are CUDA's figures (its context, cuBLAS workspaces); HIP's "
@@ -289,16 +280,6 @@ def fit(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Ta
     tensors, current = batch_tensors(ns, fit_names)
     names = sorted(set(names) | set(fit_names))
     seen: dict = {}
-    usable: list = []  # (bytes, source) the search fits into: a GPU's capacity less FIT_MARGIN
-
-    def usable_capacity(report: CellMemory) -> tuple:
-        if report.capacity is None or target.kind != "cuda":
-            return report.capacity, report.capacity_source
-        margin = int(report.capacity * FIT_MARGIN)
-        return report.capacity - margin, (f"{report.capacity_source}: {fmt_bytes(report.capacity)}, less a "
-                                          f"{FIT_MARGIN * 100:g} % margin of {fmt_bytes(margin)} for what a "
-                                          "prediction cannot count: kernels loaded as the step runs, cuDNN "
-                                          "workspaces, fragmentation")
 
     def at(size: int) -> CellMemory:
         if size not in seen:
@@ -311,35 +292,29 @@ def fit(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Ta
             if report.capacity is None:
                 raise MagicInputError(f"--fit needs a capacity: {target.device} has none known here; "
                                       f"give --capacity SIZE (e.g. --capacity 79GiB)")
-            if not usable:
-                usable.append(usable_capacity(report))
-            report.capacity, report.capacity_source = usable[0]
+            if target.kind == "cuda":  # the search fits into a GPU's capacity less FIT_MARGIN
+                margin = int(report.capacity * FIT_MARGIN)
+                report.capacity, report.capacity_source = report.capacity - margin, (
+                    f"{report.capacity_source}: {fmt_bytes(report.capacity)}, less a {FIT_MARGIN * 100:g} % "
+                    f"margin of {fmt_bytes(margin)} for what a prediction cannot count: kernels loaded as "
+                    "the step runs, cuDNN workspaces, fragmentation")
             seen[size] = report
         return seen[size]
 
-    limit = max(current, 1) * 2 ** FIT_DOUBLINGS
-    lo, hi = None, None
-    size = max(current, 1)
-    if at(size).fits:
-        lo = size
-        while size * 2 <= limit:
-            size *= 2
-            if not at(size).fits:
-                hi = size
-                break
-            lo = size
-    else:
-        hi = size
-        while size > 1:
-            size //= 2
-            if at(size).fits:
-                lo = size
-                break
-            hi = size
+    size = start = max(current, 1)
+    limit = start * 2 ** FIT_DOUBLINGS
+    lo = hi = None
+    while lo is None or hi is None:  # doubling while it fits, halving while it does not, to 1 or the limit
+        if at(size).fits:
+            lo, size = size, size * 2
+        else:
+            hi, size = size, size // 2
+        if not 1 <= size <= limit:
+            break
     while lo is not None and hi is not None and hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if at(mid).fits else (lo, mid)
-    first = seen[max(current, 1)]
+    first = seen[start]
     return FitResult(names=list(fit_names), device=target.device, capacity=first.capacity,
                      capacity_source=first.capacity_source, current=current, best=lo,
                      predictions=[(s, r.needs, bool(r.fits)) for s, r in seen.items()],

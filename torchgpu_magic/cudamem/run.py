@@ -19,6 +19,7 @@ import itertools
 import sys
 import threading
 import time
+import types
 import warnings
 from typing import Any, Callable, Iterable, Optional
 
@@ -36,6 +37,7 @@ _NEEDED = ("_update_snap", "_pre_fw_hook", "_update_peak_stats", "_mod_tracker",
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "addmv", "mv", "dot",
                       "vdot", "addr", "_scaled_mm", "_int_mm"})
 _WALK_DEPTH = 3
+_TESTED = ", ".join(f"{a}.{b}" for a, b in TESTED_TORCH)
 
 
 class TrackerUnavailable(MagicInputError):
@@ -56,9 +58,8 @@ def version_note() -> Optional[str]:
 
     if torch_version() in TESTED_TORCH:
         return None
-    tested = ", ".join(f"{a}.{b}" for a, b in TESTED_TORCH)
-    return (f"note: torch {torch.__version__} is not among the releases %%cudamem is tested with ({tested}); "
-            f"MemTracker is private to torch and may attribute differently")
+    return (f"note: torch {torch.__version__} is not among the releases %%cudamem is tested with "
+            f"({_TESTED}); MemTracker is private to torch and may attribute differently")
 
 
 @functools.cache
@@ -69,20 +70,16 @@ def tracker_class() -> type:
     try:
         MemTracker = mem_tracker_class()
     except Exception as exc:  # noqa: BLE001 - any import failure: one line, never a traceback
-        tested = ", ".join(f"{a}.{b}" for a, b in TESTED_TORCH)
         raise TrackerUnavailable(
             f"this torch {torch.__version__} has no MemTracker (torch.distributed._tools.mem_tracker: "
             f"{type(exc).__name__}: {exc}); %%cudamem needs a torch built with torch.distributed "
-            f"(tested with {tested})") from None
+            f"(tested with {_TESTED})") from None
     missing = [name for name in _NEEDED if not hasattr(MemTracker(), name)]
     if missing:
         raise TrackerUnavailable(f"torch {torch.__version__}'s MemTracker lacks {', '.join(missing)}: its "
                                  f"private interface changed; %%cudamem is tested with torch 2.11 to 2.13")
-    return _define(MemTracker)
 
-
-def _define(base: type) -> type:
-    class Tracker(base):  # type: ignore[misc, valid-type]
+    class Tracker(MemTracker):  # type: ignore[misc, valid-type]
         """MemTracker, with each update also handed to the ledger of its device."""
 
         def __init__(self, ledger_for: Callable[[str], Ledger],
@@ -96,7 +93,6 @@ def _define(base: type) -> type:
             # the operator running: [its name, its cell line, (phase, module), the Python frame that
             # called it], the last three found when first asked; all None between operators
             self._now: list = [None, None, None, None]
-            self._op_names: dict = {}
             self.ledgers: dict = {}
             self.started = False
             self._stats_by_fqn: dict = {}  # module name -> its _ModMemStats, for _update_peak_stats
@@ -123,12 +119,8 @@ def _define(base: type) -> type:
                 return now[2]
             running = self._mod_tracker.parents - {"Global"}
             module = max(running, key=lambda n: (n.count("."), n)) if running else None
-            if self._in_opt:
-                place = "optimizer step", module
-            elif self._mod_tracker.is_bw:
-                place = "backward", module
-            else:
-                place = ("forward" if running else "outside modules"), module
+            place = ("optimizer step" if self._in_opt else "backward" if self._mod_tracker.is_bw
+                     else "forward" if running else "outside modules"), module
             if now[0] is not None:
                 now[2] = place
             return place
@@ -218,7 +210,7 @@ def _define(base: type) -> type:
                 caller = sys._getframe(1)
             except ValueError:  # a device thread of the autograd engine: no Python frame below
                 caller = None
-            self._now = [self._op_names.get(func) or self._op_name(func), None, None, caller]
+            self._now = [_op_name(func), None, None, caller]
             try:
                 out = super().__torch_dispatch__(func, types, args, kwargs)
                 if self._on_matmul is not None and func.overloadpacket.__name__ in _MATMULS:
@@ -229,11 +221,13 @@ def _define(base: type) -> type:
                 self._now = outer
             return out
 
-        def _op_name(self, func: Any) -> str:
-            name = self._op_names[func] = str(func.overloadpacket)  # 'aten.mm'
-            return name
-
     return Tracker
+
+
+@functools.cache
+def _op_name(func: Any) -> str:
+    """An operator's name as the series shows it: 'aten.mm' (torch's operators live as long as torch)."""
+    return str(func.overloadpacket)
 
 
 def find_objects(values: Iterable[tuple]) -> list:
@@ -244,17 +238,15 @@ def find_objects(values: Iterable[tuple]) -> list:
 
     found: list = []
     seen: set = set()
+    kinds = ((torch.Tensor, "tensor"), (torch.nn.Module, "module"), (torch.optim.Optimizer, "optimizer"))
 
     def visit(path: str, obj: Any, depth: int) -> None:
         if id(obj) in seen:
             return
         seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            found.append((path, obj, "tensor"))
-        elif isinstance(obj, torch.nn.Module):
-            found.append((path, obj, "module"))
-        elif isinstance(obj, torch.optim.Optimizer):
-            found.append((path, obj, "optimizer"))
+        kind = next((name for cls, name in kinds if isinstance(obj, cls)), None)
+        if kind is not None:
+            found.append((path, obj, kind))
         elif depth > 0 and isinstance(obj, (list, tuple)):
             for i, item in enumerate(obj[:1000]):
                 visit(f"{path}[{i}]", item, depth - 1)
@@ -288,13 +280,10 @@ def home_device(objects: Iterable[tuple]) -> str:
 def _is_user_object(obj: Any) -> bool:
     """An instance of a class from user code or a library (a ``Trainer``, a dataclass), whose
     attributes may hold models: not a class, function, module or builtin."""
-    import types
-
-    typ = type(obj)
     if isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType,
                         types.BuiltinFunctionType)):
         return False
-    return typ.__module__ not in ("builtins", "types") and type(getattr(obj, "__dict__", None)) is dict
+    return type(obj).__module__ not in ("builtins", "types") and type(getattr(obj, "__dict__", None)) is dict
 
 
 def module_names(objects: Iterable[tuple]) -> dict:

@@ -29,9 +29,9 @@ _KIND_CODE = {name: i for i, name in enumerate(KINDS)}
 class StepSeries:
     """The rows of one device's ledger over the step (see the module's docstring).
 
-    ``categories`` and ``phases`` name the category and phase indices the rows hold; ``modules`` and
-    ``ops`` are filled as names appear; ``peak_row`` is set by the ledger to the row of its peak, and
-    ``texts`` (line number -> source) by :meth:`read_lines` after the run.
+    ``categories`` and ``phases`` name the category and phase indices the rows hold (``category_index``:
+    a category's); ``modules`` and ``ops`` are filled as names appear; ``peak_row`` is set by the ledger
+    to the row of its peak, and ``texts`` (line number -> source) by :meth:`read_lines` after the run.
     """
 
     def __init__(self, categories: tuple, phases: tuple) -> None:
@@ -52,7 +52,7 @@ class StepSeries:
         self._line = array("i", [0])
         self._module_index: dict = {}
         self._op_index: dict = {}
-        self._category_code = {name: i for i, name in enumerate(categories)}
+        self.category_index = {name: i for i, name in enumerate(categories)}
         self._phase_code = {name: i for i, name in enumerate(phases)}
 
     # ---- recording (the ledger) -------------------------------------------------------------------
@@ -67,8 +67,8 @@ class StepSeries:
         from ``source`` for 'recategorize'), in ``phase`` and ``module``, during operator ``op``, from
         ``line`` of the cell (None or 0: unknown)."""
         self._kind.append(_KIND_CODE[kind])
-        self._category.append(self._category_code[category])
-        self._source.append(self._category_code[source] if source is not None else -1)
+        self._category.append(self.category_index[category])
+        self._source.append(self.category_index[source] if source is not None else -1)
         self._bytes.append(nbytes)
         self._phase.append(self._phase_code[phase])
         self._module.append(self._intern(module, self.modules, self._module_index))
@@ -187,10 +187,8 @@ class StepSeries:
         if count <= 4 * columns:
             return list(range(count))
         keep = {0, count - 1, self.peak_row}
-        for column in range(columns):
+        for column in range(columns):  # each at least 4 rows
             lo, hi = column * count // columns, (column + 1) * count // columns
-            if hi <= lo:
-                continue
             chunk = totals[lo:hi]
             keep.update((lo, hi - 1, lo + chunk.index(min(chunk)), lo + chunk.index(max(chunk))))
         return sorted(keep)

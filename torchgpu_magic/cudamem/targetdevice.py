@@ -26,6 +26,7 @@ from typing import Optional
 
 from .. import accelerators
 from ..errors import MagicInputError
+from ..host import memory_limits
 from ..torchapi import backend_linked, cuda_compiled, cuda_device_counter, has_primary_context
 from .allocator import GIB, KIB, MIB
 
@@ -75,11 +76,10 @@ class Target:
         """How the figures are obtained, in words a report shows."""
         if self.native:
             return f"FakeTensorMode on fake {self.device} tensors"
-        if self.kind != "cuda":  # no model of MPS's heaps or XPU's allocator: tensors' own bytes
-            return (f"FakeTensorMode on fake cpu tensors standing in for {self.device} ({self.why}); "
-                    f"tensor bytes as the {self.kind} allocator is asked for them")
-        return (f"FakeTensorMode on fake cpu tensors standing in for {self.device} ({self.why}); "
-                f"the {self.kind} allocator accounted by torchgpu_magic")
+        # no model of MPS's heaps or XPU's allocator: tensors' own bytes
+        figures = (f"tensor bytes as the {self.kind} allocator is asked for them" if self.kind != "cuda"
+                   else f"the {self.kind} allocator accounted by torchgpu_magic")
+        return f"FakeTensorMode on fake cpu tensors standing in for {self.device} ({self.why}); {figures}"
 
 
 @dataclass(frozen=True)
@@ -174,24 +174,19 @@ def parse_arch(text: str) -> tuple:
     name = str(text).strip().lower()
     if name in ARCHS:
         return ARCHS[name]
-    found = re.fullmatch(r"(?:sm_?(\d{1,2})(\d)|(\d{1,2})\.(\d))", name)
+    found = re.fullmatch(r"(?:sm_?(\d{1,2})|(\d{1,2})\.)(\d)", name)
     if found is None:
         raise MagicInputError(f"--arch {text!r} is not a GPU generation; it takes {', '.join(ARCHS)}, "
                               f"sm_90 or 9.0")
-    major, minor = (found.group(1), found.group(2)) if found.group(1) else (found.group(3), found.group(4))
-    return int(major), int(minor)
+    return int(found.group(1) or found.group(2)), int(found.group(3))
 
 
 def generation(cc: Optional[tuple]) -> Optional[str]:
     """The generation's name for a compute capability: (8, 6) -> 'ampere', (9, 0) -> 'hopper'."""
     if cc is None:
         return None
-    if cc == (8, 9):
-        return "ada"
-    if cc == (7, 5):
-        return "turing"
     by_major = {7: "volta", 8: "ampere", 9: "hopper", 10: "blackwell", 11: "blackwell", 12: "blackwell"}
-    return by_major.get(cc[0])
+    return {(7, 5): "turing", (8, 9): "ada"}.get(cc) or by_major.get(cc[0])
 
 
 def device_facts(target: Target) -> tuple:
@@ -232,8 +227,6 @@ def host_capacity() -> tuple:
     :func:`torchgpu_magic.host.memory_limits`): the counterpart of a GPU's ``total_memory``. Not what is
     free now, which leaves out the tensors the cell's objects already hold and so would count them
     twice."""
-    from ..host import memory_limits
-
     try:
         import psutil
 
@@ -246,13 +239,6 @@ def host_capacity() -> tuple:
         source = least.name + (f", {least.where}" if least.where else "")
         return least.limit, f"{source}; the machine has {total / GIB:.1f} GiB of RAM"
     return total, "total RAM (psutil)"
-
-
-def _env_flag(name: str) -> Optional[bool]:
-    """An environment flag as c10's ``check_env`` reads it: True for 1 / true, False for 0 / false, None
-    when unset or anything else."""
-    value = os.environ.get(name, "").strip().lower()
-    return True if value in ("1", "true") else False if value in ("0", "false") else None
 
 
 def cublas_workspace_size(cc: Optional[tuple]) -> tuple:
@@ -281,7 +267,8 @@ def cublas_workspaces(cc: Optional[tuple], thread: str) -> list:
     ``CUBLASLT_WORKSPACE_SIZE`` KiB (default 1024)."""
     size, why = cublas_workspace_size(cc)
     out = [Allowance(f"cuBLAS workspace ({thread})", size, f"{why}; {_CUBLAS_SOURCE}", True)]
-    if _env_flag("TORCH_CUBLASLT_UNIFIED_WORKSPACE") is False:
+    # off only for 0 / false, as c10's ``check_env`` reads a flag
+    if os.environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "").strip().lower() in ("0", "false"):
         lt_text = os.environ.get("CUBLASLT_WORKSPACE_SIZE", "").strip()
         lt = int(lt_text) * KIB if lt_text.isdigit() else 1024 * KIB
         size_said = f"={lt_text}" if lt_text.isdigit() else " default 1024 KiB"

@@ -145,12 +145,8 @@ def next_loops(loops: int, elapsed: float, target: float) -> int:
     ``elapsed`` (the time ``loops`` took), but growing at most 100-fold in one step."""
     want = loops * 100 if elapsed <= 0 else loops * target / elapsed
     want = min(max(want, loops + 1), loops * 100)
-    for decade in itertools.count():
-        for step in (1, 2, 5):
-            value = step * 10**decade
-            if value >= want:
-                return min(value, MAX_LOOPS)
-    raise AssertionError("unreachable")
+    sequence = (step * 10**decade for decade in itertools.count() for step in (1, 2, 5))
+    return min(next(value for value in sequence if value >= want), MAX_LOOPS)
 
 
 def loops_for(per_loop: float, target: float) -> int:

@@ -41,12 +41,6 @@ class Touched:
         return self.nbytes.get(str(device)) or None
 
 
-def cuda_initialised() -> bool:
-    """Whether torch has initialised CUDA in this process (False when torch is not even imported); asks
-    nothing that could initialise it."""
-    return accelerators.cuda_state() == "initialised"
-
-
 @functools.cache
 def _mode_class() -> Any:
     """The TorchDispatchMode subclass, made once on first use."""
@@ -102,12 +96,12 @@ def _mode_class() -> Any:
 def watch() -> Iterator[Touched]:
     """Watch the code in the block (the setup and the first run): yields the :class:`Touched` it fills."""
     touched = Touched()
-    before = cuda_initialised()
+    before = accelerators.cuda_state()  # asks nothing that could initialise CUDA
     try:
         with _mode_class()(touched):
             yield touched
     finally:
-        touched.cuda_initialised = cuda_initialised() and not before
+        touched.cuda_initialised = before != "initialised" and accelerators.cuda_state() == "initialised"
 
 
 def choose_device(default: Any, touched: Optional[Touched], current_cuda: int, usable: tuple) -> Any:

@@ -97,7 +97,7 @@ def _autorange(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, t_be
     loops, runs = 1, 0
     while True:
         sample = clock.measure(cell, loops, mode)
-        total, spent = Clock.primary(sample, clock.kind), _spent(sample)
+        total, spent = Clock.primary(sample, clock.kind), Clock.primary(sample, "wall")  # spent: wall or host
         runs += loops
         if total >= opts.target_sample:  # one busy moment must not end the search: confirm it once
             total = min(total, Clock.primary(clock.measure(cell, loops, mode), clock.kind))
@@ -107,11 +107,6 @@ def _autorange(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, t_be
             return loops, runs
         loops = min(next_loops(loops, total, opts.target_sample),
                     next_loops(loops, spent, MAX_SAMPLE_WALL_S))
-
-
-def _spent(sample: Sample) -> float:
-    """How long a sample took on the wall clock (its host time where it has no wall time)."""
-    return sample.wall if sample.wall is not None else sample.host
 
 
 def _warm_up(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, loops: int, done: int = 0) -> tuple:
@@ -136,7 +131,7 @@ def _warm_up(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, loops:
                 break
         sample = clock.measure(cell, loops, mode)
         history.append(Clock.primary(sample, clock.kind) / loops)
-        costs.append(_spent(sample) / loops)
+        costs.append(Clock.primary(sample, "wall") / loops)
     return len(history) * loops, history, costs
 
 
@@ -248,14 +243,10 @@ def tally(events: Any) -> tuple:
             spans.append((event.time_range.start, event.time_range.end))
         elif activity == "cpu_op":
             ops += 1
-    busy, reach = 0.0, None
-    for start, end in sorted(spans):
-        if reach is None or start > reach:
-            busy += end - start
-            reach = end
-        elif end > reach:
-            busy += end - reach
-            reach = end
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):  # each span adds what it covers beyond the spans before it
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
     return totals, ops, runtime, busy
 
 

@@ -65,9 +65,7 @@ class ClockWatch:
                   if clock is not None and IDLE not in (reasons or ())]
         top = self.top
         below = [clock for clock, _ in loaded if top and clock < top]
-        reasons: list = []
-        for _, seen in loaded:
-            reasons += [r for r in seen if r not in reasons]
+        reasons = list(dict.fromkeys(reason for _, seen in loaded for reason in seen))
         return {"max_mhz": top, "samples": len(loaded), "below_max": len(below),
                 "below_75": sum(1 for clock in below if clock < SLOW_CLOCK * top),
                 "lowest_mhz": min(below) if below else None,

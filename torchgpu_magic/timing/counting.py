@@ -21,9 +21,9 @@ they fuse. A higher-order op (``torch.cond``, a Triton kernel) runs but is not l
 torch's dispatcher (CUDA graph replays, hand-launched kernels) is not seen at all. Imports torch: import
 this module only to count. Written and tested against torch 2.13: besides the public dispatch-mode API it
 relies on ``FlopCounterMode(...).flop_registry``, ``torch.utils.flop_counter.sdpa_flop_count`` and
-``TorchDispatchMode._should_skip_dynamo`` (through :mod:`.dispatch`, whose base class and reading of an
-op's tensors the first-run watch shares); a torch without them turns the count into a note (see
-:func:`~.roofline.attach`), never a failed measurement.
+``TorchDispatchMode._should_skip_dynamo`` (through the base class the first-run watch of :mod:`.observe`
+shares, as it shares its reading of an op's tensors); a torch without them turns the count into a note
+(see :func:`~.roofline.attach`), never a failed measurement.
 """
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 
 from ..torchapi import compiled_graphs, dispatch_mode_base, dynamo_loaded, is_higher_order_op, is_inplace
-from .dispatch import tensors_in
 from .formulas import NEEDS_OP, UNCOUNTED_MATMULS, registry
+from .observe import tensors_in
 
 # A CUDA build without triton (Windows, some containers) logs "triton not found; flop counting will not
 # work for triton kernels" when this module is first imported: into the user's first %%cudatime. The
@@ -231,9 +231,12 @@ class OpCounter(dispatch_mode_base()):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        # A higher-order op (torch.cond, flex_attention, a Triton kernel) runs, but the ops inside it are not
+        # seen one by one, so neither its FLOPs nor its bytes are counted.
         if is_higher_order_op(func):
             out = func(*args, **kwargs)
-            self.add_opaque(str(func.name()))
+            self.counts.ops += 1
+            self.counts.opaque[str(func.name())] += 1
             return out
         if func.overloadpacket.__name__ in METADATA:
             return NotImplemented
@@ -249,12 +252,6 @@ class OpCounter(dispatch_mode_base()):
         out = func(*args, **kwargs)
         self.add(func, rule, args, kwargs, out)
         return out
-
-    def add_opaque(self, name: str) -> None:
-        """A higher-order op (``torch.cond``, ``flex_attention``, a Triton kernel): it runs, but the ops
-        inside it are not seen one by one, so neither its FLOPs nor its bytes are counted."""
-        self.counts.ops += 1
-        self.counts.opaque[name] += 1
 
     def add(self, func: Any, rule: _Rule, args: Any, kwargs: dict, out: Any) -> None:
         """Count one op that ran (``out`` is what it returned): its FLOPs by its formula, its bytes."""

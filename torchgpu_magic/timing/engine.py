@@ -44,20 +44,18 @@ KERNEL_MAX_LOOPS = 1000
 
 # ---- the measuring loop ---------------------------------------------------------------------------------
 def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode] = None,
-            silence: Callable[[], ContextManager[Any]] = silenced, show_first: bool = True,
-            first: Optional[Sample] = None) -> Run:
+            silence: Callable[[], ContextManager[Any]] = silenced, first: Optional[Sample] = None) -> Run:
     """Time ``cell`` with ``clock`` following the method: first run apart, auto-range, warm-up (its first
     run counting the cell's waits for the GPU, unless ``--warmup 0``), samples until the stopping rule
-    (whose ``--max-time`` budget starts after the first run). The first run's output is shown (unless
-    ``show_first`` is False); later runs run under ``silence()``. ``gc`` is off throughout. The cell must
-    have been started; ``first`` is its first run when the caller made it."""
+    (whose ``--max-time`` budget starts after the first run). The first run's output is shown; later runs
+    run under ``silence()``. ``gc`` is off throughout. The cell must have been started; ``first`` is its
+    first run when the caller made it."""
     mode = mode or Mode()
     kind = clock.kind
     t_start = clock.now()
     with gc_paused():
         if first is None:
-            with contextlib.nullcontext() if show_first else silence():
-                first = clock.measure(cell, 1, mode)
+            first = clock.measure(cell, 1, mode)
         # The --max-time budget starts after the excluded first run: a slow one (torch.compile,
         # autotuning, cudnn.benchmark) must not eat the samples' time.
         t_begin = clock.now()

@@ -80,10 +80,8 @@ def _causal_mask_diagonal(mask: Any, s_q: int, s_k: int, triangles: dict) -> Opt
         if mask is None or mask.dim() < 2 or tuple(mask.shape[-2:]) != (s_q, s_k):
             return None
         with torch.no_grad():
-            if mask.dtype == torch.bool:
-                keep = mask
-            else:
-                keep = mask > torch.finfo(mask.dtype).min / 2  # -inf, or transformers' finfo.min
+            # an additive mask hides with -inf, or transformers' finfo.min
+            keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
             where = ("triangle", s_q, s_k, mask.device)
             if where not in triangles:
                 triangles[where] = torch.ones(s_q, s_k, dtype=torch.bool, device=mask.device).tril()
@@ -133,13 +131,13 @@ def _causal(name: str, base: Callable[..., int], masks: dict, causal: Counter) -
 
 
 # ---- fused ops -------------------------------------------------------------------------------------------
-def _tokens_and_lengths(x: Any, batch_first: bool = True) -> tuple:
+def _tokens_and_lengths(x: Any) -> tuple:
     """(tokens, [sequence lengths]) of a (batch, seq, feature) tensor, or a nested one of sequences."""
     if x.is_nested:
         lengths = [int(t.shape[0]) for t in x.unbind()]
         return sum(lengths), lengths
-    batch, seq = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
-    return int(batch) * int(seq), [int(seq)] * int(batch)
+    batch, seq = int(x.shape[0]), int(x.shape[1])
+    return batch * seq, [seq] * batch
 
 
 def _multi_head_attention(query: Any, key: Any, value: Any, embed_dim: int, num_head: int, *args: Any,

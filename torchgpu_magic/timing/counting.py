@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -158,13 +159,9 @@ def tensor_bytes(t: torch.Tensor) -> int:
         return 0
     if t.is_nested:  # TransformerEncoder's fast path: no sizes or strides, but its element count
         return t.numel() * t.element_size()
-    elements = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if size == 0:
-            return 0
-        if stride != 0:
-            elements *= size
-    return elements * t.element_size()
+    if 0 in t.shape:
+        return 0
+    return math.prod(size for size, stride in zip(t.shape, t.stride()) if stride) * t.element_size()
 
 
 def _key(t: torch.Tensor) -> tuple:
@@ -285,8 +282,7 @@ class OpCounter(dispatch_mode_base()):
                 if not rule.partial or key not in mutated_keys:
                     moved.setdefault(("write",) + key, t)
         for t in moved.values():
-            where = t.device.type
-            counts.bytes[where] += tensor_bytes(t)
+            counts.bytes[t.device.type] += tensor_bytes(t)
 
 
 def _eager() -> ContextManager[Any]:

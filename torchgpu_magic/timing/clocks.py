@@ -201,8 +201,7 @@ class EventClock(Clock):
         used: list = []
         per_loop = mode.flush is not None or mode.cold
         if per_loop:
-            while len(self._pairs) < loops:
-                self._pairs.append((self._event(), self._event()))
+            self._pairs += [(self._event(), self._event()) for _ in range(loops - len(self._pairs))]
             pairs = iter(self._pairs[:loops])
             flush, cold, spin = mode.flush, mode.cold, self._spin
 

@@ -211,8 +211,7 @@ def kernel_table(rows: Sequence[KernelRow], device: bool, empty: Optional[str] =
     table = Table(["name", "calls/loop", "time/loop", "share"], align="lrrr", title=title)
     for row in rows:
         name = row.name if len(row.name) <= 70 else row.name[:67] + "..."
-        calls = f"{row.calls:.3g}"
-        table.add(name, calls, fmt_seconds(row.time), fmt_percent(row.share))
+        table.add(name, f"{row.calls:.3g}", fmt_seconds(row.time), fmt_percent(row.share))
     return table
 
 

@@ -86,8 +86,7 @@ class Stats:
         data = sorted(float(v) for v in values)
         n = len(data)
         if n == 0:
-            nan = math.nan
-            return cls(0, nan, nan, nan, nan, nan, nan, nan, nan, nan)
+            return cls(0, *[math.nan] * 9)
         mean = sum(data) / n
         std = math.sqrt(sum((v - mean) ** 2 for v in data) / (n - 1)) if n > 1 else math.nan
         half = 1.96 * math.sqrt(n) / 2

@@ -25,6 +25,7 @@ from .results import KernelRow, Run, TimingResult, device_name, result_from
 from .stats import (
     MAX_LOOPS,
     MAX_SAMPLE_WALL_S,
+    TARGET_SAMPLE_S,
     Options,
     Stats,
     loops_for,
@@ -69,7 +70,7 @@ def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode
                 # A slow start (thread pools waking, lazy init) can end the search too early: the warm
                 # runs say what one loop really costs, so grow the loops to fill a sample after all
                 # (no further than MAX_SAMPLE_WALL_S of wall time a sample, as the search).
-                wanted = loops_for(median(history[-3:]), opts.target_sample)
+                wanted = loops_for(median(history[-3:]), TARGET_SAMPLE_S)
                 loops = max(loops, min(wanted, loops_for(median(costs[-3:]), MAX_SAMPLE_WALL_S)))
             samples: list = []
             per_loop: list = []
@@ -88,7 +89,7 @@ def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode
 
 def _autorange(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, t_begin: float) -> tuple:
     """Loops per sample (``-n`` or the 1-2-5 search) and how many runs the search made. The search stops
-    once a sample holds ``target_sample`` of the headline figure, or lasts :data:`MAX_SAMPLE_WALL_S` of
+    once a sample holds :data:`TARGET_SAMPLE_S` of the headline figure, or lasts :data:`MAX_SAMPLE_WALL_S` of
     wall time whatever it holds."""
     if opts.loops is not None:
         return opts.loops, 0
@@ -97,13 +98,13 @@ def _autorange(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, t_be
         sample = clock.measure(cell, loops, mode)
         total, spent = Clock.primary(sample, clock.kind), Clock.primary(sample, "wall")  # spent: wall or host
         runs += loops
-        if total >= opts.target_sample:  # one busy moment must not end the search: confirm it once
+        if total >= TARGET_SAMPLE_S:  # one busy moment must not end the search: confirm it once
             total = min(total, Clock.primary(clock.measure(cell, loops, mode), clock.kind))
             runs += loops
-        if total >= opts.target_sample or spent >= MAX_SAMPLE_WALL_S or loops >= MAX_LOOPS \
+        if total >= TARGET_SAMPLE_S or spent >= MAX_SAMPLE_WALL_S or loops >= MAX_LOOPS \
                 or clock.now() - t_begin >= opts.max_time:
             return loops, runs
-        loops = min(next_loops(loops, total, opts.target_sample),
+        loops = min(next_loops(loops, total, TARGET_SAMPLE_S),
                     next_loops(loops, spent, MAX_SAMPLE_WALL_S))
 
 

@@ -114,9 +114,7 @@ class Options:
     kernels: bool = False
     roofline: bool = True  # count FLOPs and bytes in one extra, untimed run (--no-roofline: False)
     peak: Optional[tuple] = None  # --peak: (FLOP/s, bytes/s or None), in place of the table's
-    min_samples: int = MIN_SAMPLES
-    min_time: float = MIN_TIME_S
-    target_sample: float = TARGET_SAMPLE_S
+    min_time: float = MIN_TIME_S  # the empty-cell floor samples for less
 
     def check(self) -> None:
         """Raise :class:`MagicInputError` for values the engine cannot use."""
@@ -161,7 +159,7 @@ def stop_reason(per_loop: Sequence[float], sampling_s: float, total_s: float, op
     n = len(per_loop)
     if opts.samples is not None:
         return "fixed" if n >= opts.samples else None
-    if n >= opts.min_samples and sampling_s >= opts.min_time and Stats.of(per_loop).settled():
+    if n >= MIN_SAMPLES and sampling_s >= opts.min_time and Stats.of(per_loop).settled():
         return "converged"
     if total_s >= opts.max_time and n >= FLOOR_SAMPLES:
         return "max-time"

@@ -226,7 +226,7 @@ def test_the_watch_and_the_counter_share_one_dispatch_base(monkeypatch):
 
 
 def test_an_ops_tensors_are_found_in_lists_dicts_and_deeper():
-    from torchgpu_magic.timing.dispatch import tensors_in
+    from torchgpu_magic.timing.observe import tensors_in
 
     a, b, c, d = (torch.zeros(1) for _ in range(4))
     found = tensors_in((a, [b, None], 3), {"weight": c, "nested": [(d,)]}, a)

@@ -7,7 +7,8 @@ it took to *queue* kernels. This package follows ``docs/timing-method.md``, one 
 - :mod:`.clocks`: the backend's events (CUDA, ROCm, XPU, MPS), or ``perf_counter`` with or without a
   device synchronize; the cell's waits for the GPU; allocator figures around a measurement.
 - :mod:`.observe`: what the setup and first run touched (a ``TorchDispatchMode``), and from it which
-  device to time on (a pure function of the default device and the devices touched).
+  device to time on (a pure function of the default device and the devices touched); the tensors of an
+  op, read the same way by the roofline's counter.
 - :mod:`.throttle`: the GPU's SM clock and its reasons from NVML after every sample.
 - :mod:`.stats`: median, quartiles and the median's confidence interval; the 1-2-5 loop counts; the
   stopping rule and the :class:`Options` that set its limits.
@@ -20,13 +21,10 @@ it took to *queue* kernels. This package follows ``docs/timing-method.md``, one 
   (FLOPs and bytes of one extra, untimed run, with the FLOP formulas of :mod:`.formulas` beside torch's:
   causal attention, the fused ops of ``nn`` modules' eval fast paths) and :mod:`.peaks` (the datasheet
   table, scaled to the SM clock :mod:`.throttle` read after the samples).
-- :mod:`.dispatch`: what the first-run watch and the counter share (their ``TorchDispatchMode`` base,
-  which imports no ``torch._dynamo``, and the tensors of an op).
 
 The arrows point one way: engine imports the others, results imports clocks, flags, stats and
 throttle, clocks imports cells (and throttle, lazily), flags imports stats, throttle imports stats;
-roofline imports peaks and (lazily) counting; observe and counting import dispatch, counting imports
-formulas. Nothing here
+roofline imports peaks and (lazily) counting; counting imports formulas and observe. Nothing here
 imports IPython; torch is imported lazily, at the top only by counting. The names callers use are
 re-exported here.
 """

@@ -65,16 +65,8 @@ class CompiledCell:
         self.filename = filename
         self.stmt = stmt  # the source timed, and its setup: the task a result names
         self.setup = setup
-
-    @property
-    def code(self) -> Any:
-        """The compiled loop function's code object (setup and cell; nested code among its constants)."""
-        return self._factory.__code__
-
-    @property
-    def namespace(self) -> dict:
-        """The globals the cell runs in (the user's namespace)."""
-        return self._factory.__globals__
+        self.code = factory.__code__  # the loop function's code (setup and cell; nested code in its consts)
+        self.namespace: dict = factory.__globals__  # the globals the cell runs in (the user's namespace)
 
     def start(self) -> None:
         """Run the setup statement and get ready to run loops."""

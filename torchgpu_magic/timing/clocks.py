@@ -151,7 +151,7 @@ class SyncClock(Clock):
         sync()
         t0 = self.host_time()
         if mode.cold:
-            cell.run(loops, _nothing, sync)
+            cell.run(loops, lambda: None, sync)  # nothing before a loop, a synchronize after it
         else:
             cell.run(loops)
         t1 = self.host_time()
@@ -201,8 +201,7 @@ class EventClock(Clock):
         used: list = []
         per_loop = mode.flush is not None or mode.cold
         if per_loop:
-            while len(self._pairs) < loops:
-                self._pairs.append((self._event(), self._event()))
+            self._pairs += [(self._event(), self._event()) for _ in range(loops - len(self._pairs))]
             pairs = iter(self._pairs[:loops])
             flush, cold, spin = mode.flush, mode.cold, self._spin
 
@@ -286,8 +285,7 @@ class CudaClock(EventClock):
 
         self._spin_cycles()
         syncs = 0
-        publics = [(module, module.synchronize) for module in (torch.cuda, torch.accelerator)
-                   if hasattr(module, "synchronize")]
+        publics = [(module, module.synchronize) for module in (torch.cuda, torch.accelerator)]
 
         def counting(public: Callable[..., Any]) -> Callable[..., Any]:
             def counted(*args: Any, **kwargs: Any) -> Any:
@@ -340,10 +338,6 @@ class CudaClock(EventClock):
             with torch.cuda.device(index):
                 _SPIN_CYCLES[index] = max(1, int(sleep_cycles_per_ms() * SPIN_S * 1e3))
         return _SPIN_CYCLES[index]
-
-
-def _nothing() -> None:
-    """The per-loop hook that does nothing (``--cold`` needs only the one after the loop)."""
 
 
 def cpu_cache_bytes() -> int:

@@ -21,24 +21,26 @@ they fuse. A higher-order op (``torch.cond``, a Triton kernel) runs but is not l
 torch's dispatcher (CUDA graph replays, hand-launched kernels) is not seen at all. Imports torch: import
 this module only to count. Written and tested against torch 2.13: besides the public dispatch-mode API it
 relies on ``FlopCounterMode(...).flop_registry``, ``torch.utils.flop_counter.sdpa_flop_count`` and
-``TorchDispatchMode._should_skip_dynamo`` (through :mod:`.dispatch`, whose base class and reading of an
-op's tensors the first-run watch shares); a torch without them turns the count into a note (see
-:func:`~.roofline.attach`), never a failed measurement.
+``TorchDispatchMode._should_skip_dynamo`` (through the base class the first-run watch of :mod:`.observe`
+shares, as it shares its reading of an op's tensors); a torch without them turns the count into a note
+(see :func:`~.roofline.attach`), never a failed measurement.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import logging
+import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
 from ..torchapi import compiled_graphs, dispatch_mode_base, dynamo_loaded, is_higher_order_op, is_inplace
-from .dispatch import tensors_in
 from .formulas import NEEDS_OP, UNCOUNTED_MATMULS, registry
+from .observe import tensors_in
 
 # A CUDA build without triton (Windows, some containers) logs "triton not found; flop counting will not
 # work for triton kernels" when this module is first imported: into the user's first %%cudatime. The
@@ -98,50 +100,37 @@ class Counts:
     calls), the higher-order ops not looked into (name -> calls), whether ``torch.compile`` has compiled
     code in this process (run eagerly for the count), and how long the counting run took (seconds)."""
 
-    flops: dict = field(default_factory=dict)
-    bytes: dict = field(default_factory=dict)
+    flops: Counter = field(default_factory=Counter)
+    bytes: Counter = field(default_factory=Counter)
     ops: int = 0
-    uncounted: dict = field(default_factory=dict)
-    unknown: dict = field(default_factory=dict)
+    uncounted: Counter = field(default_factory=Counter)
+    unknown: Counter = field(default_factory=Counter)
     causal: dict = field(default_factory=dict)
-    opaque: dict = field(default_factory=dict)
+    opaque: Counter = field(default_factory=Counter)
     compiled: bool = False
     seconds: float = 0.0
-
-
-def _fp32_precision(op: str) -> Optional[str]:
-    """torch's own answer (>= 2.9) for how CUDA computes an fp32 ``op`` ('matmul', 'conv', 'rnn'): 'tf32'
-    or 'ieee', resolved as ``at::Context::float32Precision`` resolves it (aten/src/ATen/Context.cpp: the
-    op's setting, else the CUDA backend's 'all', else the generic one); None where this torch has no such
-    setting or every level says 'none'."""
-    try:
-        holder = torch.backends.cuda.matmul if op == "matmul" else getattr(torch.backends.cudnn, op)
-        own = holder.fp32_precision
-        for value in (own, torch.backends.cudnn.fp32_precision, torch.backends.fp32_precision):
-            if value in ("tf32", "ieee"):
-                return value
-    except Exception:  # noqa: BLE001 - an older torch, or a setting it refuses: the legacy flag decides
-        return None
-    return None
 
 
 def tf32_allowed() -> dict:
     """``{'matmul': bool, 'conv': bool, 'rnn': bool}``: whether torch lets cuBLAS (fp32 matmuls) and cuDNN
     (convolutions, RNNs) use TF32 now. The new setting (``torch.backends.cuda.matmul.fp32_precision``,
     ``torch.backends.cudnn.conv/rnn.fp32_precision``, which transformers' ``TrainingArguments(tf32=...)``
-    sets) is read first: once it has been used, reading the legacy ``allow_tf32`` raises (torch checks
-    that the two agree, aten/src/ATen/Context.cpp ``allowTF32CuBLAS``). The legacy flag is read only where
-    the new setting says nothing, and a read that fails counts as no TF32: a flag never costs the
-    roofline."""
-    out = {}
+    sets) is read first, resolved as ``at::Context::float32Precision`` resolves it (the op's setting, else
+    the CUDA backend's 'all', else the generic one): once it has been used, reading the legacy
+    ``allow_tf32`` raises (torch checks that the two agree, aten/src/ATen/Context.cpp ``allowTF32CuBLAS``).
+    The legacy flag is read only where every level of the new setting says 'none', and a read that fails
+    counts as no TF32: a flag never costs the roofline."""
+    out, backends = {}, torch.backends
     for op in ("matmul", "conv", "rnn"):
-        new = _fp32_precision(op)
-        if new is not None:
-            out[op] = new == "tf32"
-            continue
         try:
-            legacy = torch.backends.cuda.matmul if op == "matmul" else torch.backends.cudnn
-            out[op] = bool(legacy.allow_tf32)
+            holder = backends.cuda.matmul if op == "matmul" else getattr(backends.cudnn, op)
+            levels = (holder.fp32_precision, backends.cudnn.fp32_precision, backends.fp32_precision)
+            new = next((value for value in levels if value in ("tf32", "ieee")), None)
+        except Exception:  # noqa: BLE001 - a setting this torch refuses: the legacy flag decides
+            new = None
+        try:
+            legacy = backends.cuda.matmul if op == "matmul" else backends.cudnn
+            out[op] = new == "tf32" if new is not None else bool(legacy.allow_tf32)
         except Exception:  # noqa: BLE001 - legacy and new settings disagree: no TF32 claimed
             out[op] = False
     return out
@@ -170,13 +159,9 @@ def tensor_bytes(t: torch.Tensor) -> int:
         return 0
     if t.is_nested:  # TransformerEncoder's fast path: no sizes or strides, but its element count
         return t.numel() * t.element_size()
-    elements = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if size == 0:
-            return 0
-        if stride != 0:
-            elements *= size
-    return elements * t.element_size()
+    if 0 in t.shape:
+        return 0
+    return math.prod(size for size, stride in zip(t.shape, t.stride()) if stride) * t.element_size()
 
 
 def _key(t: torch.Tensor) -> tuple:
@@ -243,9 +228,12 @@ class OpCounter(dispatch_mode_base()):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        # A higher-order op (torch.cond, flex_attention, a Triton kernel) runs, but the ops inside it are not
+        # seen one by one, so neither its FLOPs nor its bytes are counted.
         if is_higher_order_op(func):
             out = func(*args, **kwargs)
-            self.add_opaque(str(func.name()))
+            self.counts.ops += 1
+            self.counts.opaque[str(func.name())] += 1
             return out
         if func.overloadpacket.__name__ in METADATA:
             return NotImplemented
@@ -262,12 +250,6 @@ class OpCounter(dispatch_mode_base()):
         self.add(func, rule, args, kwargs, out)
         return out
 
-    def add_opaque(self, name: str) -> None:
-        """A higher-order op (``torch.cond``, ``flex_attention``, a Triton kernel): it runs, but the ops
-        inside it are not seen one by one, so neither its FLOPs nor its bytes are counted."""
-        self.counts.ops += 1
-        self.counts.opaque[name] = self.counts.opaque.get(name, 0) + 1
-
     def add(self, func: Any, rule: _Rule, args: Any, kwargs: dict, out: Any) -> None:
         """Count one op that ran (``out`` is what it returned): its FLOPs by its formula, its bytes."""
         counts = self.counts
@@ -280,13 +262,11 @@ class OpCounter(dispatch_mode_base()):
         if flops:
             where = (outputs or inputs)[0].device.type if (outputs or inputs) else "cpu"
             kind = precision(func, inputs, where == "cuda", self.tf32)
-            counts.flops[(where, kind)] = counts.flops.get((where, kind), 0) + flops
+            counts.flops[(where, kind)] += flops
         elif (flops is None or rule.matmul) and inputs:
-            label = str(func.overloadpacket)
-            counts.unknown[label] = counts.unknown.get(label, 0) + 1
+            counts.unknown[str(func.overloadpacket)] += 1
         elif rule.named and inputs:
-            label = str(func.overloadpacket)
-            counts.uncounted[label] = counts.uncounted.get(label, 0) + 1
+            counts.uncounted[str(func.overloadpacket)] += 1
         if rule.free:
             return
         mutated = tensors_in([args[i] if i < len(args) else kwargs.get(name) for i, name in rule.mutable])
@@ -302,22 +282,13 @@ class OpCounter(dispatch_mode_base()):
                 if not rule.partial or key not in mutated_keys:
                     moved.setdefault(("write",) + key, t)
         for t in moved.values():
-            where = t.device.type
-            counts.bytes[where] = counts.bytes.get(where, 0) + tensor_bytes(t)
-
-
-def compiled_code_exists() -> bool:
-    """Whether ``torch.compile`` has compiled a graph in this process (never imports dynamo)."""
-    return compiled_graphs() > 0
+            counts.bytes[t.device.type] += tensor_bytes(t)
 
 
 def _eager() -> ContextManager[Any]:
     """``set_stance("force_eager")`` where dynamo is loaded (``torch.compile`` loads it; importing it
     here would cost seconds and compile nothing)."""
-    if not dynamo_loaded():
-        return contextlib.nullcontext()
-    stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
-    return stance("force_eager") if stance is not None else contextlib.nullcontext()
+    return torch.compiler.set_stance("force_eager") if dynamo_loaded() else contextlib.nullcontext()
 
 
 def count(run: Callable[[], Any], silence: Callable[[], ContextManager[Any]]) -> Counts:
@@ -329,6 +300,6 @@ def count(run: Callable[[], Any], silence: Callable[[], ContextManager[Any]]) ->
     with silence(), _eager(), counter:
         run()
     counter.counts.seconds = time.perf_counter() - start
-    counter.counts.compiled = compiled_code_exists()
+    counter.counts.compiled = compiled_graphs() > 0  # never imports dynamo
     counter.counts.causal = dict(causal)
     return counter.counts

@@ -25,6 +25,7 @@ from .results import KernelRow, Run, TimingResult, device_name, result_from
 from .stats import (
     MAX_LOOPS,
     MAX_SAMPLE_WALL_S,
+    TARGET_SAMPLE_S,
     Options,
     Stats,
     loops_for,
@@ -44,20 +45,18 @@ KERNEL_MAX_LOOPS = 1000
 
 # ---- the measuring loop ---------------------------------------------------------------------------------
 def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode] = None,
-            silence: Callable[[], ContextManager[Any]] = silenced, show_first: bool = True,
-            first: Optional[Sample] = None) -> Run:
+            silence: Callable[[], ContextManager[Any]] = silenced, first: Optional[Sample] = None) -> Run:
     """Time ``cell`` with ``clock`` following the method: first run apart, auto-range, warm-up (its first
     run counting the cell's waits for the GPU, unless ``--warmup 0``), samples until the stopping rule
-    (whose ``--max-time`` budget starts after the first run). The first run's output is shown (unless
-    ``show_first`` is False); later runs run under ``silence()``. ``gc`` is off throughout. The cell must
-    have been started; ``first`` is its first run when the caller made it."""
+    (whose ``--max-time`` budget starts after the first run). The first run's output is shown; later runs
+    run under ``silence()``. ``gc`` is off throughout. The cell must have been started; ``first`` is its
+    first run when the caller made it."""
     mode = mode or Mode()
     kind = clock.kind
     t_start = clock.now()
     with gc_paused():
         if first is None:
-            with contextlib.nullcontext() if show_first else silence():
-                first = clock.measure(cell, 1, mode)
+            first = clock.measure(cell, 1, mode)
         # The --max-time budget starts after the excluded first run: a slow one (torch.compile,
         # autotuning, cudnn.benchmark) must not eat the samples' time.
         t_begin = clock.now()
@@ -71,7 +70,7 @@ def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode
                 # A slow start (thread pools waking, lazy init) can end the search too early: the warm
                 # runs say what one loop really costs, so grow the loops to fill a sample after all
                 # (no further than MAX_SAMPLE_WALL_S of wall time a sample, as the search).
-                wanted = loops_for(median(history[-3:]), opts.target_sample)
+                wanted = loops_for(median(history[-3:]), TARGET_SAMPLE_S)
                 loops = max(loops, min(wanted, loops_for(median(costs[-3:]), MAX_SAMPLE_WALL_S)))
             samples: list = []
             per_loop: list = []
@@ -90,28 +89,23 @@ def measure(cell: CompiledCell, clock: Clock, opts: Options, mode: Optional[Mode
 
 def _autorange(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, t_begin: float) -> tuple:
     """Loops per sample (``-n`` or the 1-2-5 search) and how many runs the search made. The search stops
-    once a sample holds ``target_sample`` of the headline figure, or lasts :data:`MAX_SAMPLE_WALL_S` of
+    once a sample holds :data:`TARGET_SAMPLE_S` of the headline figure, or lasts :data:`MAX_SAMPLE_WALL_S` of
     wall time whatever it holds."""
     if opts.loops is not None:
         return opts.loops, 0
     loops, runs = 1, 0
     while True:
         sample = clock.measure(cell, loops, mode)
-        total, spent = Clock.primary(sample, clock.kind), _spent(sample)
+        total, spent = Clock.primary(sample, clock.kind), Clock.primary(sample, "wall")  # spent: wall or host
         runs += loops
-        if total >= opts.target_sample:  # one busy moment must not end the search: confirm it once
+        if total >= TARGET_SAMPLE_S:  # one busy moment must not end the search: confirm it once
             total = min(total, Clock.primary(clock.measure(cell, loops, mode), clock.kind))
             runs += loops
-        if total >= opts.target_sample or spent >= MAX_SAMPLE_WALL_S or loops >= MAX_LOOPS \
+        if total >= TARGET_SAMPLE_S or spent >= MAX_SAMPLE_WALL_S or loops >= MAX_LOOPS \
                 or clock.now() - t_begin >= opts.max_time:
             return loops, runs
-        loops = min(next_loops(loops, total, opts.target_sample),
+        loops = min(next_loops(loops, total, TARGET_SAMPLE_S),
                     next_loops(loops, spent, MAX_SAMPLE_WALL_S))
-
-
-def _spent(sample: Sample) -> float:
-    """How long a sample took on the wall clock (its host time where it has no wall time)."""
-    return sample.wall if sample.wall is not None else sample.host
 
 
 def _warm_up(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, loops: int, done: int = 0) -> tuple:
@@ -136,7 +130,7 @@ def _warm_up(cell: CompiledCell, clock: Clock, opts: Options, mode: Mode, loops:
                 break
         sample = clock.measure(cell, loops, mode)
         history.append(Clock.primary(sample, clock.kind) / loops)
-        costs.append(_spent(sample) / loops)
+        costs.append(Clock.primary(sample, "wall") / loops)
     return len(history) * loops, history, costs
 
 
@@ -248,14 +242,10 @@ def tally(events: Any) -> tuple:
             spans.append((event.time_range.start, event.time_range.end))
         elif activity == "cpu_op":
             ops += 1
-    busy, reach = 0.0, None
-    for start, end in sorted(spans):
-        if reach is None or start > reach:
-            busy += end - start
-            reach = end
-        elif end > reach:
-            busy += end - reach
-            reach = end
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):  # each span adds what it covers beyond the spans before it
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
     return totals, ops, runtime, busy
 
 

@@ -70,11 +70,6 @@ def attended_pairs(s_q: int, s_k: int, diagonal: Optional[int] = 0) -> int:
     return (hi - lo) * first + (lo + hi - 1) * (hi - lo) // 2 + (s_q - hi) * s_k
 
 
-def _bound(func: Any, args: tuple, kwargs: dict) -> dict:
-    """An op's arguments by the names of its schema."""
-    return {**dict(zip(argument_names(func), args)), **kwargs}
-
-
 def _causal_mask_diagonal(mask: Any, s_q: int, s_k: int, triangles: dict) -> Optional[int]:
     """0 where ``mask`` (boolean: True attends; or additive) is torch's causal triangle for every batch and
     head, else None. Reads its values: a mask without any (a fake or meta tensor) is not recognised.
@@ -85,10 +80,8 @@ def _causal_mask_diagonal(mask: Any, s_q: int, s_k: int, triangles: dict) -> Opt
         if mask is None or mask.dim() < 2 or tuple(mask.shape[-2:]) != (s_q, s_k):
             return None
         with torch.no_grad():
-            if mask.dtype == torch.bool:
-                keep = mask
-            else:
-                keep = mask > torch.finfo(mask.dtype).min / 2  # -inf, or transformers' finfo.min
+            # an additive mask hides with -inf, or transformers' finfo.min
+            keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
             where = ("triangle", s_q, s_k, mask.device)
             if where not in triangles:
                 triangles[where] = torch.ones(s_q, s_k, dtype=torch.bool, device=mask.device).tril()
@@ -108,7 +101,7 @@ def _causal(name: str, base: Callable[..., int], masks: dict, causal: Counter) -
 
     def formula(func: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
         flops = base(*args, out_val=out_val, **kwargs)
-        bound = _bound(func, args, kwargs)
+        bound = {**dict(zip(argument_names(func), args)), **kwargs}  # the arguments by their schema names
         query, key = bound.get("query"), bound.get("key")
         if query is None or key is None or query.is_nested or key.is_nested:
             return flops
@@ -138,13 +131,13 @@ def _causal(name: str, base: Callable[..., int], masks: dict, causal: Counter) -
 
 
 # ---- fused ops -------------------------------------------------------------------------------------------
-def _tokens_and_lengths(x: Any, batch_first: bool = True) -> tuple:
+def _tokens_and_lengths(x: Any) -> tuple:
     """(tokens, [sequence lengths]) of a (batch, seq, feature) tensor, or a nested one of sequences."""
     if x.is_nested:
         lengths = [int(t.shape[0]) for t in x.unbind()]
         return sum(lengths), lengths
-    batch, seq = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
-    return int(batch) * int(seq), [int(seq)] * int(batch)
+    batch, seq = int(x.shape[0]), int(x.shape[1])
+    return batch * seq, [seq] * batch
 
 
 def _multi_head_attention(query: Any, key: Any, value: Any, embed_dim: int, num_head: int, *args: Any,
@@ -252,13 +245,12 @@ def registry(base: dict) -> tuple:
              "_addmm_activation": _addmm_activation, "_int_mm": _mm, "mv": _mv, "addmv": _addmv, "dot": _dot,
              "vdot": _dot, "addbmm": _addbmm}
     for name, formula in added.items():
-        if hasattr(aten, name):
-            table.setdefault(getattr(aten, name), formula)
+        table.setdefault(getattr(aten, name), formula)
     masks: dict = {}
     causal: Counter = Counter()
     for name in ATTENTION:
-        packet = getattr(aten, name, None)
-        if packet is not None and packet in table:
+        packet = getattr(aten, name)
+        if packet in table:
             table[packet] = _causal(name, table[packet], masks, causal)
     return table, causal
 

@@ -12,8 +12,9 @@ ops touched per device: the working set the L2 note compares with the GPU's cach
 The watch keeps numbers and strings only (no reference to a tensor), runs for the first run alone (a
 cell run under a Python dispatch mode is slower; the first run is excluded from the statistics anyway),
 and tells ``torch.compile`` to ignore it, so compiled regions still compile (their inner ops are then not
-seen). It shares its base class (no ``torch._dynamo`` import) and its reading of an op's tensors with the
-roofline's counter (:mod:`.dispatch`). torch is imported lazily.
+seen). It shares its base class (:func:`torchgpu_magic.torchapi.dispatch_mode_base`: no ``torch._dynamo``
+import) and its reading of an op's tensors (:func:`tensors_in`) with the roofline's counter
+(:mod:`.counting`). torch is imported lazily.
 """
 from __future__ import annotations
 
@@ -41,17 +42,30 @@ class Touched:
         return self.nbytes.get(str(device)) or None
 
 
-def cuda_initialised() -> bool:
-    """Whether torch has initialised CUDA in this process (False when torch is not even imported); asks
-    nothing that could initialise it."""
-    return accelerators.cuda_state() == "initialised"
+def tensors_in(*values: Any) -> list:
+    """The tensors among an op's positional arguments, keyword arguments (a dict: its values) and results,
+    in order. aten schemas nest tensors at most a list deep (``Tensor[]``, ``Tensor?[]``); anything deeper
+    is flattened by pytree."""
+    import torch
+
+    found = []
+    for value in values:
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) \
+            else (value,)
+        for item in items:
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            elif isinstance(item, (list, tuple, dict)):
+                from ..torchapi import tree_leaves
+
+                found += [leaf for leaf in tree_leaves(item) if isinstance(leaf, torch.Tensor)]
+    return found
 
 
 @functools.cache
 def _mode_class() -> Any:
     """The TorchDispatchMode subclass, made once on first use."""
     from ..torchapi import dispatch_mode_base, fake_tensor_class
-    from .dispatch import tensors_in
 
     class Watch(dispatch_mode_base()):
         """Notes the device and storage of every tensor an op reads or writes (fake tensors, which
@@ -86,14 +100,12 @@ def _mode_class() -> Any:
                 touched.nbytes[device] = 0
             if tensor.device.type == "meta":
                 return
-            try:
+            with contextlib.suppress(RuntimeError, NotImplementedError, TypeError):  # sparse, storage-less
                 storage = tensor.untyped_storage()
                 key = (device, storage.data_ptr())
                 if key not in self.seen:
                     self.seen.add(key)
                     touched.nbytes[device] += int(storage.nbytes())
-            except (RuntimeError, NotImplementedError, TypeError):  # sparse and other storage-less kinds
-                pass
 
     return Watch
 
@@ -102,12 +114,12 @@ def _mode_class() -> Any:
 def watch() -> Iterator[Touched]:
     """Watch the code in the block (the setup and the first run): yields the :class:`Touched` it fills."""
     touched = Touched()
-    before = cuda_initialised()
+    before = accelerators.cuda_state()  # asks nothing that could initialise CUDA
     try:
         with _mode_class()(touched):
             yield touched
     finally:
-        touched.cuda_initialised = cuda_initialised() and not before
+        touched.cuda_initialised = before != "initialised" and accelerators.cuda_state() == "initialised"
 
 
 def choose_device(default: Any, touched: Optional[Touched], current_cuda: int, usable: tuple) -> Any:

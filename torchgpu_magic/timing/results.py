@@ -211,8 +211,7 @@ def kernel_table(rows: Sequence[KernelRow], device: bool, empty: Optional[str] =
     table = Table(["name", "calls/loop", "time/loop", "share"], align="lrrr", title=title)
     for row in rows:
         name = row.name if len(row.name) <= 70 else row.name[:67] + "..."
-        calls = f"{row.calls:.3g}"
-        table.add(name, calls, fmt_seconds(row.time), fmt_percent(row.share))
+        table.add(name, f"{row.calls:.3g}", fmt_seconds(row.time), fmt_percent(row.share))
     return table
 
 
@@ -280,8 +279,6 @@ class TimingComparison(Reportable):
 def device_name(device: Any) -> str:
     """A person's name for ``device``: the GPU model, or the CPU model where Linux says it."""
     kind = getattr(device, "type", str(device))
-    if kind not in ("cpu", "meta"):
-        return accelerators.device_name(device)
     if kind == "cpu":
         with contextlib.suppress(OSError):
             with open("/proc/cpuinfo") as handle:
@@ -289,15 +286,7 @@ def device_name(device: Any) -> str:
                     if line.lower().startswith("model name"):
                         return line.split(":", 1)[1].strip()
         return platform.processor() or platform.machine() or "CPU"
-    return str(device)
-
-
-def l2_cache_bytes(device: Any) -> Optional[int]:
-    """The last-level cache of an accelerator in bytes: CUDA's and ROCm's L2, XPU's last-level cache (None
-    on cpu, or where torch does not say, as on MPS)."""
-    if getattr(device, "type", "cpu") in ("cpu", "meta"):
-        return None
-    return accelerators.facts(device).cache
+    return str(device) if kind == "meta" else accelerators.device_name(device)
 
 
 def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optional[float],
@@ -315,7 +304,9 @@ def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optio
     kind = "wall" if run.kind == "device" and other_streams(_median_of(dev), _median_of(wall), run.loops,
                                                             opts.flush_l2, opts.cold) else run.kind
     watch = getattr(clock, "watch", None)
-    l2 = l2_cache_bytes(device) if run.kind == "device" else None
+    # an accelerator's last-level cache: CUDA's and ROCm's L2, XPU's (None where torch does not say: MPS)
+    on_accelerator = run.kind == "device" and getattr(device, "type", "cpu") != "cpu"
+    l2 = accelerators.facts(device).cache if on_accelerator else None
     result = TimingResult(
         device=str(device), device_name=name, torch_version=torch_version, clock=clock.label, kind=kind,
         samples=[Clock.primary(s, kind) / s.loops for s in run.samples], loops=run.loops,

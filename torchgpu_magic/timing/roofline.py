@@ -95,13 +95,10 @@ class Roofline:
     def compute_time(self) -> Optional[float]:
         """Seconds the counted FLOPs take at peak (each precision at its own); None without a peak for
         one of them."""
-        total = 0.0
-        for kind, count in self.flops_by_precision.items():
-            if count:
-                if not self.peak_flops.get(kind):
-                    return None
-                total += count / self.peak_flops[kind]
-        return total if self.flops is not None else None
+        counted = {kind: count for kind, count in self.flops_by_precision.items() if count}
+        if self.flops is None or not all(self.peak_flops.get(kind) for kind in counted):
+            return None
+        return sum((count / self.peak_flops[kind] for kind, count in counted.items()), 0.0)
 
     @property
     def memory_time(self) -> Optional[float]:

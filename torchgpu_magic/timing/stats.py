@@ -86,8 +86,7 @@ class Stats:
         data = sorted(float(v) for v in values)
         n = len(data)
         if n == 0:
-            nan = math.nan
-            return cls(0, nan, nan, nan, nan, nan, nan, nan, nan, nan)
+            return cls(0, *[math.nan] * 9)
         mean = sum(data) / n
         std = math.sqrt(sum((v - mean) ** 2 for v in data) / (n - 1)) if n > 1 else math.nan
         half = 1.96 * math.sqrt(n) / 2
@@ -115,9 +114,7 @@ class Options:
     kernels: bool = False
     roofline: bool = True  # count FLOPs and bytes in one extra, untimed run (--no-roofline: False)
     peak: Optional[tuple] = None  # --peak: (FLOP/s, bytes/s or None), in place of the table's
-    min_samples: int = MIN_SAMPLES
-    min_time: float = MIN_TIME_S
-    target_sample: float = TARGET_SAMPLE_S
+    min_time: float = MIN_TIME_S  # the empty-cell floor samples for less
 
     def check(self) -> None:
         """Raise :class:`MagicInputError` for values the engine cannot use."""
@@ -145,12 +142,8 @@ def next_loops(loops: int, elapsed: float, target: float) -> int:
     ``elapsed`` (the time ``loops`` took), but growing at most 100-fold in one step."""
     want = loops * 100 if elapsed <= 0 else loops * target / elapsed
     want = min(max(want, loops + 1), loops * 100)
-    for decade in itertools.count():
-        for step in (1, 2, 5):
-            value = step * 10**decade
-            if value >= want:
-                return min(value, MAX_LOOPS)
-    raise AssertionError("unreachable")
+    sequence = (step * 10**decade for decade in itertools.count() for step in (1, 2, 5))
+    return min(next(value for value in sequence if value >= want), MAX_LOOPS)
 
 
 def loops_for(per_loop: float, target: float) -> int:
@@ -166,7 +159,7 @@ def stop_reason(per_loop: Sequence[float], sampling_s: float, total_s: float, op
     n = len(per_loop)
     if opts.samples is not None:
         return "fixed" if n >= opts.samples else None
-    if n >= opts.min_samples and sampling_s >= opts.min_time and Stats.of(per_loop).settled():
+    if n >= MIN_SAMPLES and sampling_s >= opts.min_time and Stats.of(per_loop).settled():
         return "converged"
     if total_s >= opts.max_time and n >= FLOOR_SAMPLES:
         return "max-time"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..render import fmt_percent
+from ..render import fmt_percent, is_na
 from .stats import median
 
 SLOW_CLOCK = 0.75  # nvbench drops samples taken under 75 % of the max SM clock
@@ -25,7 +25,7 @@ class ClockWatch:
     """The SM clock (MHz) and its reasons after each sample of one GPU; ``top`` is the max SM clock."""
 
     top: Optional[int]
-    reader: Optional[Callable[[], tuple]] = None
+    reader: Optional[Callable[[], tuple]] = None  # NVML's (clock, reasons), either NA where it has none
     readings: list = field(default_factory=list)  # (MHz or None, reasons tuple or None)
 
     @classmethod
@@ -33,7 +33,6 @@ class ClockWatch:
         """The watch for torch's ``cuda:N``, matched to NVML's GPU by UUID (the whole GPU of a MIG
         instance: clocks are the GPU's); one that reads nothing where NVML cannot give the GPU."""
         from ..gpus import gpumap, nvml
-        from ..render import is_na
 
         index = getattr(device, "index", None) or 0
         try:
@@ -43,18 +42,15 @@ class ClockWatch:
             found = None
         if found is None:
             return cls(None)
-        top, read = found
-
-        def reader() -> tuple:
-            clock, reasons = read()
-            return (None if is_na(clock) else int(clock)), (None if is_na(reasons) else tuple(reasons))
-
+        top, reader = found
         return cls(None if is_na(top) else int(top), reader)
 
     def read(self) -> None:
         """Read the clock now (after a sample)."""
         if self.reader is not None:
-            self.readings.append(self.reader())
+            clock, reasons = self.reader()
+            self.readings.append((None if is_na(clock) else int(clock),
+                                  None if is_na(reasons) else tuple(reasons)))
 
     def summary(self) -> dict:
         """Plain figures for the result: ``max_mhz``, ``samples`` read under load, ``below_max`` and
@@ -65,9 +61,7 @@ class ClockWatch:
                   if clock is not None and IDLE not in (reasons or ())]
         top = self.top
         below = [clock for clock, _ in loaded if top and clock < top]
-        reasons: list = []
-        for _, seen in loaded:
-            reasons += [r for r in seen if r not in reasons]
+        reasons = list(dict.fromkeys(reason for _, seen in loaded for reason in seen))
         return {"max_mhz": top, "samples": len(loaded), "below_max": len(below),
                 "below_75": sum(1 for clock in below if clock < SLOW_CLOCK * top),
                 "lowest_mhz": min(below) if below else None,

@@ -2,6 +2,7 @@
 
 - ``nvml``: the only importer of pynvml (lazy init under a lock, NA for what a GPU cannot say);
 - ``amdsmi``: the only importer of AMD SMI's ``amdsmi`` (ROCm's GPUs; lazily imported, never required);
+- ``library``: what those two share: the library brought up on first use, once, under a lock;
 - ``apple``: the Mac itself from ``sysctl`` (chip, unified memory, macOS, Rosetta) for Apple silicon;
 - ``snapshots``: what NVML says about a GPU, as plain records (``nvml`` fills them);
 - ``processes``: a GPU's per-process memory (this process's share, the others'), and whether NVML's

@@ -9,9 +9,9 @@ there and call :func:`reset`.
 from __future__ import annotations
 
 import atexit
-import threading
 from typing import Any, Callable, Optional
 
+from .library import Library
 from .problems import HINTS, NVMLProblem, problem_from_error
 from .snapshots import NA, GPUSnapshot, MigSnapshot, ProcessInfo, _NAType
 
@@ -37,58 +37,24 @@ __all__ = [
 
 # ---- initialisation -----------------------------------------------------------------------------
 
-_lock = threading.Lock()
-_tried = False
-_module: Any = None
-_problem: Optional[NVMLProblem] = None
-_atexit_registered = False
-
-
-def _init_locked() -> None:
-    global _tried, _module, _problem, _atexit_registered
-    _tried = True
+def _load() -> tuple:
     try:
         import pynvml
     except ImportError as exc:
-        _problem = NVMLProblem(
-            "bindings_missing", f"cannot import pynvml: {exc}", HINTS["bindings_missing"])
-        return
+        problem = NVMLProblem("bindings_missing", f"cannot import pynvml: {exc}", HINTS["bindings_missing"])
+        return None, problem
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 - NVMLError subclasses, or OSError from ctypes
-        _problem = problem_from_error(exc, "nvmlInit")
-        return
-    _module = pynvml
-    if not _atexit_registered:
-        atexit.register(reset)
-        _atexit_registered = True
+        return None, problem_from_error(exc, "nvmlInit")
+    return pynvml, None
 
 
-def _nvml() -> Any:
-    """The initialised pynvml module, or None when NVML is unavailable (see :func:`status`)."""
-    if not _tried:
-        with _lock:
-            if not _tried:
-                _init_locked()
-    return _module
-
-
-def status() -> Optional[NVMLProblem]:
-    """Initialise NVML on first use; None when it works, else why it does not."""
-    _nvml()
-    return _problem
-
-
-def reset() -> None:
-    """Shut NVML down and forget everything, so the next call initialises afresh (also run at exit)."""
-    global _tried, _module, _problem
-    with _lock:
-        module, _module, _problem, _tried = _module, None, None, False
-        if module is not None:
-            try:
-                module.nvmlShutdown()
-            except Exception:  # noqa: BLE001, S110 - nothing to do about a failed shutdown
-                pass
+_LIBRARY = Library(_load, "nvmlShutdown")
+_nvml = _LIBRARY.module  # the initialised pynvml module, or None when NVML is unavailable (see status)
+status = _LIBRARY.status  # None when NVML works, else the NVMLProblem saying why not
+reset = _LIBRARY.reset  # shut NVML down, so the next call initialises afresh
+atexit.register(reset)
 
 
 # ---- queries ------------------------------------------------------------------------------------
@@ -151,7 +117,7 @@ def _query(what: str, fn_name: str, *args: Any) -> tuple:
     """One system-level query: ``(value or NA, problem or None)``."""
     module = _nvml()
     if module is None:
-        return NA, _problem
+        return NA, status()
     problems: list = []
     not_supported: list = []
     value = _Querier(module, problems, not_supported)(what, fn_name, *args)
@@ -203,7 +169,7 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
     snap = GPUSnapshot(index=nvml_index)
     module = _nvml()
     if module is None:
-        snap.problems.append(_problem)
+        snap.problems.append(status())
         return snap
     handle = _handle(module, nvml_index, snap.problems)
     if handle is None:
@@ -399,7 +365,7 @@ def processes(nvml_index: int, mig_uuid: Any = None) -> tuple:
     """
     module = _nvml()
     if module is None:
-        return [], _problem
+        return [], status()
     problems: list = []
     handle = _target(module, nvml_index, mig_uuid, problems)
     if handle is None:

@@ -67,14 +67,6 @@ class TorchView:
     named_by_nvml: bool = False  # CUDA not initialised: the devices were named from NVML, not asked of torch
 
 
-def _uuid_text(raw: Any) -> Any:
-    """torch's ``props.uuid`` as text; torch prints it without the 'GPU-' prefix NVML uses."""
-    if raw is None:
-        return NA
-    text = str(raw).strip()
-    return text if text else NA
-
-
 def _pci_text(props: Any) -> Any:
     bus = getattr(props, "pci_bus_id", None)
     if bus is None:
@@ -150,7 +142,9 @@ def _torch_device(torch: Any, index: int, notes: list) -> TorchDevice:
     try:
         props = torch.cuda.get_device_properties(index)
         dev.name, dev.capability = props.name, f"{props.major}.{props.minor}"
-        dev.uuid, dev.pci_bus_id = _uuid_text(getattr(props, "uuid", None)), _pci_text(props)
+        uuid = getattr(props, "uuid", None)  # torch prints it without the 'GPU-' prefix NVML uses
+        dev.uuid = NA if uuid is None else (str(uuid).strip() or NA)
+        dev.pci_bus_id = _pci_text(props)
         dev.total_memory = int(props.total_memory)
     except Exception as exc:  # noqa: BLE001
         notes.append(f"cuda:{index}: torch.cuda.get_device_properties failed: {_one_line(exc)}")
@@ -201,12 +195,6 @@ def _bus_key(bus_id: Any) -> Optional[tuple]:
     return (int(match.group(1) or "0", 16), int(match.group(2), 16), int(match.group(3), 16))
 
 
-def _strtoul(text: str) -> int:
-    """Leading unsigned integer as CUDA's strtoul reads it ('1gpu' -> 1); -1 when there is none."""
-    match = re.match(r"\+?(\d+)", text)
-    return int(match.group(1)) if match else -1
-
-
 def parse_cuda_visible_devices(value: Optional[str], gpus: list) -> list:
     """Which NVML GPUs CUDA will enumerate for ``CUDA_VISIBLE_DEVICES=value``, in CUDA's order.
 
@@ -244,10 +232,11 @@ def parse_cuda_visible_devices(value: Optional[str], gpus: list) -> list:
 
 
 def _match_index(entry: str, gpus: list) -> Optional[tuple]:
-    index = _strtoul(entry)
-    if index < 0 or index >= len(gpus):
+    """An index read as CUDA's strtoul reads it ('1gpu' -> 1); None when there is none or no such GPU."""
+    match = re.match(r"\+?(\d+)", entry)
+    if not match or int(match.group(1)) >= len(gpus):
         return None
-    return (index, None)
+    return (int(match.group(1)), None)
 
 
 def _match_uuid(entry: str, gpus: list) -> Optional[tuple]:

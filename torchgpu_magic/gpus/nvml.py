@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from .library import Library
 from .problems import HINTS, NVMLProblem, problem_from_error
-from .snapshots import NA, GPUSnapshot, MigSnapshot, ProcessInfo, _NAType
+from .snapshots import NA, GPUSnapshot, MigSnapshot, ProcessInfo
 
 __all__ = [
     "NA",
@@ -113,35 +113,26 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def _query(what: str, fn_name: str, *args: Any) -> tuple:
-    """One system-level query: ``(value or NA, problem or None)``."""
+def _query(what: str, fn_name: Any, *args: Any) -> Any:
+    """One system-level query: its value, or NA."""
     module = _nvml()
-    if module is None:
-        return NA, status()
-    problems: list = []
-    not_supported: list = []
-    value = _Querier(module, problems, not_supported)(what, fn_name, *args)
-    if problems:
-        return value, problems[0]
-    if not_supported:
-        return value, NVMLProblem("not_supported", f"{what}: not supported", HINTS["not_supported"])
-    return value, None
+    return NA if module is None else _Querier(module, [], [])(what, fn_name, *args)
 
 
 def device_count() -> int:
     """How many GPUs NVML sees (all of them, whatever CUDA_VISIBLE_DEVICES says); 0 without NVML."""
-    value, _ = _query("device count", "nvmlDeviceGetCount")
+    value = _query("device count", "nvmlDeviceGetCount")
     return int(value) if isinstance(value, int) else 0
 
 
 def driver_version() -> Any:
     """The NVIDIA driver version, e.g. '580.159.04', or NA."""
-    return _query("driver version", "nvmlSystemGetDriverVersion")[0]
+    return _query("driver version", "nvmlSystemGetDriverVersion")
 
 
 def cuda_driver_version() -> Any:
     """The newest CUDA version the driver supports, e.g. '13.0' (from NVML's 13000), or NA."""
-    value = _query("CUDA driver version", "nvmlSystemGetCudaDriverVersion")[0]
+    value = _query("CUDA driver version", "nvmlSystemGetCudaDriverVersion")
     if not isinstance(value, int):
         return NA
     major, minor = value // 1000, (value % 1000) // 10
@@ -184,10 +175,10 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
         _mig_state(module, q, handle, snap)
         return snap
     mem = q("memory", memory_info, handle)
-    if not isinstance(mem, _NAType):
+    if mem is not NA:
         snap.memory_total, snap.memory_used, snap.memory_free = int(mem.total), int(mem.used), int(mem.free)
     util = q("utilization", "nvmlDeviceGetUtilizationRates", handle)
-    if not isinstance(util, _NAType):
+    if util is not NA:
         snap.utilization_gpu, snap.utilization_memory = int(util.gpu), int(util.memory)
     temp_sensor = getattr(module, "NVML_TEMPERATURE_GPU", 0)
     snap.temperature = q("temperature", "nvmlDeviceGetTemperature", handle, temp_sensor)
@@ -211,7 +202,7 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
 
 def _mig_state(module: Any, q: _Querier, handle: Any, snap: GPUSnapshot) -> None:
     mig = q("MIG mode", "nvmlDeviceGetMigMode", handle)
-    if not isinstance(mig, _NAType):
+    if mig is not NA:
         snap.mig_mode, snap.mig_mode_pending = bool(mig[0]), bool(mig[1])
         if snap.mig_mode:
             snap.mig_devices = _mig_devices(module, q, handle)
@@ -233,7 +224,7 @@ def _mig_devices(module: Any, q: _Querier, handle: Any) -> list:
         mig.uuid = q("MIG UUID", "nvmlDeviceGetUUID", mig_handle)
         mig.name = q("MIG name", "nvmlDeviceGetName", mig_handle)
         mem = q("MIG memory", memory_info, mig_handle)
-        if not isinstance(mem, _NAType):
+        if mem is not NA:
             mig.memory_total, mig.memory_used = int(mem.total), int(mem.used)
         mig.gpu_instance_id = q("MIG GPU instance", "nvmlDeviceGetGpuInstanceId", mig_handle)
         mig.compute_instance_id = q("MIG compute instance", "nvmlDeviceGetComputeInstanceId", mig_handle)
@@ -290,7 +281,7 @@ def clock_reader(nvml_index: int) -> Optional[tuple]:
     def read() -> tuple:
         clock = q("SM clock", "nvmlDeviceGetClockInfo", handle, sm)
         mask = q("clock reasons", lambda m, h: _first_of(m, names, h), handle)
-        return clock, NA if isinstance(mask, _NAType) else words(int(mask))
+        return clock, NA if mask is NA else words(int(mask))
 
     return top, read
 
@@ -326,7 +317,7 @@ def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
 def utilization(nvml_index: int) -> Any:
     """GPU ``nvml_index``'s utilisation in percent, or NA: the cheap call for a cluster panel's GPU rows."""
     return _query("utilization", lambda module: module.nvmlDeviceGetUtilizationRates(
-        module.nvmlDeviceGetHandleByIndex(nvml_index)).gpu)[0]
+        module.nvmlDeviceGetHandleByIndex(nvml_index)).gpu)
 
 
 # Each list's pynvml functions, newest first, called by their versioned names: pynvml's unversioned names
@@ -386,9 +377,14 @@ def processes(nvml_index: int, mig_uuid: Any = None) -> tuple:
                 continue
             used = getattr(proc, "usedGpuMemory", None)
             found[pid] = ProcessInfo(pid=pid, used_memory=NA if used is None else int(used), kind=kind)
-    infos = list(found.values())
-    _name_processes(infos)
-    return infos, first_problem
+    import psutil
+
+    for info in found.values():  # where this process can see the PID
+        try:
+            info.name = psutil.Process(info.pid).name()
+        except (psutil.Error, OSError):
+            info.name = NA
+    return list(found.values()), first_problem
 
 
 def _process_problem(module: Any, handle: Any, mig_uuid: Any, exc: BaseException, kind: str) -> NVMLProblem:
@@ -403,17 +399,3 @@ def _process_problem(module: Any, handle: Any, mig_uuid: Any, exc: BaseException
         if in_mig:
             return NVMLProblem(problem.code, problem.message, HINTS["no_permission_mig"])
     return problem
-
-
-def _name_processes(infos: list) -> None:
-    if not infos:
-        return
-    try:
-        import psutil
-    except ImportError:
-        return
-    for info in infos:
-        try:
-            info.name = psutil.Process(info.pid).name()
-        except (psutil.Error, OSError):
-            info.name = NA

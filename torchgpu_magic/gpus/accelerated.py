@@ -120,9 +120,7 @@ class AcceleratorReport(GPUInfoLayout, Reportable):
 # ---- which report ------------------------------------------------------------------------------------
 def _nvidia_gpus(bus: Any = None) -> int:
     """How many NVIDIA GPUs are here: NVML's count, else the PCI bus's (a GPU without its driver)."""
-    if nvml.status() is None and nvml.device_count():
-        return nvml.device_count()
-    return len((bus or machine.survey()).nvidia_gpus or ())
+    return nvml.device_count() or len((bus or machine.survey()).nvidia_gpus or ())
 
 
 def applies() -> bool:
@@ -135,7 +133,7 @@ def applies() -> bool:
     bus = machine.survey()
     if _nvidia_gpus(bus):
         return False
-    return bool(bus.amd_gpus) or (amdsmi.status() is None and bool(amdsmi.gpus()))
+    return bool(bus.amd_gpus or amdsmi.gpus())
 
 
 def gpu_report(index: Optional[int] = None, show_processes: bool = True) -> Any:

@@ -43,9 +43,10 @@ _CUDA_BUILDS = (((13, 0), "cu130"), ((12, 8), "cu128"), ((12, 6), "cu126"))
 _DRIVER_DOWNLOAD = "https://www.nvidia.com/Download/index.aspx"
 
 
-def _version_tuple(text: Any) -> Optional[tuple]:
-    match = re.match(r"(\d+)\.(\d+)", str(text)) if text else None
-    return (int(match.group(1)), int(match.group(2))) if match else None
+def version_tuple(text: Any) -> Optional[tuple]:
+    """(major, minor) of a version such as '12.8' (or '14': minor 0); None where ``text`` has none."""
+    match = re.match(r"(\d+)(?:\.(\d+))?", str(text)) if text else None
+    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
 
 
 def driver_package(dist: Optional[Distribution]) -> str:
@@ -89,7 +90,7 @@ def container_gpu_fix(runtime: Optional[str]) -> str:
 def cuda_build_install(driver: Any, driver_cuda: Any) -> str:
     """The install line for the newest CUDA build of torch that this driver (which supports CUDA up to
     ``driver_cuda``) can run; or, for a driver older than any, what to update first."""
-    have = _version_tuple(driver_cuda)
+    have = version_tuple(driver_cuda)
     if have is None:
         return ("then install a CUDA build of torch that the driver supports "
                 "(https://pytorch.org/get-started/locally/)")
@@ -278,7 +279,7 @@ def diagnose(view: Any, problem: Any, gpus: list, env: dict, machine: Machine, p
             "unset CUDA_VISIBLE_DEVICES or list the GPUs to use (e.g. '0'), then restart the kernel: "
             "CUDA reads it once, when it starts"))
     if view.cuda:
-        need, have = _version_tuple(view.cuda), _version_tuple(env["cuda_driver_version"])
+        need, have = version_tuple(view.cuda), version_tuple(env["cuda_driver_version"])
         if need and have and have[0] < need[0]:
             causes.append(Diagnosis(
                 "driver_too_old",

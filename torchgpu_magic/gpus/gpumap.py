@@ -114,8 +114,8 @@ def named_by_nvml(count: int) -> Optional[list]:
     match, or GPUs of different kinds under CUDA's default FASTEST_FIRST order (which may put any of them
     first; identical GPUs keep PCI order, as does CUDA_DEVICE_ORDER=PCI_BUS_ID). The UUID is left to the
     matching (:func:`gpu_map` pairs them by this position)."""
-    gpus = _identities()
-    visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus) if gpus else []
+    gpus = identities()
+    visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
     if not count or len(visible) != count:
         return None
     chosen = [(gpus[index], _mig_at(gpus[index], slot)) for index, slot in visible]
@@ -265,9 +265,9 @@ def _match_uuid(entry: str, gpus: list) -> Optional[tuple]:
     return found[0] if len(found) == 1 else None
 
 
-def _identities() -> list:
-    if nvml.status() is not None:
-        return []
+def identities() -> list:
+    """NVML's identity snapshots of every GPU (:func:`nvml.gpu_snapshot` with ``identity_only``), in NVML's
+    order; empty without NVML."""
     return [nvml.gpu_snapshot(i, identity_only=True) for i in range(nvml.device_count())]
 
 
@@ -279,8 +279,8 @@ def gpu_map(view: Optional[TorchView] = None, gpus: Optional[list] = None) -> li
     view = torch_view() if view is None else view
     if not view.is_available or not view.devices:
         return []
-    gpus = _identities() if gpus is None else gpus
-    visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus) if gpus else []
+    gpus = identities() if gpus is None else gpus
+    visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
     positional = len(visible) == len(view.devices)
     result = []
     for dev in view.devices:

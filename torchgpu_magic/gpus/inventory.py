@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from ..errors import MagicInputError
 from ..render import Lines, Report, Reportable, Table, can_print, fmt_bytes, fmt_value, is_na
-from . import hosting, machine, nvml
+from . import gpumap, hosting, machine, nvml
 from .causes import Diagnosis, diagnose
 from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, parse_cuda_visible_devices, torch_view
 from .hosting import Place
@@ -318,11 +318,11 @@ def build_report(index: Optional[int] = None, show_processes: bool = True,
     here = machine.survey() if here is None else here
     place = hosting.where() if place is None else place
     problem = nvml.status()
-    count = nvml.device_count() if problem is None else 0
-    identities = [nvml.gpu_snapshot(i, identity_only=True) for i in range(count)]
+    identities = gpumap.identities()  # none without NVML
+    count = len(identities)
     env = {
-        "driver_version": nvml.driver_version() if problem is None else NA,
-        "cuda_driver_version": nvml.cuda_driver_version() if problem is None else NA,
+        "driver_version": nvml.driver_version(),
+        "cuda_driver_version": nvml.cuda_driver_version(),
         "torch_version": view.version,
         "torch_cuda": view.cuda,
         "torch_hip": view.hip,

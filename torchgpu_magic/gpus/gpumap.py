@@ -122,13 +122,10 @@ def named_by_nvml(count: int) -> Optional[list]:
     if os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") != "PCI_BUS_ID" and \
             len({(gpu.name, gpu.compute_capability) for gpu, _ in chosen}) > 1:
         return None
-    devices = []
-    for position, (gpu, mig) in enumerate(chosen):
-        total = nvml.memory(gpu.index, mig.uuid if mig else None)[1]
-        devices.append(TorchDevice(position, name=mig.name if mig else gpu.name,
-                                   capability=gpu.compute_capability, total_memory=total,
-                                   allocated=0, reserved=0, peak=0))
-    return devices
+    return [TorchDevice(position, name=mig.name if mig else gpu.name, capability=gpu.compute_capability,
+                        total_memory=nvml.memory(gpu.index, mig.uuid if mig else None)[1],
+                        allocated=0, reserved=0, peak=0)
+            for position, (gpu, mig) in enumerate(chosen)]
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,9 +1,8 @@
 """``%gpuinfo``'s report: torch's view, NVML's view and the environment, matched GPU by GPU.
 
 Each GPU NVML sees is one entry, with torch's ``cuda:N`` beside it where torch sees it: the matching by
-UUID (or PCI bus id) under ``CUDA_VISIBLE_DEVICES`` is :mod:`torchgpu_magic.gpus.gpumap`'s, whose names this
-module hands on for its callers. When torch cannot use a GPU the report says why, naming the actual cause
-and the fix.
+UUID (or PCI bus id) under ``CUDA_VISIBLE_DEVICES`` is :mod:`torchgpu_magic.gpus.gpumap`'s. When torch
+cannot use a GPU the report says why, naming the actual cause and the fix.
 
 tests may hand :func:`build_report` a ``view_fn`` returning a :class:`~torchgpu_magic.gpus.gpumap.TorchView`
 of their own, as torch would describe a GPU machine.
@@ -18,30 +17,12 @@ from typing import Any, Callable, Optional
 from ..errors import MagicInputError
 from ..render import Lines, Report, Reportable, Table, can_print, fmt_bytes, fmt_value, is_na
 from . import gpumap, hosting, machine, nvml
-from .causes import Diagnosis, diagnose
-from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, parse_cuda_visible_devices, torch_view
+from .causes import diagnose
+from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, torch_view
 from .hosting import Place
 from .machine import Machine
 from .nvml import NA
 from .problems import HINTS
-
-__all__ = [
-    "TorchDevice",
-    "TorchView",
-    "GPUMapping",
-    "GPUEntry",
-    "ProcessRow",
-    "Diagnosis",
-    "GPUReport",
-    "Machine",
-    "Place",
-    "diagnose",
-    "torch_view",
-    "gpu_map",
-    "parse_cuda_visible_devices",
-    "build_report",
-]
-
 
 # ---- the report ---------------------------------------------------------------------------------
 

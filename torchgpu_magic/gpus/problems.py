@@ -85,11 +85,8 @@ def problem_from_error(exc: BaseException, what: str = "") -> NVMLProblem:
     The class is matched by name along its MRO so that the real pynvml classes and a stand-in with the
     same hierarchy map alike.
     """
-    code = "unknown"
-    for klass in type(exc).__mro__:
-        if klass.__name__ in _CODES:
-            code = _CODES[klass.__name__]
-            break
+    names = [klass.__name__ for klass in type(exc).__mro__]
+    code = next((_CODES[name] for name in names if name in _CODES), "unknown")
     try:
         text = str(exc) or type(exc).__name__
     except Exception:  # noqa: BLE001 - pynvml's __str__ itself calls into the library

@@ -141,9 +141,7 @@ def _override_target(value: str) -> str:
 def kfd_problem(path: str = "/dev/kfd") -> Optional[str]:
     """What keeps this user from ROCm's compute device ``/dev/kfd``, or None (it opens, or this is no
     Linux machine with one)."""
-    if not os.path.exists(path):
-        return None
-    if not os.access(path, os.R_OK | os.W_OK):
+    if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
         return "this user cannot open /dev/kfd (ROCm's compute device): not in its group"
     return None
 

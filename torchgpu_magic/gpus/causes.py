@@ -272,7 +272,7 @@ def diagnose(view: Any, problem: Any, gpus: list, env: dict, machine: Machine, p
         message = f"torch {view.version} is a CPU-only build: {what} needs a CUDA build of torch"
         causes.insert(0 if driver_ok else len(causes), Diagnosis("cpu_only_build", message, fix))
     visible = env["CUDA_VISIBLE_DEVICES"]
-    if _hides_all(visible, gpus):
+    if visible is not None and gpus and not parse_cuda_visible_devices(visible, gpus):
         causes.append(Diagnosis(
             "hidden_by_cuda_visible_devices",
             f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU ({seen} present)",
@@ -300,7 +300,3 @@ def diagnose(view: Any, problem: Any, gpus: list, env: dict, machine: Machine, p
             "unknown", f"torch.cuda.is_available() is False although {where} is here.{said}",
             "run `nvidia-smi` and `python -c 'import torch; torch.cuda.init()'` to see CUDA's own error"))
     return causes
-
-
-def _hides_all(value: Optional[str], gpus: list) -> bool:
-    return value is not None and bool(gpus) and not parse_cuda_visible_devices(value, gpus)

@@ -139,11 +139,16 @@ def cuda_driver_version() -> Any:
     return f"{major}.{minor}"
 
 
-def _handle(module: Any, nvml_index: int, problems: list) -> Any:
+def _handle(module: Any, nvml_index: int, problems: list, mig_uuid: Any = None) -> Any:
+    """The handle of GPU ``nvml_index``, or of its MIG instance ``mig_uuid`` (the slice torch uses) when
+    given: the one to ask about memory and processes; None (and a problem) when NVML cannot give it."""
     try:
+        if mig_uuid:
+            return module.nvmlDeviceGetHandleByUUID(mig_uuid)
         return module.nvmlDeviceGetHandleByIndex(nvml_index)
     except Exception as exc:  # noqa: BLE001
-        problems.append(problem_from_error(exc, f"GPU {nvml_index}"))
+        what = f"MIG instance {mig_uuid}" if mig_uuid else f"GPU {nvml_index}"
+        problems.append(problem_from_error(exc, what))
         return None
 
 
@@ -286,18 +291,6 @@ def clock_reader(nvml_index: int) -> Optional[tuple]:
     return top, read
 
 
-def _target(module: Any, nvml_index: int, mig_uuid: Any, problems: list) -> Any:
-    """The handle to ask about memory and processes: the MIG instance ``mig_uuid`` (the slice torch
-    uses) when given, else GPU ``nvml_index``; None (and a problem) when NVML cannot give it."""
-    if mig_uuid:
-        try:
-            return module.nvmlDeviceGetHandleByUUID(mig_uuid)
-        except Exception as exc:  # noqa: BLE001
-            problems.append(problem_from_error(exc, f"MIG instance {mig_uuid}"))
-            return None
-    return _handle(module, nvml_index, problems)
-
-
 def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
     """``(used, total)`` bytes of GPU ``nvml_index``, or of its MIG instance ``mig_uuid`` (NA each when
     unknown): the cheap call for samplers."""
@@ -305,7 +298,7 @@ def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
     if module is None:
         return NA, NA
     try:
-        handle = _target(module, nvml_index, mig_uuid, [])
+        handle = _handle(module, nvml_index, [], mig_uuid)
         info = memory_info(module, handle) if handle is not None else None
     except Exception:  # noqa: BLE001 - a sampler wants a figure or NA, never an exception
         info = None
@@ -358,7 +351,7 @@ def processes(nvml_index: int, mig_uuid: Any = None) -> tuple:
     if module is None:
         return [], status()
     problems: list = []
-    handle = _target(module, nvml_index, mig_uuid, problems)
+    handle = _handle(module, nvml_index, problems, mig_uuid)
     if handle is None:
         return [], problems[0]
     found: dict = {}

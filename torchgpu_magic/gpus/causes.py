@@ -228,7 +228,7 @@ def _driver_cause(problem: Any, gpus: list, machine: Machine, place: Place) -> O
 def diagnose(view: Any, problem: Any, gpus: list, env: dict, machine: Machine, place: Place) -> list:
     """Every reason torch cannot use a GPU here, the real cause first (empty when it can).
 
-    ``view`` is torch's :class:`~.gpumap.TorchView`, ``problem`` NVML's :class:`~.problems.NVMLProblem` (or
+    ``view`` is torch's :class:`~.gpumap.TorchView`, ``problem`` NVML's :class:`~.snapshots.NVMLProblem` (or
     None), ``gpus`` the GPUs NVML sees, ``env`` the report's environment (driver versions,
     ``CUDA_VISIBLE_DEVICES``), ``machine`` and ``place`` what :func:`.machine.survey` and
     :func:`.hosting.where` found."""

@@ -177,11 +177,7 @@ _HEX_UUID = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")
 
 def _bare(uuid: Any) -> str:
     """A UUID without its 'GPU-' / 'MIG-' prefix, lower case, for comparing torch's and NVML's."""
-    text = str(uuid).strip().lower()
-    for prefix in ("mig-", "gpu-"):
-        if text.startswith(prefix):
-            text = text[len(prefix):]
-    return text
+    return str(uuid).strip().lower().removeprefix("mig-").removeprefix("gpu-")
 
 
 def _bus_key(bus_id: Any) -> Optional[tuple]:

@@ -22,7 +22,7 @@ from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, torch_view
 from .hosting import Place
 from .machine import Machine
 from .nvml import NA
-from .problems import HINTS
+from .snapshots import HINTS
 
 # ---- the report ---------------------------------------------------------------------------------
 

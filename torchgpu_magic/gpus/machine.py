@@ -242,11 +242,8 @@ def distribution(root: str = "/") -> Optional[Distribution]:
     text = _read(root, "etc/os-release") or _read(root, "usr/lib/os-release")
     if not text:
         return None
-    fields = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            fields[key.strip()] = value.strip().strip('"').strip("'")
+    fields = {key.strip(): value.strip().strip('"').strip("'")
+              for key, sep, value in (line.partition("=") for line in text.splitlines()) if sep}
     if not fields.get("ID"):
         return None
     return Distribution(fields["ID"].lower(), tuple(fields.get("ID_LIKE", "").lower().split()),

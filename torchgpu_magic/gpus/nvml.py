@@ -12,8 +12,7 @@ import atexit
 from typing import Any, Callable, Optional
 
 from .library import Library
-from .problems import HINTS, NVMLProblem, problem_from_error
-from .snapshots import NA, GPUSnapshot, MigSnapshot, ProcessInfo
+from .snapshots import HINTS, NA, GPUSnapshot, MigSnapshot, NVMLProblem, ProcessInfo, problem_from_error
 
 __all__ = [
     "NA",
@@ -133,10 +132,7 @@ def driver_version() -> Any:
 def cuda_driver_version() -> Any:
     """The newest CUDA version the driver supports, e.g. '13.0' (from NVML's 13000), or NA."""
     value = _query("CUDA driver version", "nvmlSystemGetCudaDriverVersion")
-    if not isinstance(value, int):
-        return NA
-    major, minor = value // 1000, (value % 1000) // 10
-    return f"{major}.{minor}"
+    return f"{value // 1000}.{value % 1000 // 10}" if isinstance(value, int) else NA
 
 
 def _handle(module: Any, nvml_index: int, problems: list, mig_uuid: Any = None) -> Any:

@@ -89,5 +89,5 @@ def _pid_exists(pid: int) -> bool:
 
 
 def problem_text(problem: Any) -> str:
-    """An :class:`~.problems.NVMLProblem` as one line: its message and hint."""
+    """An :class:`~.snapshots.NVMLProblem` as one line: its message and hint."""
     return f"NVML: {problem.message} ({problem.hint})"

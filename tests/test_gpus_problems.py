@@ -491,21 +491,21 @@ def test_nvml_note_is_not_repeated_where_the_cause_explains_it(tmp_path, fake_nv
 
 def test_pci_bus_gpus_drivers_and_names(tmp_path):
     tree = linux(tmp_path).nvidia(driver="nvidia").nvidia("0x2684", address="0000:41:00.0", klass="0x030000")
-    gpus = machine.nvidia_pci_gpus(str(tree.root))
+    gpus = machine.pci_gpus(str(tree.root))
     assert [(g.address, g.device, g.driver) for g in gpus] == [
         ("0000:01:00.0", "0x2330", "nvidia"),
         ("0000:41:00.0", "0x2684", None),
     ]  # the audio functions are no GPUs
     assert [g.label() for g in gpus] == ["NVIDIA GH100 [H100 SXM5 80GB]", "NVIDIA AD102 [GeForce RTX 4090]"]
-    assert machine.nvidia_pci_gpus(str(linux(tmp_path / "none").root)) == ()
-    assert machine.nvidia_pci_gpus(str(tmp_path / "no-sysfs")) is None
+    assert machine.pci_gpus(str(linux(tmp_path / "none").root)) == ()
+    assert machine.pci_gpus(str(tmp_path / "no-sysfs")) is None
     (tmp_path / "empty/sys/bus/pci/devices").mkdir(parents=True)
-    assert machine.nvidia_pci_gpus(str(tmp_path / "empty")) is None  # a bus with no device is a sandbox
+    assert machine.pci_gpus(str(tmp_path / "empty")) is None  # a bus with no device is a sandbox
 
 
 def test_a_device_pci_ids_does_not_know_is_named_by_its_ids(tmp_path):
     tree = linux(tmp_path).nvidia("0x2b85")
-    (gpu,) = machine.nvidia_pci_gpus(str(tree.root))
+    (gpu,) = machine.pci_gpus(str(tree.root))
     assert gpu.label() == "NVIDIA device 10de:2b85"
 
 
@@ -819,10 +819,10 @@ def test_a_survey_reads_the_pci_ids_once_and_sees_every_change_that_can_happen(t
 def test_a_bus_listing_with_unreadable_ids_is_read_again(tmp_path):
     """A device whose files could not be read (appearing as the bus was read) is not kept as it was."""
     tree = linux(tmp_path).write("sys/bus/pci/devices/0000:01:00.0/vendor", "0x10de\n")
-    assert machine.nvidia_pci_gpus(str(tree.root)) == ()
+    assert machine.pci_gpus(str(tree.root)) == ()
     tree.write("sys/bus/pci/devices/0000:01:00.0/class", "0x030200\n")
     tree.write("sys/bus/pci/devices/0000:01:00.0/device", "0x2330\n")
-    assert [g.device for g in machine.nvidia_pci_gpus(str(tree.root))] == ["0x2330"]
+    assert [g.device for g in machine.pci_gpus(str(tree.root))] == ["0x2330"]
 
 
 def test_where_keeps_what_the_files_say_and_reads_the_environment_every_time(tmp_path):

@@ -2,11 +2,12 @@
 
 - ``nvml``: the only importer of pynvml (lazy init under a lock, NA for what a GPU cannot say);
 - ``amdsmi``: the only importer of AMD SMI's ``amdsmi`` (ROCm's GPUs; lazily imported, never required);
+- ``library``: what those two share: the library brought up on first use, once, under a lock;
 - ``apple``: the Mac itself from ``sysctl`` (chip, unified memory, macOS, Rosetta) for Apple silicon;
-- ``snapshots``: what NVML says about a GPU, as plain records (``nvml`` fills them);
+- ``snapshots``: what NVML says about a GPU, as plain records (``nvml`` fills them), and its errors as
+  short codes with a hint a person can act on;
 - ``processes``: a GPU's per-process memory (this process's share, the others'), and whether NVML's
   process list names this PID namespace's processes at all (a container without ``--pid=host``);
-- ``problems``: NVML's errors as short codes with a hint a person can act on;
 - ``gpumap``: torch's view of its GPUs, matched to NVML's by UUID under ``CUDA_VISIBLE_DEVICES``;
 - ``machine``: what the OS says without NVIDIA's software (NVIDIA GPUs on the PCI bus, the kernel driver,
   WSL's files, the distribution);

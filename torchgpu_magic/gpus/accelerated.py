@@ -11,17 +11,17 @@ never a traceback.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .. import accelerators
 from ..errors import MagicInputError
-from ..render import Lines, Report, Reportable, Table, can_print, fmt_bytes, fmt_value, is_na
+from ..render import Report, Reportable, Table, fmt_bytes, fmt_value, is_na
 from ..torchapi import backend_linked
-from . import amdsmi, apple, backendcauses, machine, nvml
+from . import amdsmi, apple, backendcauses, inventory, machine, nvml
+from .inventory import GPUInfoLayout
 from .snapshots import NA
 
 __all__ = ["DeviceRow", "AcceleratorReport", "applies", "build_report", "gpu_report"]
@@ -54,7 +54,7 @@ class DeviceRow:
 
 
 @dataclass(repr=False)
-class AcceleratorReport(Reportable):
+class AcceleratorReport(GPUInfoLayout, Reportable):
     """What ``%gpuinfo`` shows for these backends: torch's build, the machine, each GPU, why torch cannot
     use one (``diagnosis``), the environment variables that steer the backend, notes."""
 
@@ -75,11 +75,8 @@ class AcceleratorReport(Reportable):
         return any(d.label is not None for d in self.devices) and not self.diagnosis
 
     def to_dict(self) -> dict:
-        """Plain JSON-able data; N/A becomes None."""
-        return _plain(asdict(self)) | {"torch_can_use_gpu": self.torch_can_use_gpu}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """Plain JSON-able data, with whether torch can use a GPU; N/A becomes None."""
+        return super().to_dict() | {"torch_can_use_gpu": self.torch_can_use_gpu}
 
     def _headline(self) -> str:
         count = sum(d.label is not None for d in self.devices)
@@ -114,41 +111,16 @@ class AcceleratorReport(Reportable):
         machine.add("this process's PID", self.pid)
         return tables + [machine]
 
-    def _lines(self) -> list:
-        lines = []
-        for d in self.diagnosis:
-            lines += [f"✗ {d.message}" if can_print("✗") else f"x {d.message}", f"  fix: {d.fix}"]
-        return lines
-
     def report(self) -> Report:
         """The headline; why torch cannot use a GPU; the GPUs, their processes; the machine and
         environment; the notes."""
-        parts: list = []
-        if self.diagnosis:
-            parts.append(Report([Lines(self._lines())], title="Why torch cannot use a GPU:", indent="  "))
-        parts += self._tables()
-        notes = [f"! {w.message} ({w.fix})" for w in self.warnings] + self.notes
-        if notes:
-            parts.append(Report([Lines(notes)], title="Notes:", indent="  "))
-        return Report(parts, title=self._headline(), gap=True)
-
-
-def _plain(obj: Any) -> Any:
-    if is_na(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
+        return self._layout(self._tables(), [f"! {w.message} ({w.fix})" for w in self.warnings] + self.notes)
 
 
 # ---- which report ------------------------------------------------------------------------------------
 def _nvidia_gpus(bus: Any = None) -> int:
     """How many NVIDIA GPUs are here: NVML's count, else the PCI bus's (a GPU without its driver)."""
-    if nvml.status() is None and nvml.device_count():
-        return nvml.device_count()
-    return len((bus or machine.survey()).nvidia_gpus or ())
+    return nvml.device_count() or len((bus or machine.survey()).nvidia_gpus or ())
 
 
 def applies() -> bool:
@@ -161,7 +133,7 @@ def applies() -> bool:
     bus = machine.survey()
     if _nvidia_gpus(bus):
         return False
-    return bool(bus.amd_gpus) or (amdsmi.status() is None and bool(amdsmi.gpus()))
+    return bool(bus.amd_gpus or amdsmi.gpus())
 
 
 def gpu_report(index: Optional[int] = None, show_processes: bool = True) -> Any:
@@ -169,9 +141,7 @@ def gpu_report(index: Optional[int] = None, show_processes: bool = True) -> Any:
     inventory's."""
     if applies():
         return build_report(index, show_processes)
-    from .inventory import build_report as nvidia_report
-
-    return nvidia_report(index=index, show_processes=show_processes)
+    return inventory.build_report(index=index, show_processes=show_processes)
 
 
 # ---- building it -------------------------------------------------------------------------------------

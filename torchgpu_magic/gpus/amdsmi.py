@@ -9,10 +9,10 @@ tests can put a scripted stand-in there and call :func:`reset`.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
+from .library import Library
 from .snapshots import NA, ProcessInfo
 
 __all__ = ["AMDGPU", "status", "gpus", "reset", "INSTALL"]
@@ -20,11 +20,6 @@ __all__ = ["AMDGPU", "status", "gpus", "reset", "INSTALL"]
 INSTALL = ("AMD SMI's Python package gives the GPUs' own figures: it ships with ROCm (pip install "
            "/opt/rocm/share/amd_smi) or as `pip install amdsmi` matching the ROCm release")
 MB = 2**20
-
-_lock = threading.Lock()
-_tried = False
-_module: Any = None
-_problem: Optional[str] = None
 
 
 @dataclass
@@ -48,46 +43,22 @@ class AMDGPU:
     problems: list = field(default_factory=list)
 
 
-def _init_locked() -> None:
-    global _tried, _module, _problem
-    _tried = True
+def _load() -> tuple:
     try:
         import amdsmi
     except Exception as exc:  # noqa: BLE001 - ImportError, or OSError from loading libamd_smi.so
-        _problem = f"cannot import amdsmi ({type(exc).__name__}: {exc})"
-        return
+        return None, f"cannot import amdsmi ({type(exc).__name__}: {exc})"
     try:
         amdsmi.amdsmi_init()
     except Exception as exc:  # noqa: BLE001 - AmdSmiLibraryException: no driver, no permission
-        _problem = f"amdsmi_init failed: {_one_line(exc)} (is the amdgpu driver loaded? `amd-smi list`)"
-        return
-    _module = amdsmi
+        return None, f"amdsmi_init failed: {_one_line(exc)} (is the amdgpu driver loaded? `amd-smi list`)"
+    return amdsmi, None
 
 
-def _amdsmi() -> Any:
-    if not _tried:
-        with _lock:
-            if not _tried:
-                _init_locked()
-    return _module
-
-
-def status() -> Optional[str]:
-    """Initialise AMD SMI on first use; None when it works, else why not (one line)."""
-    _amdsmi()
-    return _problem
-
-
-def reset() -> None:
-    """Shut AMD SMI down and forget it, so the next call initialises afresh."""
-    global _tried, _module, _problem
-    with _lock:
-        module, _module, _problem, _tried = _module, None, None, False
-        if module is not None:
-            try:
-                module.amdsmi_shut_down()
-            except Exception:  # noqa: BLE001, S110 - nothing to do about a failed shutdown
-                pass
+_LIBRARY = Library(_load, "amdsmi_shut_down")
+_amdsmi = _LIBRARY.module  # the initialised amdsmi module, or None where AMD SMI is unavailable
+status = _LIBRARY.status  # None when AMD SMI works, else why not (one line)
+reset = _LIBRARY.reset  # shut AMD SMI down, so the next call initialises afresh
 
 
 def _one_line(exc: BaseException) -> str:

@@ -7,19 +7,13 @@ how many GPUs NVML sees, the environment), so each cause is tested on its own. S
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Mapping, Optional, Sequence
 
-from .causes import Diagnosis
+from .causes import Diagnosis, version_tuple
 
 MPS_MACOS = (12, 3)  # the first macOS with the MPS backend (torch's "MPS backend" notes)
 ROCM_WHEELS = "pip install torch --index-url https://download.pytorch.org/whl/rocm6.4"
 HIDING = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-
-
-def _version(text: Optional[str]) -> Optional[tuple]:
-    found = re.match(r"(\d+)(?:\.(\d+))?", text or "")
-    return (int(found.group(1)), int(found.group(2) or 0)) if found else None
 
 
 def mac_causes(torch_version: str, built: bool, available: bool, mac: Any) -> list:
@@ -38,7 +32,7 @@ def mac_causes(torch_version: str, built: bool, available: bool, mac: Any) -> li
         causes.append(Diagnosis(
             "no_mps_build", f"torch {torch_version} was built without MPS (torch.backends.mps.is_built() is "
                             "False)", "pip install torch: the macOS arm64 wheels include MPS"))
-    macos = _version(mac.macos if mac is not None else None)
+    macos = version_tuple(mac.macos if mac is not None else None)
     if macos is not None and macos < MPS_MACOS:
         causes.append(Diagnosis(
             "macos_too_old", f"macOS {mac.macos} is older than MPS needs ({'.'.join(map(str, MPS_MACOS))} or "
@@ -147,9 +141,7 @@ def _override_target(value: str) -> str:
 def kfd_problem(path: str = "/dev/kfd") -> Optional[str]:
     """What keeps this user from ROCm's compute device ``/dev/kfd``, or None (it opens, or this is no
     Linux machine with one)."""
-    if not os.path.exists(path):
-        return None
-    if not os.access(path, os.R_OK | os.W_OK):
+    if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
         return "this user cannot open /dev/kfd (ROCm's compute device): not in its group"
     return None
 

@@ -43,9 +43,10 @@ _CUDA_BUILDS = (((13, 0), "cu130"), ((12, 8), "cu128"), ((12, 6), "cu126"))
 _DRIVER_DOWNLOAD = "https://www.nvidia.com/Download/index.aspx"
 
 
-def _version_tuple(text: Any) -> Optional[tuple]:
-    match = re.match(r"(\d+)\.(\d+)", str(text)) if text else None
-    return (int(match.group(1)), int(match.group(2))) if match else None
+def version_tuple(text: Any) -> Optional[tuple]:
+    """(major, minor) of a version such as '12.8' (or '14': minor 0); None where ``text`` has none."""
+    match = re.match(r"(\d+)(?:\.(\d+))?", str(text)) if text else None
+    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
 
 
 def driver_package(dist: Optional[Distribution]) -> str:
@@ -89,7 +90,7 @@ def container_gpu_fix(runtime: Optional[str]) -> str:
 def cuda_build_install(driver: Any, driver_cuda: Any) -> str:
     """The install line for the newest CUDA build of torch that this driver (which supports CUDA up to
     ``driver_cuda``) can run; or, for a driver older than any, what to update first."""
-    have = _version_tuple(driver_cuda)
+    have = version_tuple(driver_cuda)
     if have is None:
         return ("then install a CUDA build of torch that the driver supports "
                 "(https://pytorch.org/get-started/locally/)")
@@ -227,7 +228,7 @@ def _driver_cause(problem: Any, gpus: list, machine: Machine, place: Place) -> O
 def diagnose(view: Any, problem: Any, gpus: list, env: dict, machine: Machine, place: Place) -> list:
     """Every reason torch cannot use a GPU here, the real cause first (empty when it can).
 
-    ``view`` is torch's :class:`~.gpumap.TorchView`, ``problem`` NVML's :class:`~.problems.NVMLProblem` (or
+    ``view`` is torch's :class:`~.gpumap.TorchView`, ``problem`` NVML's :class:`~.snapshots.NVMLProblem` (or
     None), ``gpus`` the GPUs NVML sees, ``env`` the report's environment (driver versions,
     ``CUDA_VISIBLE_DEVICES``), ``machine`` and ``place`` what :func:`.machine.survey` and
     :func:`.hosting.where` found."""
@@ -271,14 +272,14 @@ def diagnose(view: Any, problem: Any, gpus: list, env: dict, machine: Machine, p
         message = f"torch {view.version} is a CPU-only build: {what} needs a CUDA build of torch"
         causes.insert(0 if driver_ok else len(causes), Diagnosis("cpu_only_build", message, fix))
     visible = env["CUDA_VISIBLE_DEVICES"]
-    if _hides_all(visible, gpus):
+    if visible is not None and gpus and not parse_cuda_visible_devices(visible, gpus):
         causes.append(Diagnosis(
             "hidden_by_cuda_visible_devices",
             f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU ({seen} present)",
             "unset CUDA_VISIBLE_DEVICES or list the GPUs to use (e.g. '0'), then restart the kernel: "
             "CUDA reads it once, when it starts"))
     if view.cuda:
-        need, have = _version_tuple(view.cuda), _version_tuple(env["cuda_driver_version"])
+        need, have = version_tuple(view.cuda), version_tuple(env["cuda_driver_version"])
         if need and have and have[0] < need[0]:
             causes.append(Diagnosis(
                 "driver_too_old",
@@ -299,7 +300,3 @@ def diagnose(view: Any, problem: Any, gpus: list, env: dict, machine: Machine, p
             "unknown", f"torch.cuda.is_available() is False although {where} is here.{said}",
             "run `nvidia-smi` and `python -c 'import torch; torch.cuda.init()'` to see CUDA's own error"))
     return causes
-
-
-def _hides_all(value: Optional[str], gpus: list) -> bool:
-    return value is not None and bool(gpus) and not parse_cuda_visible_devices(value, gpus)

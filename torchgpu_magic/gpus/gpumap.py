@@ -67,14 +67,6 @@ class TorchView:
     named_by_nvml: bool = False  # CUDA not initialised: the devices were named from NVML, not asked of torch
 
 
-def _uuid_text(raw: Any) -> Any:
-    """torch's ``props.uuid`` as text; torch prints it without the 'GPU-' prefix NVML uses."""
-    if raw is None:
-        return NA
-    text = str(raw).strip()
-    return text if text else NA
-
-
 def _pci_text(props: Any) -> Any:
     bus = getattr(props, "pci_bus_id", None)
     if bus is None:
@@ -122,21 +114,18 @@ def named_by_nvml(count: int) -> Optional[list]:
     match, or GPUs of different kinds under CUDA's default FASTEST_FIRST order (which may put any of them
     first; identical GPUs keep PCI order, as does CUDA_DEVICE_ORDER=PCI_BUS_ID). The UUID is left to the
     matching (:func:`gpu_map` pairs them by this position)."""
-    gpus = _identities()
-    visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus) if gpus else []
+    gpus = identities()
+    visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
     if not count or len(visible) != count:
         return None
     chosen = [(gpus[index], _mig_at(gpus[index], slot)) for index, slot in visible]
     if os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") != "PCI_BUS_ID" and \
             len({(gpu.name, gpu.compute_capability) for gpu, _ in chosen}) > 1:
         return None
-    devices = []
-    for position, (gpu, mig) in enumerate(chosen):
-        total = nvml.memory(gpu.index, mig.uuid if mig else None)[1]
-        devices.append(TorchDevice(position, name=mig.name if mig else gpu.name,
-                                   capability=gpu.compute_capability, total_memory=total,
-                                   allocated=0, reserved=0, peak=0))
-    return devices
+    return [TorchDevice(position, name=mig.name if mig else gpu.name, capability=gpu.compute_capability,
+                        total_memory=nvml.memory(gpu.index, mig.uuid if mig else None)[1],
+                        allocated=0, reserved=0, peak=0)
+            for position, (gpu, mig) in enumerate(chosen)]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -150,7 +139,9 @@ def _torch_device(torch: Any, index: int, notes: list) -> TorchDevice:
     try:
         props = torch.cuda.get_device_properties(index)
         dev.name, dev.capability = props.name, f"{props.major}.{props.minor}"
-        dev.uuid, dev.pci_bus_id = _uuid_text(getattr(props, "uuid", None)), _pci_text(props)
+        uuid = getattr(props, "uuid", None)  # torch prints it without the 'GPU-' prefix NVML uses
+        dev.uuid = NA if uuid is None else (str(uuid).strip() or NA)
+        dev.pci_bus_id = _pci_text(props)
         dev.total_memory = int(props.total_memory)
     except Exception as exc:  # noqa: BLE001
         notes.append(f"cuda:{index}: torch.cuda.get_device_properties failed: {_one_line(exc)}")
@@ -186,11 +177,7 @@ _HEX_UUID = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")
 
 def _bare(uuid: Any) -> str:
     """A UUID without its 'GPU-' / 'MIG-' prefix, lower case, for comparing torch's and NVML's."""
-    text = str(uuid).strip().lower()
-    for prefix in ("mig-", "gpu-"):
-        if text.startswith(prefix):
-            text = text[len(prefix):]
-    return text
+    return str(uuid).strip().lower().removeprefix("mig-").removeprefix("gpu-")
 
 
 def _bus_key(bus_id: Any) -> Optional[tuple]:
@@ -199,12 +186,6 @@ def _bus_key(bus_id: Any) -> Optional[tuple]:
     if not match:
         return None
     return (int(match.group(1) or "0", 16), int(match.group(2), 16), int(match.group(3), 16))
-
-
-def _strtoul(text: str) -> int:
-    """Leading unsigned integer as CUDA's strtoul reads it ('1gpu' -> 1); -1 when there is none."""
-    match = re.match(r"\+?(\d+)", text)
-    return int(match.group(1)) if match else -1
 
 
 def parse_cuda_visible_devices(value: Optional[str], gpus: list) -> list:
@@ -244,10 +225,11 @@ def parse_cuda_visible_devices(value: Optional[str], gpus: list) -> list:
 
 
 def _match_index(entry: str, gpus: list) -> Optional[tuple]:
-    index = _strtoul(entry)
-    if index < 0 or index >= len(gpus):
+    """An index read as CUDA's strtoul reads it ('1gpu' -> 1); None when there is none or no such GPU."""
+    match = re.match(r"\+?(\d+)", entry)
+    if not match or int(match.group(1)) >= len(gpus):
         return None
-    return (index, None)
+    return (int(match.group(1)), None)
 
 
 def _match_uuid(entry: str, gpus: list) -> Optional[tuple]:
@@ -276,9 +258,9 @@ def _match_uuid(entry: str, gpus: list) -> Optional[tuple]:
     return found[0] if len(found) == 1 else None
 
 
-def _identities() -> list:
-    if nvml.status() is not None:
-        return []
+def identities() -> list:
+    """NVML's identity snapshots of every GPU (:func:`nvml.gpu_snapshot` with ``identity_only``), in NVML's
+    order; empty without NVML."""
     return [nvml.gpu_snapshot(i, identity_only=True) for i in range(nvml.device_count())]
 
 
@@ -290,8 +272,8 @@ def gpu_map(view: Optional[TorchView] = None, gpus: Optional[list] = None) -> li
     view = torch_view() if view is None else view
     if not view.is_available or not view.devices:
         return []
-    gpus = _identities() if gpus is None else gpus
-    visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus) if gpus else []
+    gpus = identities() if gpus is None else gpus
+    visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
     positional = len(visible) == len(view.devices)
     result = []
     for dev in view.devices:

@@ -47,7 +47,6 @@ class Service:
     """A hosted notebook service: its ``name``, how to switch this notebook to a GPU (``gpu``), and what
     switching does to the kernel's state (``switching``)."""
 
-    key: str
     name: str
     gpu: str
     switching: str
@@ -55,28 +54,28 @@ class Service:
 
 SERVICES = {
     "colab": Service(
-        "colab", "Google Colab",
+        "Google Colab",
         "Runtime > Change runtime type > a GPU (T4 on the free tier)",
         "the new runtime starts empty: variables, pip installs and files under /content are lost, so run the "
         "notebook again"),
     "kaggle": Service(
-        "kaggle", "Kaggle",
+        "Kaggle",
         "the notebook's Settings > Accelerator: a GPU (needs a phone-verified account)",
         "the session restarts: variables are lost; run the notebook again from the top"),
     "studiolab": Service(
-        "studiolab", "Amazon SageMaker Studio Lab",
+        "Amazon SageMaker Studio Lab",
         "stop this project runtime, then under My Project choose the GPU compute type and start it again",
         "the runtime restarts: your files are kept, variables are lost; run the notebook again"),
     "paperspace": Service(
-        "paperspace", "Paperspace Gradient",
+        "Paperspace Gradient",
         "stop this notebook, choose a GPU machine type for it, and start it again",
         "the notebook's machine restarts: files under /notebooks and /storage are kept, variables are lost"),
     "lightning": Service(
-        "lightning", "Lightning AI Studio",
+        "Lightning AI Studio",
         "switch the Studio to a GPU machine (the machine selector of the Studio)",
         "the Studio's files carry over, its running kernels restart: variables are lost"),
     "databricks": Service(
-        "databricks", "Databricks",
+        "Databricks",
         "attach this notebook to a cluster of GPU instances running a Databricks Runtime for Machine "
         "Learning (GPU)",
         "the notebook's state (variables) stays with the old cluster; run the notebook again there"),
@@ -168,8 +167,7 @@ def container(root: str = "/", environ: Optional[Mapping[str, str]] = None) -> O
         return "docker"
     named = environ.get("container", "").strip().lower()
     if named:
-        return {"podman": "podman", "docker": "docker", "lxc": "lxc", "systemd-nspawn": "systemd-nspawn"}.get(
-            named, "container")
+        return named if named in ("podman", "docker", "lxc", "systemd-nspawn") else "container"
     return mounts
 
 

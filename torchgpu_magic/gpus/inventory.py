@@ -1,9 +1,8 @@
 """``%gpuinfo``'s report: torch's view, NVML's view and the environment, matched GPU by GPU.
 
 Each GPU NVML sees is one entry, with torch's ``cuda:N`` beside it where torch sees it: the matching by
-UUID (or PCI bus id) under ``CUDA_VISIBLE_DEVICES`` is :mod:`torchgpu_magic.gpus.gpumap`'s, whose names this
-module hands on for its callers. When torch cannot use a GPU the report says why, naming the actual cause
-and the fix.
+UUID (or PCI bus id) under ``CUDA_VISIBLE_DEVICES`` is :mod:`torchgpu_magic.gpus.gpumap`'s. When torch
+cannot use a GPU the report says why, naming the actual cause and the fix.
 
 tests may hand :func:`build_report` a ``view_fn`` returning a :class:`~torchgpu_magic.gpus.gpumap.TorchView`
 of their own, as torch would describe a GPU machine.
@@ -17,31 +16,13 @@ from typing import Any, Callable, Optional
 
 from ..errors import MagicInputError
 from ..render import Lines, Report, Reportable, Table, can_print, fmt_bytes, fmt_value, is_na
-from . import hosting, machine, nvml
-from .causes import Diagnosis, diagnose
-from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, parse_cuda_visible_devices, torch_view
+from . import gpumap, hosting, machine, nvml
+from .causes import diagnose
+from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, torch_view
 from .hosting import Place
 from .machine import Machine
 from .nvml import NA
-from .problems import HINTS
-
-__all__ = [
-    "TorchDevice",
-    "TorchView",
-    "GPUMapping",
-    "GPUEntry",
-    "ProcessRow",
-    "Diagnosis",
-    "GPUReport",
-    "Machine",
-    "Place",
-    "diagnose",
-    "torch_view",
-    "gpu_map",
-    "parse_cuda_visible_devices",
-    "build_report",
-]
-
+from .snapshots import HINTS
 
 # ---- the report ---------------------------------------------------------------------------------
 
@@ -70,8 +51,36 @@ class GPUEntry:
     host_pids: bool = False
 
 
+class GPUInfoLayout:
+    """What ``%gpuinfo``'s two reports (this NVIDIA one, :mod:`.accelerated`'s for other GPUs) share: their
+    data as JSON, and one layout: the headline, why torch cannot use a GPU (the ``diagnosis``), the report's
+    own tables, its notes."""
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able data; NA becomes None."""
+        return _plain(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def _diagnosis_lines(self) -> list:
+        cross = "✗" if can_print("✗") else "x"
+        return [line for d in self.diagnosis for line in (f"{cross} {d.message}", f"  fix: {d.fix}")]
+
+    def _layout(self, tables: list, notes: list) -> Report:
+        """The report of ``tables`` and ``notes`` below the headline and the diagnosis."""
+        parts: list = []
+        if self.diagnosis:
+            parts.append(Report([Lines(self._diagnosis_lines())], title="Why torch cannot use a GPU:",
+                                indent="  "))
+        parts += tables
+        if notes:
+            parts.append(Report([Lines(notes)], title="Notes:", indent="  "))
+        return Report(parts, title=self._headline(), gap=True)
+
+
 @dataclass(repr=False)
-class GPUReport(Reportable):
+class GPUReport(GPUInfoLayout, Reportable):
     """What ``%gpuinfo`` shows: environment, GPUs, processes, and a diagnosis when torch has no GPU."""
 
     environment: dict
@@ -86,20 +95,10 @@ class GPUReport(Reportable):
 
     # ---- data ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """Plain JSON-able data; NA becomes None."""
-        return _plain({
-            "environment": self.environment,
-            "torch": self.torch,
-            "gpus": self.gpus,
-            "diagnosis": self.diagnosis,
-            "nvml_problem": self.nvml_problem,
-            "pid": self.pid,
-            "machine": self.machine,
-            "place": self.place,
-        })
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """Plain JSON-able data (every field but ``show_processes``); NA becomes None."""
+        data = super().to_dict()
+        del data["show_processes"]
+        return data
 
     @property
     def torch_can_use_gpu(self) -> bool:
@@ -124,13 +123,6 @@ class GPUReport(Reportable):
         else:
             use = "torch cannot use a GPU"
         return f"{use} | {torch_part} | {nvml_part}"
-
-    def _diagnosis_lines(self) -> list:
-        lines = []
-        for d in self.diagnosis:
-            lines.append(f"✗ {d.message}" if can_print("✗") else f"x {d.message}")
-            lines.append(f"  fix: {d.fix}")
-        return lines
 
     def _environment_table(self) -> Table:
         env = self.environment
@@ -236,21 +228,14 @@ class GPUReport(Reportable):
     def report(self) -> Report:
         """The headline; why torch cannot use a GPU; the GPUs, their state and processes; the
         environment; the notes."""
-        parts: list = []
-        if self.diagnosis:
-            parts.append(Report([Lines(self._diagnosis_lines())], title="Why torch cannot use a GPU:",
-                                indent="  "))
+        tables: list = []
         if self.gpus:
             ident, state = self._gpu_tables()
-            parts += [ident, state] if state.rows else [ident]
+            tables += [ident, state] if state.rows else [ident]
             if self.show_processes:
                 procs = self._process_table()
-                parts.append(procs if procs.rows else Lines(["Processes: none listed"]))
-        parts.append(self._environment_table())
-        notes = self._notes()
-        if notes:
-            parts.append(Report([Lines(notes)], title="Notes:", indent="  "))
-        return Report(parts, title=self._headline(), gap=True)
+                tables.append(procs if procs.rows else Lines(["Processes: none listed"]))
+        return self._layout(tables + [self._environment_table()], self._notes())
 
 
 def _machine_rows(here: Machine) -> list:
@@ -330,11 +315,11 @@ def build_report(index: Optional[int] = None, show_processes: bool = True,
     here = machine.survey() if here is None else here
     place = hosting.where() if place is None else place
     problem = nvml.status()
-    count = nvml.device_count() if problem is None else 0
-    identities = [nvml.gpu_snapshot(i, identity_only=True) for i in range(count)]
+    identities = gpumap.identities()  # none without NVML
+    count = len(identities)
     env = {
-        "driver_version": nvml.driver_version() if problem is None else NA,
-        "cuda_driver_version": nvml.cuda_driver_version() if problem is None else NA,
+        "driver_version": nvml.driver_version(),
+        "cuda_driver_version": nvml.cuda_driver_version(),
         "torch_version": view.version,
         "torch_cuda": view.cuda,
         "torch_hip": view.hip,

@@ -41,7 +41,7 @@ from typing import Optional
 from ..caches import table
 
 __all__ = ["ROOT", "NVIDIA_VENDOR", "AMD_VENDOR", "INTEL_VENDOR", "PCIGPU", "Distribution", "Machine",
-           "pci_gpus", "nvidia_pci_gpus", "kernel_driver", "distribution", "is_wsl", "wsl_gpu", "survey"]
+           "pci_gpus", "kernel_driver", "distribution", "is_wsl", "wsl_gpu", "survey"]
 
 ROOT = "/"
 NVIDIA_VENDOR = "0x10de"
@@ -137,11 +137,6 @@ def _read(root: str, path: str) -> Optional[str]:
             return handle.read()
     except OSError:
         return None
-
-
-def nvidia_pci_gpus(root: str = "/") -> Optional[tuple]:
-    """The NVIDIA display devices on the PCI bus (:func:`pci_gpus` of NVIDIA's vendor id)."""
-    return pci_gpus(root, NVIDIA_VENDOR)
 
 
 def pci_gpus(root: str = "/", vendor: str = NVIDIA_VENDOR) -> Optional[tuple]:
@@ -247,11 +242,8 @@ def distribution(root: str = "/") -> Optional[Distribution]:
     text = _read(root, "etc/os-release") or _read(root, "usr/lib/os-release")
     if not text:
         return None
-    fields = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            fields[key.strip()] = value.strip().strip('"').strip("'")
+    fields = {key.strip(): value.strip().strip('"').strip("'")
+              for key, sep, value in (line.partition("=") for line in text.splitlines()) if sep}
     if not fields.get("ID"):
         return None
     return Distribution(fields["ID"].lower(), tuple(fields.get("ID_LIKE", "").lower().split()),
@@ -290,7 +282,7 @@ def survey(root: Optional[str] = None, system: Optional[str] = None,
     release = platform.release() if release is None and root == "/" else release
     wsl = is_wsl(root, release)
     shared, nvidia = wsl_gpu(root) if wsl else (False, False)
-    return Machine(system, nvidia_gpus=None if wsl else nvidia_pci_gpus(root),
+    return Machine(system, nvidia_gpus=None if wsl else pci_gpus(root),
                    kernel_driver=kernel_driver(root), wsl=wsl, wsl_gpu=shared, wsl_nvidia=nvidia,
                    distribution=distribution(root), amd_gpus=None if wsl else pci_gpus(root, AMD_VENDOR),
                    intel_gpus=None if wsl else pci_gpus(root, INTEL_VENDOR))

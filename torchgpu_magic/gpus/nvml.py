@@ -9,11 +9,10 @@ there and call :func:`reset`.
 from __future__ import annotations
 
 import atexit
-import threading
 from typing import Any, Callable, Optional
 
-from .problems import HINTS, NVMLProblem, problem_from_error
-from .snapshots import NA, GPUSnapshot, MigSnapshot, ProcessInfo, _NAType
+from .library import Library
+from .snapshots import HINTS, NA, GPUSnapshot, MigSnapshot, NVMLProblem, ProcessInfo, problem_from_error
 
 __all__ = [
     "NA",
@@ -37,58 +36,24 @@ __all__ = [
 
 # ---- initialisation -----------------------------------------------------------------------------
 
-_lock = threading.Lock()
-_tried = False
-_module: Any = None
-_problem: Optional[NVMLProblem] = None
-_atexit_registered = False
-
-
-def _init_locked() -> None:
-    global _tried, _module, _problem, _atexit_registered
-    _tried = True
+def _load() -> tuple:
     try:
         import pynvml
     except ImportError as exc:
-        _problem = NVMLProblem(
-            "bindings_missing", f"cannot import pynvml: {exc}", HINTS["bindings_missing"])
-        return
+        problem = NVMLProblem("bindings_missing", f"cannot import pynvml: {exc}", HINTS["bindings_missing"])
+        return None, problem
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 - NVMLError subclasses, or OSError from ctypes
-        _problem = problem_from_error(exc, "nvmlInit")
-        return
-    _module = pynvml
-    if not _atexit_registered:
-        atexit.register(reset)
-        _atexit_registered = True
+        return None, problem_from_error(exc, "nvmlInit")
+    return pynvml, None
 
 
-def _nvml() -> Any:
-    """The initialised pynvml module, or None when NVML is unavailable (see :func:`status`)."""
-    if not _tried:
-        with _lock:
-            if not _tried:
-                _init_locked()
-    return _module
-
-
-def status() -> Optional[NVMLProblem]:
-    """Initialise NVML on first use; None when it works, else why it does not."""
-    _nvml()
-    return _problem
-
-
-def reset() -> None:
-    """Shut NVML down and forget everything, so the next call initialises afresh (also run at exit)."""
-    global _tried, _module, _problem
-    with _lock:
-        module, _module, _problem, _tried = _module, None, None, False
-        if module is not None:
-            try:
-                module.nvmlShutdown()
-            except Exception:  # noqa: BLE001, S110 - nothing to do about a failed shutdown
-                pass
+_LIBRARY = Library(_load, "nvmlShutdown")
+_nvml = _LIBRARY.module  # the initialised pynvml module, or None when NVML is unavailable (see status)
+status = _LIBRARY.status  # None when NVML works, else the NVMLProblem saying why not
+reset = _LIBRARY.reset  # shut NVML down, so the next call initialises afresh
+atexit.register(reset)
 
 
 # ---- queries ------------------------------------------------------------------------------------
@@ -147,46 +112,39 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def _query(what: str, fn_name: str, *args: Any) -> tuple:
-    """One system-level query: ``(value or NA, problem or None)``."""
+def _query(what: str, fn_name: Any, *args: Any) -> Any:
+    """One system-level query: its value, or NA."""
     module = _nvml()
-    if module is None:
-        return NA, _problem
-    problems: list = []
-    not_supported: list = []
-    value = _Querier(module, problems, not_supported)(what, fn_name, *args)
-    if problems:
-        return value, problems[0]
-    if not_supported:
-        return value, NVMLProblem("not_supported", f"{what}: not supported", HINTS["not_supported"])
-    return value, None
+    return NA if module is None else _Querier(module, [], [])(what, fn_name, *args)
 
 
 def device_count() -> int:
     """How many GPUs NVML sees (all of them, whatever CUDA_VISIBLE_DEVICES says); 0 without NVML."""
-    value, _ = _query("device count", "nvmlDeviceGetCount")
+    value = _query("device count", "nvmlDeviceGetCount")
     return int(value) if isinstance(value, int) else 0
 
 
 def driver_version() -> Any:
     """The NVIDIA driver version, e.g. '580.159.04', or NA."""
-    return _query("driver version", "nvmlSystemGetDriverVersion")[0]
+    return _query("driver version", "nvmlSystemGetDriverVersion")
 
 
 def cuda_driver_version() -> Any:
     """The newest CUDA version the driver supports, e.g. '13.0' (from NVML's 13000), or NA."""
-    value = _query("CUDA driver version", "nvmlSystemGetCudaDriverVersion")[0]
-    if not isinstance(value, int):
-        return NA
-    major, minor = value // 1000, (value % 1000) // 10
-    return f"{major}.{minor}"
+    value = _query("CUDA driver version", "nvmlSystemGetCudaDriverVersion")
+    return f"{value // 1000}.{value % 1000 // 10}" if isinstance(value, int) else NA
 
 
-def _handle(module: Any, nvml_index: int, problems: list) -> Any:
+def _handle(module: Any, nvml_index: int, problems: list, mig_uuid: Any = None) -> Any:
+    """The handle of GPU ``nvml_index``, or of its MIG instance ``mig_uuid`` (the slice torch uses) when
+    given: the one to ask about memory and processes; None (and a problem) when NVML cannot give it."""
     try:
+        if mig_uuid:
+            return module.nvmlDeviceGetHandleByUUID(mig_uuid)
         return module.nvmlDeviceGetHandleByIndex(nvml_index)
     except Exception as exc:  # noqa: BLE001
-        problems.append(problem_from_error(exc, f"GPU {nvml_index}"))
+        what = f"MIG instance {mig_uuid}" if mig_uuid else f"GPU {nvml_index}"
+        problems.append(problem_from_error(exc, what))
         return None
 
 
@@ -203,7 +161,7 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
     snap = GPUSnapshot(index=nvml_index)
     module = _nvml()
     if module is None:
-        snap.problems.append(_problem)
+        snap.problems.append(status())
         return snap
     handle = _handle(module, nvml_index, snap.problems)
     if handle is None:
@@ -218,10 +176,10 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
         _mig_state(module, q, handle, snap)
         return snap
     mem = q("memory", memory_info, handle)
-    if not isinstance(mem, _NAType):
+    if mem is not NA:
         snap.memory_total, snap.memory_used, snap.memory_free = int(mem.total), int(mem.used), int(mem.free)
     util = q("utilization", "nvmlDeviceGetUtilizationRates", handle)
-    if not isinstance(util, _NAType):
+    if util is not NA:
         snap.utilization_gpu, snap.utilization_memory = int(util.gpu), int(util.memory)
     temp_sensor = getattr(module, "NVML_TEMPERATURE_GPU", 0)
     snap.temperature = q("temperature", "nvmlDeviceGetTemperature", handle, temp_sensor)
@@ -245,7 +203,7 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
 
 def _mig_state(module: Any, q: _Querier, handle: Any, snap: GPUSnapshot) -> None:
     mig = q("MIG mode", "nvmlDeviceGetMigMode", handle)
-    if not isinstance(mig, _NAType):
+    if mig is not NA:
         snap.mig_mode, snap.mig_mode_pending = bool(mig[0]), bool(mig[1])
         if snap.mig_mode:
             snap.mig_devices = _mig_devices(module, q, handle)
@@ -267,7 +225,7 @@ def _mig_devices(module: Any, q: _Querier, handle: Any) -> list:
         mig.uuid = q("MIG UUID", "nvmlDeviceGetUUID", mig_handle)
         mig.name = q("MIG name", "nvmlDeviceGetName", mig_handle)
         mem = q("MIG memory", memory_info, mig_handle)
-        if not isinstance(mem, _NAType):
+        if mem is not NA:
             mig.memory_total, mig.memory_used = int(mem.total), int(mem.used)
         mig.gpu_instance_id = q("MIG GPU instance", "nvmlDeviceGetGpuInstanceId", mig_handle)
         mig.compute_instance_id = q("MIG compute instance", "nvmlDeviceGetComputeInstanceId", mig_handle)
@@ -324,21 +282,9 @@ def clock_reader(nvml_index: int) -> Optional[tuple]:
     def read() -> tuple:
         clock = q("SM clock", "nvmlDeviceGetClockInfo", handle, sm)
         mask = q("clock reasons", lambda m, h: _first_of(m, names, h), handle)
-        return clock, NA if isinstance(mask, _NAType) else words(int(mask))
+        return clock, NA if mask is NA else words(int(mask))
 
     return top, read
-
-
-def _target(module: Any, nvml_index: int, mig_uuid: Any, problems: list) -> Any:
-    """The handle to ask about memory and processes: the MIG instance ``mig_uuid`` (the slice torch
-    uses) when given, else GPU ``nvml_index``; None (and a problem) when NVML cannot give it."""
-    if mig_uuid:
-        try:
-            return module.nvmlDeviceGetHandleByUUID(mig_uuid)
-        except Exception as exc:  # noqa: BLE001
-            problems.append(problem_from_error(exc, f"MIG instance {mig_uuid}"))
-            return None
-    return _handle(module, nvml_index, problems)
 
 
 def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
@@ -348,7 +294,7 @@ def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
     if module is None:
         return NA, NA
     try:
-        handle = _target(module, nvml_index, mig_uuid, [])
+        handle = _handle(module, nvml_index, [], mig_uuid)
         info = memory_info(module, handle) if handle is not None else None
     except Exception:  # noqa: BLE001 - a sampler wants a figure or NA, never an exception
         info = None
@@ -360,7 +306,7 @@ def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
 def utilization(nvml_index: int) -> Any:
     """GPU ``nvml_index``'s utilisation in percent, or NA: the cheap call for a cluster panel's GPU rows."""
     return _query("utilization", lambda module: module.nvmlDeviceGetUtilizationRates(
-        module.nvmlDeviceGetHandleByIndex(nvml_index)).gpu)[0]
+        module.nvmlDeviceGetHandleByIndex(nvml_index)).gpu)
 
 
 # Each list's pynvml functions, newest first, called by their versioned names: pynvml's unversioned names
@@ -399,9 +345,9 @@ def processes(nvml_index: int, mig_uuid: Any = None) -> tuple:
     """
     module = _nvml()
     if module is None:
-        return [], _problem
+        return [], status()
     problems: list = []
-    handle = _target(module, nvml_index, mig_uuid, problems)
+    handle = _handle(module, nvml_index, problems, mig_uuid)
     if handle is None:
         return [], problems[0]
     found: dict = {}
@@ -420,9 +366,14 @@ def processes(nvml_index: int, mig_uuid: Any = None) -> tuple:
                 continue
             used = getattr(proc, "usedGpuMemory", None)
             found[pid] = ProcessInfo(pid=pid, used_memory=NA if used is None else int(used), kind=kind)
-    infos = list(found.values())
-    _name_processes(infos)
-    return infos, first_problem
+    import psutil
+
+    for info in found.values():  # where this process can see the PID
+        try:
+            info.name = psutil.Process(info.pid).name()
+        except (psutil.Error, OSError):
+            info.name = NA
+    return list(found.values()), first_problem
 
 
 def _process_problem(module: Any, handle: Any, mig_uuid: Any, exc: BaseException, kind: str) -> NVMLProblem:
@@ -437,17 +388,3 @@ def _process_problem(module: Any, handle: Any, mig_uuid: Any, exc: BaseException
         if in_mig:
             return NVMLProblem(problem.code, problem.message, HINTS["no_permission_mig"])
     return problem
-
-
-def _name_processes(infos: list) -> None:
-    if not infos:
-        return
-    try:
-        import psutil
-    except ImportError:
-        return
-    for info in infos:
-        try:
-            info.name = psutil.Process(info.pid).name()
-        except (psutil.Error, OSError):
-            info.name = NA

@@ -25,16 +25,15 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
         if not procs:  # no list at all: this process's share and the others' are unknown
             problems.append(problem_text(problem))
             return used, total, None, None, tuple(problems)
-        if getattr(problem, "code", "") != "not_supported":  # one of two lists failed
+        if problem.code != "not_supported":  # one of two lists failed
             problems.append(problem_text(problem))
     by_pid: dict = {}
     unmeasured = set()  # listed without a figure: MIG mode gives none to a user without privileges
     for proc in procs:  # one process may appear as compute and graphics: count it once
-        amount = getattr(proc, "used_memory", None)
-        if is_na(amount):
+        if is_na(proc.used_memory):
             unmeasured.add(proc.pid)
             continue
-        by_pid[proc.pid] = max(by_pid.get(proc.pid, 0), int(amount))
+        by_pid[proc.pid] = max(by_pid.get(proc.pid, 0), int(proc.used_memory))
     if foreign_pids(procs, pid):
         problems.append(foreign_note(procs))
         return used, total, None, None, tuple(problems)
@@ -69,8 +68,8 @@ def foreign_note(procs: Sequence[Any]) -> str:
     what other processes hold."""
     from ..render import fmt_bytes
 
-    shown = ", ".join(f"{p.pid}" + ("" if is_na(getattr(p, "used_memory", None))
-                                    else f" {fmt_bytes(int(p.used_memory))}") for p in list(procs)[:4])
+    shown = ", ".join(f"{p.pid}" + ("" if is_na(p.used_memory) else f" {fmt_bytes(int(p.used_memory))}")
+                      for p in list(procs)[:4])
     more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
     return (f"NVML lists {len(procs)} process{'es' if len(procs) != 1 else ''} under the host's PIDs "
             f"({shown}{more}): this kernel runs in another PID namespace (a container without --pid=host), "
@@ -90,7 +89,5 @@ def _pid_exists(pid: int) -> bool:
 
 
 def problem_text(problem: Any) -> str:
-    """An NVML problem (a :class:`~.nvml.Problem` or a string) as one line: its message and hint."""
-    message = getattr(problem, "message", str(problem))
-    hint = getattr(problem, "hint", "")
-    return f"NVML: {message}" + (f" ({hint})" if hint else "")
+    """An :class:`~.snapshots.NVMLProblem` as one line: its message and hint."""
+    return f"NVML: {problem.message} ({problem.hint})"

@@ -6,7 +6,7 @@ Never runs ``forward``, never moves anything; reports hold strings and numbers o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
 from ..host import gc_paused
@@ -76,10 +76,6 @@ class ModuleRow:
     note: str
 
 
-def _node_grad(node: Any) -> str:
-    return grad_state(node.trainable, node.params)
-
-
 def _uniform(node: Any) -> bool:
     """One device, one dtype, and all or none of it trainable: a subtree that can show as one row."""
     return len(node.devices) <= 1 and len(node.dtypes) <= 1 and node.trainable in (0, node.params)
@@ -93,28 +89,29 @@ def _alike(a: Any, b: Any) -> bool:
             and a.devices == b.devices and a.dtypes == b.dtypes and a.notes == b.notes)
 
 
-class _TableReport(Reportable):
-    """A report shown as header lines, one table, and flag lines; subclasses provide ``table()``."""
-
-    header: list
-    flags: list
-
-    def table(self) -> Table:
-        raise NotImplementedError
-
-    def report(self) -> Report:
-        return Report([Lines(self.header), self.table(), Lines(self.flags)])
-
-
 @dataclass(repr=False)
-class ModuleReport(_TableReport):
-    """A module's placement: one row per module, uniform subtrees collapsed, runs of identical
-    siblings merged, split modules and meta / offloaded parameters flagged."""
+class _TableReport(Reportable):
+    """A report of the object ``name`` shown as header lines, one table of ``rows``, and flag lines;
+    subclasses provide ``table()`` and how a row reads as plain data (``_row_dict``)."""
 
     name: str
     header: list
     rows: list
     flags: list
+
+    def report(self) -> Report:
+        return Report([Lines(self.header), self.table(), Lines(self.flags)])
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "header": list(self.header), "rows": list(map(self._row_dict, self.rows)),
+                "flags": list(self.flags)}
+
+
+class ModuleReport(_TableReport):
+    """A module's placement: one row per module, uniform subtrees collapsed, runs of identical
+    siblings merged, split modules and meta / offloaded parameters flagged."""
+
+    _row_dict = staticmethod(asdict)
 
     def table(self) -> Table:
         headers = ["module", "class", "devices", "dtypes", "params", "buffers", "bytes", "trainable", "note"]
@@ -123,10 +120,6 @@ class ModuleReport(_TableReport):
             table.add(r.name, r.what, r.devices, r.dtypes, fmt_count(r.params), fmt_count(r.buffers),
                       fmt_bytes(r.nbytes), r.trainable, r.note)
         return table
-
-    def to_dict(self) -> dict:
-        rows = [r.__dict__.copy() for r in self.rows]
-        return {"name": self.name, "header": list(self.header), "rows": rows, "flags": list(self.flags)}
 
 
 MAX_MODULE_ROWS = 200
@@ -146,7 +139,7 @@ def _node_row(node: Any, collapsed: bool) -> ModuleRow:
         notes.append(f"+{node.n_modules - 1} submodules, same placement")
     return ModuleRow(
         node.name, node.cls, join_cells(sorted(node.devices, key=device_order)), _dtypes(node.dtypes),
-        node.params, node.buffers, node.nbytes, _node_grad(node), "; ".join(notes),
+        node.params, node.buffers, node.nbytes, grad_state(node.trainable, node.params), "; ".join(notes),
     )
 
 
@@ -173,15 +166,11 @@ def _emit(node: Any, rows: list, expand: bool) -> None:
         i = j
 
 
+@gc_paused()
 def module_report(name: str, module: Any) -> ModuleReport:
     """Where ``module``'s parameters and buffers are, module by module. Never runs forward and never
     moves anything; the garbage collector is paused during the walk
     (:func:`~torchgpu_magic.host.gc_paused`)."""
-    with gc_paused():
-        return _module_report(name, module)
-
-
-def _module_report(name: str, module: Any) -> ModuleReport:
     torch = torch_module()
     header = []
     if isinstance(module, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
@@ -214,7 +203,8 @@ def _module_report(name: str, module: Any) -> ModuleReport:
             rows.append(ModuleRow(
                 f"{first.name}..{item[-1].name.rsplit('.', 1)[-1]}", f"{count} × {first.cls}",
                 join_cells(sorted(first.devices, key=device_order)), _dtypes(first.dtypes),
-                first.params * count, first.buffers * count, sum(n.nbytes for n in item), _node_grad(first),
+                first.params * count, first.buffers * count, sum(n.nbytes for n in item),
+                grad_state(first.trainable, first.params),
                 "; ".join(first.notes),
             ))
         else:
@@ -241,24 +231,16 @@ def _module_report(name: str, module: Any) -> ModuleReport:
     return ModuleReport(name, header, rows, flags)
 
 
-@dataclass(repr=False)
 class OptimizerReport(_TableReport):
     """Where an optimizer's state lives compared with its parameters, per parameter group."""
 
-    name: str
-    header: list
-    rows: list
-    flags: list
+    _row_dict = list
 
     def table(self) -> Table:
         table = Table(["group", "params", "param devices", "state devices", "state bytes"], align="rrllr")
         for group, n, pdev, sdev, nbytes in self.rows:
             table.add(group, n, pdev, sdev, fmt_bytes(nbytes))
         return table
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "header": list(self.header), "rows": [list(r) for r in self.rows],
-                "flags": list(self.flags)}
 
 
 def optimizer_report(name: str, optimizer: Any) -> OptimizerReport:

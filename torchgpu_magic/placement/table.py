@@ -6,6 +6,7 @@ Reports hold names, strings and numbers, never the objects.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
@@ -94,15 +95,9 @@ class NamespaceReport(Reportable):
     def rest_bytes(self, shown: list, rest: list) -> int:
         """The memory the rows not shown hold beyond what the shown rows hold: each storage once, so
         views and aliases of a shown tensor add nothing (the device total minus the shown rows')."""
-        sizes = self.sizes
         seen = {key for row in shown for key in row.keys}
-        total = 0
-        for row in rest:
-            for key in row.keys:
-                if key not in seen:
-                    seen.add(key)
-                    total += sizes.get(key, 0)
-        return total
+        rest_keys = dict.fromkeys(key for row in rest for key in row.keys if key not in seen)
+        return sum(self.sizes.get(key, 0) for key in rest_keys)
 
     def footer(self) -> list:
         if not self.rows and self.elsewhere:
@@ -272,6 +267,7 @@ def _optimizer_rows(name: str, optimizer: Any, tally: _Tally, note: str) -> list
     return rows
 
 
+@gc_paused()
 def namespace_report(
     ns: Mapping[str, Any],
     device: Optional[str] = None,
@@ -283,12 +279,6 @@ def namespace_report(
     by name with ``sort='name'``, else in namespace order; ``top`` rows per device (None: all). Reads
     only; keeps no reference. The garbage collector is paused during the walk
     (:func:`~torchgpu_magic.host.gc_paused`)."""
-    with gc_paused():
-        return _namespace_report(ns, device, sort, top)
-
-
-def _namespace_report(ns: Mapping[str, Any], device: Optional[str], sort: Optional[str],
-                      top: Optional[int]) -> NamespaceReport:
     rows: list = []
     tally = _Tally()
     user_ids: set = set()
@@ -310,41 +300,37 @@ def _namespace_report(ns: Mapping[str, Any], device: Optional[str], sort: Option
             user_ids.update(id(t) for *_, t in optimizer_tensors(obj))
     found = []
     user_keys = set(tally.data) | set(tally.grads)
-    out_names: list = []
     out_tally = _Tally()
     out_items = []
     for name, obj, kind in _out_cache_items(ns):
         if id(obj) not in user_ids:
             user_ids.add(id(obj))
             out_items.append((name, obj, kind))
+    out_names = [name for name, _, _ in out_items]
     out_columns = _columns(out_items)
     for index, (name, obj, kind) in enumerate(out_items):
-        out_names.append(name)
         _rows_for(name, obj, kind, out_tally, rows, "only in Out", tensor_names, None, out_columns, index)
     out_only = {k: v for table in (out_tally.data, out_tally.grads) for k, v in table.items()
                 if k not in user_keys}
     tally.data.update(out_tally.data)
     tally.grads.update(out_tally.grads)
-    totals: dict = {}
-    grad_totals: dict = {}
+    totals: Counter = Counter()
+    grad_totals: Counter = Counter()
     for where, size in tally.data.values():
-        totals[where] = totals.get(where, 0) + size
+        totals[where] += size
     for key, (where, size) in tally.grads.items():
         if key not in tally.data:  # a gradient that is also a named tensor counts once
-            totals[where] = totals.get(where, 0) + size
-            grad_totals[where] = grad_totals.get(where, 0) + size
-    counts: dict = {}
-    for row in rows:
-        totals.setdefault(row.device, 0)
-        counts[row.device] = counts.get(row.device, 0) + 1
+            totals[where] += size
+            grad_totals[where] += size
+    counts = Counter(row.device for row in rows)
+    totals.update(dict.fromkeys(counts, 0))  # a row's device holding no bytes too ('(no tensors)')
     sizes = {key: size for table in (tally.grads, tally.data) for key, (_, size) in table.items()}
     elsewhere: dict = {}
     if device is not None:
         elsewhere = {d: n for d, n in counts.items() if d != device}
         rows = [r for r in rows if r.device == device]
-        totals = {device: totals[device]} if device in totals else {}
-        counts = {device: counts[device]} if device in counts else {}
-        grad_totals = {device: grad_totals[device]} if device in grad_totals else {}
+        totals, counts, grad_totals = ({d: n for d, n in figures.items() if d == device}
+                                       for figures in (totals, counts, grad_totals))
     if sort == "bytes":
         rows.sort(key=lambda r: r.nbytes + r.grad_bytes, reverse=True)
     elif sort == "name":

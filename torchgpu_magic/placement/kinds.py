@@ -36,14 +36,8 @@ def kind_of(obj: Any) -> Optional[str]:
     except TypeError:  # unhashable metaclass instance: not one of ours
         return None
     torch = torch_module()
-    kind: Optional[str] = None
-    if issubclass(typ, torch.Tensor):
-        kind = "tensor"
-    elif issubclass(typ, torch.nn.Module):
-        kind = "module"
-    elif issubclass(typ, torch.optim.Optimizer):
-        kind = "optimizer"
-    KIND_OF_TYPE[typ] = kind
+    bases = (("tensor", torch.Tensor), ("module", torch.nn.Module), ("optimizer", torch.optim.Optimizer))
+    kind = KIND_OF_TYPE[typ] = next((name for name, base in bases if issubclass(typ, base)), None)
     return kind
 
 

@@ -48,13 +48,6 @@ _DTYPE = operator.attrgetter("dtype")
 _SHAPE = operator.attrgetter("shape")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
-ROLES = ("tensor", "parameter", "buffer", "gradient", "state", "step")
-"""The roles a held tensor can have, in the order reports list them."""
-
-__all__ = ["ROLES", "Account", "ModuleNode", "Share", "TensorColumns", "TensorFacts", "account", "device_str",
-           "devices_of", "dtype_str", "grad_of", "is_floating", "kind_of", "optimizer_tensors", "storage_key",
-           "tensor_columns", "tensor_facts", "tensor_nbytes"]
-
 
 class Share:
     """What an object holds on one device: ``nbytes`` of its own storages there (roles other than
@@ -104,13 +97,10 @@ class Account:
             out[(device, role)] = out.get((device, role), 0) + size
         return out
 
-    def nbytes(self, device: Optional[str] = None, gradients: bool = False) -> int:
-        """Bytes of its own storages (on ``device``, or on all its devices): what the reports show as its
-        bytes. Gradients (with ``gradients=True``: them alone) and parts kept off its devices on purpose
-        are not in it."""
-        shares = [self.shares[device]] if device is not None and device in self.shares else (
-            [] if device is not None else self.shares.values())
-        return sum(s.grad_bytes if gradients else s.nbytes for s in shares)
+    def nbytes(self, gradients: bool = False) -> int:
+        """Bytes of its own storages on all its devices: what the reports show as its bytes. Gradients
+        (with ``gradients=True``: them alone) and parts kept off its devices on purpose are not in it."""
+        return sum(s.grad_bytes if gradients else s.nbytes for s in self.shares.values())
 
     def to_dict(self) -> dict:
         """Plain data: kind, class, devices, bytes per device and role, and what is kept off or misplaced."""
@@ -317,12 +307,7 @@ def optimizer_tensors(optimizer: Any) -> Iterator[tuple]:
 
 def _optimizer_account(optimizer: Any) -> Account:
     groups = optimizer.param_groups
-    param_devices: list = []  # per group: the set of its parameters' devices
-    n_params = 0
-    for group in groups:
-        found = {device_str(p.device) for p in group.get("params", ())}
-        n_params += len(group.get("params", ()))
-        param_devices.append(found)
+    param_devices = [{device_str(p.device) for p in group.get("params", ())} for group in groups]
     storages: dict = {}
     state_devices: list = [set() for _ in groups]
     state_bytes = [0] * len(groups)
@@ -359,7 +344,8 @@ def _optimizer_account(optimizer: Any) -> Account:
                   for g, p, s, b in zip(groups, param_devices, state_devices, state_bytes)]
     kept_off = [("step", device, size, bydesign.STEP_WHY) for device, size in sorted(kept.items())]
     return Account("optimizer", type(optimizer).__name__, _ordered(placed), storages,
-                   _shares(storages, placed), kept_off, misplaced, params=n_params, groups=group_rows)
+                   _shares(storages, placed), kept_off, misplaced, params=sum(n for n, *_ in group_rows),
+                   groups=group_rows)
 
 
 def _ordered(devices: Any) -> tuple:

@@ -28,19 +28,6 @@ SNAPSHOT_CONTAINER_LIMIT = 64
 # ---------------------------------------------------------------------------------------------------
 
 
-def _module_sig(module: Any) -> tuple:
-    """A hashable summary of a module's placement that changes when any of its parameters or
-    buffers moves, changes dtype or shape, or when tensors are added or removed."""
-    return tuple((t.device, t.dtype, t.shape) for mod in module.modules()
-                 for table in (mod._parameters, mod._buffers) for t in table.values() if t is not None)
-
-
-def _optimizer_sig(optimizer: Any) -> tuple:
-    """The same for an optimizer: its parameters' devices, then its state tensors' keys and devices."""
-    params = tuple(p.device for group in optimizer.param_groups for p in group.get("params", ()))
-    return params + tuple((key, t.device, t.dtype) for _, _, key, t in optimizer_tensors(optimizer))
-
-
 class Placed(NamedTuple):
     """What a name pointed to at snapshot time; holds no reference to the object itself.
 
@@ -92,11 +79,19 @@ _CONTAINER_TYPES = (list, tuple, dict)
 
 
 def _fingerprint(obj: Any, kind: str) -> tuple:
-    if kind == "tensor":  # the same object at the same version counter is unchanged
+    """What changes when the object is replaced or placed anew. A tensor: the same object at the same
+    version counter is unchanged. A module: any of its parameters or buffers moved, changed dtype or
+    shape, or tensors added or removed. An optimizer: its parameters' devices, then its state tensors'
+    keys, devices and dtypes."""
+    if kind == "tensor":
         return (id(obj), obj._version, obj.device, obj.dtype, obj.shape)
     if kind == "module":
-        return (id(obj), hash(_module_sig(obj)))
-    return (id(obj), hash(_optimizer_sig(obj)))
+        return (id(obj), hash(tuple((t.device, t.dtype, t.shape) for mod in obj.modules()
+                                    for table in (mod._parameters, mod._buffers)
+                                    for t in table.values() if t is not None)))
+    params = tuple(p.device for group in obj.param_groups for p in group.get("params", ()))
+    state = tuple((key, t.device, t.dtype) for _, _, key, t in optimizer_tensors(obj))
+    return (id(obj), hash(params + state))
 
 
 def _snap_one(name: str, obj: Any, kind: str, old: Mapping[str, Placed]) -> Optional[Placed]:
@@ -235,14 +230,9 @@ def changed(before: Mapping[str, Placed], after: Mapping[str, Placed]) -> list:
     ``after``'s order."""
     if after is before:
         return []
-    result = []
-    for name, placed in after.items():
-        prior = before.get(name)
-        if prior is placed:
-            continue
-        if prior is None or prior.fingerprint != placed.fingerprint:
-            result.append(placed)
-    return result
+    return [placed for name, placed in after.items()
+            if (prior := before.get(name)) is not placed
+            and (prior is None or prior.fingerprint != placed.fingerprint)]
 
 
 def watch_line(changes: list, before: Mapping[str, Placed]) -> str:

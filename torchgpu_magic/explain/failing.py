@@ -16,6 +16,7 @@ frame.
 """
 from __future__ import annotations
 
+import linecache
 import re
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -71,8 +72,6 @@ def cell_frames(tb: Any, is_cell_file: Callable[[str], bool]) -> list:
 
 def source_line(frame: Any, lineno: Optional[int]) -> str:
     """The text of line ``lineno`` of ``frame``'s code (cells are in linecache), without its newline."""
-    import linecache
-
     return linecache.getline(frame.f_code.co_filename, lineno or 0).rstrip("\n")
 
 

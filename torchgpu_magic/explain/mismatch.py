@@ -8,6 +8,7 @@ or the objects.
 from __future__ import annotations
 
 import linecache
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -113,8 +114,6 @@ def _device_of_token(token: str) -> Optional[str]:
     """One device from a captured token, or None where it names none (a bare dtype such as 'float'):
     '1' (a CUDA index) is 'cuda:1', 'torch.cuda.FloatTensor' / 'Variable[...]' are 'cuda' / 'cpu',
     'MPSFloatType' is 'mps', 'CPU' / 'GPU' are 'cpu' / 'cuda', 'cuda:0' stays itself."""
-    import re
-
     if re.fullmatch(r"-?\d+", token):
         return "cpu" if token == "-1" else f"cuda:{token}"
     legacy = re.fullmatch(r"(?:Variable\[)?torch\.(cuda\.)?[\w.]+?\]?", token)
@@ -133,8 +132,6 @@ def _device_of_token(token: str) -> Optional[str]:
 @cache
 def _patterns() -> list:
     """:data:`_MISMATCH` compiled (on the first error, not at import)."""
-    import re
-
     return [(re.compile(p), pair) for p, pair in _MISMATCH]
 
 
@@ -144,8 +141,6 @@ def mismatch_devices(exc: BaseException) -> Optional[tuple]:
     RuntimeError, or the ValueError of scaled_dot_product_attention's Python check); the type-pair
     wordings ("Input type (A) and weight type (B) should be the same") count only when the two types
     are on different devices, since the same words report a dtype mismatch."""
-    import re
-
     if not isinstance(exc, (RuntimeError, ValueError)):
         return None
     text = str(exc)
@@ -159,11 +154,7 @@ def mismatch_devices(exc: BaseException) -> Optional[tuple]:
         devices = [_device_of_token(t) for t in tokens]
         if pair and (None in devices or len(set(devices)) < 2):
             return None
-        out: list = []
-        for device in devices:
-            if device is not None and device not in out:
-                out.append(device)
-        return tuple(out)
+        return tuple(dict.fromkeys(device for device in devices if device is not None))
     return None
 
 
@@ -178,10 +169,6 @@ class Culprit:
     devices: tuple
     summary: str
     where: str
-
-    @property
-    def on_failing_line(self) -> bool:
-        return self.where == "line"
 
 
 @dataclass(repr=False)
@@ -231,7 +218,7 @@ class Diagnosis(Reportable):
         return {"devices": list(self.devices), "line": self.line, "lineno": self.lineno,
                 "inner_line": self.inner_line, "inner_lineno": self.inner_lineno,
                 "inner_function": self.inner_function,
-                "culprits": [dict(c.__dict__, on_failing_line=c.on_failing_line) for c in self.culprits],
+                "culprits": [dict(c.__dict__, on_failing_line=c.where == "line") for c in self.culprits],
                 "fixes": list(self.fixes)}
 
 
@@ -239,7 +226,6 @@ def _name_chains(source: str) -> list:
     """Dotted names (``x``, ``model.encoder``, ``self.fc``) in ``source``, in order, without strings
     and comments; IPython syntax that does not tokenize falls back to a regular expression."""
     import io
-    import re
     import tokenize
 
     chains: list = []

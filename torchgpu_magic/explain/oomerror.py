@@ -132,13 +132,6 @@ def _compiled() -> tuple:
             re.compile(rf"Unable to allocate {_SIZE}"))
 
 
-def _is_torch_oom(exc: BaseException) -> bool:
-    """True for ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``), without importing torch."""
-    torch = sys.modules.get("torch")
-    kind = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
-    return isinstance(kind, type) and isinstance(exc, kind)
-
-
 def oom_facts(exc: BaseException) -> Optional[OOMFacts]:
     """The :class:`OOMFacts` of ``exc`` when it is an out-of-memory error, else None: a
     ``torch.OutOfMemoryError`` (whatever its text), a ``RuntimeError`` in one of PyTorch's wordings, or
@@ -154,7 +147,9 @@ def oom_facts(exc: BaseException) -> Optional[OOMFacts]:
     if isinstance(exc, MemoryError):
         asked = numpy_size.search(text)
         return OOMFacts("python", "cpu", "memoryerror", asked=parse_size(asked.group(1)) if asked else None)
-    if _is_torch_oom(exc):
+    # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError), whatever its text, without importing torch
+    kind = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
+    if isinstance(kind, type) and isinstance(exc, kind):
         return OOMFacts("cuda", "cuda", "outofmemoryerror")
     return None
 

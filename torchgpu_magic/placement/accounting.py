@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any, Iterator, NamedTuple, Optional
 
-from ..torchapi import STORAGE_ID
 from . import bydesign
 from .kinds import (
-    DEVICE_TEXT,
+    device_names,
     device_order,
     device_str,
     dtype_str,
@@ -37,13 +36,13 @@ from .kinds import (
     is_floating,
     kind_of,
     storage_key,
+    storage_keys,
     tensor_nbytes,
     torch_module,
 )
 from .offload import offload_places
 from .tree import ModuleNode, Walk
 
-_DEVICE = operator.attrgetter("device")
 _DTYPE = operator.attrgetter("dtype")
 _SHAPE = operator.attrgetter("shape")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
@@ -195,20 +194,12 @@ def tensor_columns(tensors: list, gradients: bool = True) -> TensorColumns:
     only for the tensors they can concern. One tensor that cannot be read this way (a sparse tensor, an
     exotic subclass) sends the whole list through :func:`storage_key` one by one."""
     torch = torch_module()
-    devs = list(map(_DEVICE, tensors))
-    devices = list(map(DEVICE_TEXT.get, devs))
-    if None in devices:
-        devices = list(map(device_str, devs))
+    devices = device_names(tensors)
+    keys, sizes = storage_keys(tensors)
     try:
-        storages = list(map(torch.Tensor.untyped_storage, tensors))
-        keys = list(map(STORAGE_ID, storages))
-        sizes = list(map(torch.UntypedStorage.nbytes, storages))
-        del storages
         views = list(map(operator.mul, map(torch.Tensor.nelement, tensors),
                          map(torch.Tensor.element_size, tensors)))
     except (RuntimeError, TypeError, NotImplementedError, AttributeError):
-        pairs = list(map(storage_key, tensors))
-        keys, sizes = [k for k, _ in pairs], [s for _, s in pairs]
         views = list(map(tensor_nbytes, tensors))
     dtypes = list(map(_DTYPE, tensors))
     requires_grad = list(map(_REQUIRES_GRAD, tensors))

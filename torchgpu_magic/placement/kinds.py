@@ -4,16 +4,18 @@ The per-tensor reads :mod:`.accounting` builds every account from; torch is impo
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Optional
 
 from ..caches import cache, table
-from ..torchapi import storage_id
+from ..torchapi import STORAGE_ID, storage_id
 
 KIND_OF_TYPE = table()
 """type -> :func:`kind_of` its instances (a walk over 10,000 objects reads it at C speed)."""
 DEVICE_TEXT = table()
 """torch.device -> :func:`device_str` of it (read at C speed by the per-tensor walks)."""
 _DTYPE_TEXT = table()
+_DEVICE = operator.attrgetter("device")
 
 
 @cache
@@ -79,6 +81,27 @@ def storage_key(tensor: Any) -> tuple:
         return storage_id(storage), int(storage.nbytes())
     except (RuntimeError, TypeError, NotImplementedError, AttributeError):
         return ("t", id(tensor)), tensor_nbytes(tensor)
+
+
+def device_names(tensors: list) -> list:
+    """:func:`device_str` of each tensor's device, read for the whole list at C speed (``map``) when every
+    device is in :data:`DEVICE_TEXT` already, as it nearly always is."""
+    devices = list(map(_DEVICE, tensors))
+    names = list(map(DEVICE_TEXT.get, devices))
+    return list(map(device_str, devices)) if None in names else names
+
+
+def storage_keys(tensors: list) -> tuple:
+    """:func:`storage_key` of each tensor as two lists, (keys, bytes): torch's getters mapped over the
+    list (tens of nanoseconds a tensor, where a Python loop pays a microsecond). One tensor that cannot
+    be read this way (sparse, some subclasses) sends the whole list through :func:`storage_key`."""
+    torch = torch_module()
+    try:
+        storages = list(map(torch.Tensor.untyped_storage, tensors))
+        return list(map(STORAGE_ID, storages)), list(map(torch.UntypedStorage.nbytes, storages))
+    except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+        pairs = list(map(storage_key, tensors))
+        return [key for key, _ in pairs], [size for _, size in pairs]
 
 
 def grad_of(tensor: Any) -> Any:

@@ -11,9 +11,9 @@ from typing import Any, Mapping, Optional
 
 from ..host import gc_paused
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_count, join_cells, separator
-from .accounting import account, dtype_str, grad_state, kind_of, storage_key
+from .accounting import account, grad_state
 from .bydesign import pinned
-from .kinds import device_order, shape_str, torch_module
+from .kinds import device_order, dtype_str, kind_of, shape_str, storage_key, torch_module
 from .walk import Walk
 
 

@@ -12,9 +12,9 @@ from operator import ne
 from typing import Any, Mapping, NamedTuple, Optional
 
 from ..render import fmt_count, separator
-from .accounting import account, device_str, dtype_str, kind_of, optimizer_tensors, tensor_nbytes
+from .accounting import account, optimizer_tensors
 from .bydesign import LOADER_WHY, loader_names, tensor_why
-from .kinds import shape_str
+from .kinds import device_str, dtype_str, kind_of, shape_str, tensor_nbytes
 from .names import resolve
 from .walk import IPYTHON_NAMES, container_items
 

@@ -13,8 +13,8 @@ from typing import Any, Iterator, Mapping, NamedTuple, Optional
 from ..caches import table
 from ..host import gc_paused
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_count, join_cells
-from .accounting import account, dtype_str, grad_state, kind_of, optimizer_tensors, tensor_columns
-from .kinds import device_order, shape_str
+from .accounting import account, grad_state, optimizer_tensors, tensor_columns
+from .kinds import device_order, dtype_str, kind_of, shape_str
 from .walk import Walk, container_items
 
 # Rows shown per device when no --top is given: a namespace of a few hundred objects shows whole, one

@@ -18,12 +18,10 @@ import operator
 from itertools import accumulate, compress
 from typing import Any
 
-from ..torchapi import STORAGE_ID
-from .kinds import DEVICE_TEXT, device_str, grad_of, storage_key, torch_module
+from .kinds import device_names, device_str, grad_of, storage_key, storage_keys, torch_module
 from .offload import execution_device, offload_places
 
 _NOT_NONE = functools.partial(operator.is_not, None)
-_DEVICE = operator.attrgetter("device")
 _DTYPE = operator.attrgetter("dtype")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _EMPTY: frozenset = frozenset()
@@ -104,22 +102,12 @@ class Walk:
         tensors = params + buffers
         n, n_params = len(tensors), len(params)
         span = range(n)
-        devs = list(map(_DEVICE, tensors))
-        names = list(map(DEVICE_TEXT.get, devs))
-        if None in names:
-            names = list(map(device_str, devs))
+        names = device_names(tensors)
         for module, p0, b0 in hooked:  # accelerate's offloaded weights: named where the hook keeps them
             self._places[id(module)] = self._offloaded(module, p0, n_params + b0, names)
         dtypes = list(map(_DTYPE, tensors))
         numels = list(map(torch.Tensor.nelement, tensors))
-        try:
-            storages = list(map(torch.Tensor.untyped_storage, tensors))
-            keys = list(map(STORAGE_ID, storages))
-            sizes = list(map(torch.UntypedStorage.nbytes, storages))
-            del storages
-        except (RuntimeError, TypeError, NotImplementedError, AttributeError):  # sparse, some subclasses
-            pairs = list(map(storage_key, tensors))
-            keys, sizes = [k for k, _ in pairs], [s for _, s in pairs]
+        keys, sizes = storage_keys(tensors)
         first_in = dict(zip(reversed(keys), reversed(span)))
         roles = ["parameter"] * n_params + ["buffer"] * (n - n_params)
         counted: Any = None  # False for a tensor an earlier module holds (a tied weight)

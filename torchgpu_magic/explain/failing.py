@@ -75,12 +75,6 @@ def source_line(frame: Any, lineno: Optional[int]) -> str:
     return linecache.getline(frame.f_code.co_filename, lineno or 0).rstrip("\n")
 
 
-def calls_magic(frame: Any, lineno: int) -> bool:
-    """True when line ``lineno`` of ``frame`` is IPython's call of a magic (``%%ontorch`` / ``%cudatime
-    ...`` as IPython's transforms wrote it), not a line the user wrote as such."""
-    return bool(_MAGIC_CALL.search(source_line(frame, lineno)))
-
-
 def compiled_by_magic(frame: Any) -> bool:
     """True when ``frame`` runs code a magic compiled from a cell's text: module-level code, or a function
     the magic wrapped the cell in (``%%cudatime``'s loop), whose ``def`` is not in the cell. A function the
@@ -98,7 +92,7 @@ def user_frames(tb: Any, is_cell_file: Callable[[str], bool]) -> list:
     The list holds frames: its caller lets go of it when done."""
     frames = cell_frames(tb, is_cell_file)
     offset = 0
-    while len(frames) > 1 and calls_magic(*frames[0]) and compiled_by_magic(frames[1][0]):
+    while len(frames) > 1 and _MAGIC_CALL.search(source_line(*frames[0])) and compiled_by_magic(frames[1][0]):
         offset += frames[0][1] - 1  # the magic's line 1 is the line that called it
         frames = frames[1:]
     if not frames:

@@ -16,7 +16,7 @@ from ..caches import cache
 from ..placement import device_str, devices_of, dtype_str, kind_of, shape_str
 from ..placement.walk import static_attr
 from ..render import Lines, Report, Reportable
-from .failing import source_line, user_frames
+from .failing import FailingLine, failing_line, user_frames
 
 _D = r"([a-z]+(?::\d+)?)"  # a device as torch prints it: cpu, cuda:0, mps:0, meta, xla:0
 _T = r"([\w:.\[\]]+)"  # a legacy type string: torch.cuda.FloatTensor, Variable[...], MPSFloatType, float
@@ -188,10 +188,8 @@ class Diagnosis(Reportable):
 
     def lines(self) -> list:
         devices = f" ({', '.join(self.devices)})" if self.devices else ""
-        out = [f"whereis: a device mismatch{devices}: the tensors of one operation must be on one device."]
-        if self.line:
-            where = f"line {self.lineno}" if self.lineno else "the failing line"
-            out.append(f"On {where}: {self.line.strip()}")
+        out = [f"whereis: a device mismatch{devices}: the tensors of one operation must be on one device.",
+               *FailingLine(self.line, self.lineno).lines()]
         groups = [("  used there:", "line")]
         if self.inner_line:
             groups.append((f"  inside {self.inner_function}(), line {self.inner_lineno}: "
@@ -300,6 +298,11 @@ def _resolve_chain(chain: str, scopes: list) -> list:
     return found
 
 
+def _resolve_all(source: str, scopes: list) -> list:
+    """:func:`_resolve_chain` of every dotted name in ``source``, in order."""
+    return [found for chain in _name_chains(source) for found in _resolve_chain(chain, scopes)]
+
+
 def _culprit(name: str, obj: Any, where: str) -> Culprit:
     kind = kind_of(obj)
     if kind == "tensor":
@@ -326,13 +329,9 @@ def _user_name(obj: Any, user_ns: Mapping[str, Any]) -> Optional[str]:
 
 def _move_fix(name: str, obj: Any, device_expr: str) -> str:
     """The line that moves what ``name`` holds (a tensor, or a list/tuple/dict of them) to the device."""
-    if type(obj) is dict:
-        return f"{name} = {{k: v.to({device_expr}) for k, v in {name}.items()}}"
-    if type(obj) is list:
-        return f"{name} = [t.to({device_expr}) for t in {name}]"
-    if type(obj) is tuple:
-        return f"{name} = tuple(t.to({device_expr}) for t in {name})"
-    return f"{name} = {name}.to({device_expr})"
+    moved = {dict: "{{k: v.to({d}) for k, v in {n}.items()}}", list: "[t.to({d}) for t in {n}]",
+             tuple: "tuple(t.to({d}) for t in {n})"}.get(type(obj), "{n}.to({d})")
+    return f"{name} = " + moved.format(n=name, d=device_expr)
 
 
 def _fixes(line: list, context: list, user_ns: Mapping[str, Any]) -> list:
@@ -417,39 +416,23 @@ def diagnose(
     devices = mismatch_devices(exc)
     if devices is None:
         return None
+    failing = failing_line(exc, is_cell_file)
     frames = user_frames(exc.__traceback__, is_cell_file)
-
-    def names_on(frame: Any, lineno: int, scopes: list) -> tuple:
-        text = source_line(frame, lineno)
-        found: list = []
-        for chain in _name_chains(text.strip()):
-            found.extend(_resolve_chain(chain, scopes))
-        return text, found
-
-    line, found_line = "", []
+    found_line: list = []
+    found_inner: list = []
     cell_scopes: list = [user_ns]
-    lineno: Optional[int] = None
-    inner_line, found_inner = "", []
-    inner_lineno: Optional[int] = None
-    inner_function = ""
     if frames:
         outer = frames[0].frame
-        lineno = frames[0].shown
         cell_scopes = [outer.f_locals, outer.f_globals, user_ns]
-        line, found_line = names_on(outer, frames[0].lineno, cell_scopes)
+        found_line = _resolve_all(failing.line.strip(), cell_scopes)
         # The code that ran is the cell as its magic compiled it (whose locals, in %%cudatime's loop,
         # are the cell's names): its text, not the magic's line and options, is the cell's.
         cell_source = "".join(linecache.getlines(outer.f_code.co_filename)) or cell_source
         if len(frames) > 1:
             inner = frames[-1].frame
-            inner_lineno = frames[-1].shown
-            inner_function = inner.f_code.co_name
-            scopes = [inner.f_locals, inner.f_globals, user_ns]
-            inner_line, found_inner = names_on(inner, frames[-1].lineno, scopes)
-    found_cell: list = []
-    for chain in _name_chains(cell_source):
-        found_cell.extend(_resolve_chain(chain, cell_scopes))
-    frames = outer = inner = scopes = cell_scopes = None  # drop the frames: the diagnosis keeps strings only
+            found_inner = _resolve_all(failing.inner_line.strip(), [inner.f_locals, inner.f_globals, user_ns])
+    found_cell = _resolve_all(cell_source, cell_scopes)
+    frames = outer = inner = cell_scopes = None  # drop the frames: the diagnosis keeps strings only
     culprits = []
     seen: set = set()
     for where, group in (("line", found_line), ("inside", found_inner), ("cell", found_cell)):
@@ -462,4 +445,5 @@ def diagnose(
     context = found_inner if found_line else found_inner + found_cell
     line_objs = found_line if found_line or found_inner else found_cell
     fixes = _fixes(line_objs, context, user_ns)
-    return Diagnosis(tuple(devices), line, lineno, culprits, fixes, inner_line, inner_lineno, inner_function)
+    return Diagnosis(tuple(devices), failing.line, failing.lineno, culprits, fixes, failing.inner_line,
+                     failing.inner_lineno, failing.inner_function)

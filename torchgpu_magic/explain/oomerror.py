@@ -97,10 +97,9 @@ _FORMS = [
             rf"(?:, max allowed: {_s('limit')})?\)\. Tried to allocate "
             rf"{_s('asked')}", "mps"),
     ("mps-buffer", rf"Invalid buffer size: {_s('asked')}", "mps"),
-    ("cpu", r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate "
-            r"(?P<asked_bytes>\d+) bytes", "cpu"),
-    ("cpu-legacy", r"not enough memory: you tried to (?:re)?allocate (?P<asked_gb>\d+)GB\. Buy new RAM!",
-     "cpu"),
+    ("cpu", rf"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate "
+            rf"{_s('asked')}", "cpu"),
+    ("cpu-legacy", rf"not enough memory: you tried to (?:re)?allocate {_s('asked')}\. Buy new RAM!", "cpu"),
     ("cpu-memalign", r"posix_memalign\(&data, gAlignment, nbytes\) == 0\. 12 vs 0", "cpu"),
     ("runtime", r"(?P<backend>CUDA|HIP) (?:error|driver error): out of memory", None),
     ("runtime-legacy", r"cuda runtime error \(2\) ?: ?out of memory"
@@ -162,14 +161,8 @@ def _facts(wording: str, found: Any, backend: Optional[str], text: str, details:
     device_type = _DEVICE_OF.get(backend, "cuda")
     index = groups.pop("index", None)
     device = f"{device_type}:{index}" if index is not None and device_type != "mps" else device_type
-    values: dict = {}
-    if "asked_bytes" in groups:
-        values["asked"] = int(groups.pop("asked_bytes"))
-    if "asked_gb" in groups:
-        values["asked"] = int(groups.pop("asked_gb")) * 1024 ** 3
     other_alloc = groups.pop("other_alloc", None)
-    for key, value in groups.items():
-        values[key] = parse_size(value)
+    values = {key: parse_size(value) for key, value in groups.items()}
     for key, pattern in details:
         if key not in values:
             detail = pattern.search(text)

@@ -4,6 +4,7 @@ count; and the static attribute lookup ``%whereis NAME.attr`` and the diagnosis 
 """
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Iterator, Mapping, Optional
 
 from ..caches import table
@@ -81,10 +82,8 @@ class Walk:
     tensors held by objects that keep them anywhere on purpose (a GradScaler's scale). Keeps nothing
     once iterated but names, reasons and counts."""
 
-    def __init__(self, ns: Mapping[str, Any], depth: int = WALK_DEPTH, width: int = WALK_WIDTH,
-                 limit: int = WALK_LIMIT) -> None:
+    def __init__(self, ns: Mapping[str, Any]) -> None:
         self.ns = ns
-        self.depth, self.width, self.limit = depth, width, limit
         self.visited = 0
         self.cut: list = []  # (name, why) for what the limits left out
         self.why: dict = {}  # name: why its tensor is fine on any device (bydesign.holder_why)
@@ -103,7 +102,7 @@ class Walk:
                 seen.add(id(obj))
                 yield name, obj, kind
             elif typ in _CONTAINERS or _walkable(obj):
-                yield from self._inside(name, obj, self.depth, seen)
+                yield from self._inside(name, obj, WALK_DEPTH, seen)
 
     def _inside(self, name: str, obj: Any, depth: int, seen: set) -> Iterator[tuple[str, Any, str]]:
         if id(obj) in seen:
@@ -126,16 +125,14 @@ class Walk:
         if size == 0:
             return
         if depth == 0:
-            self.cut.append((name, f"deeper than {self.depth} levels"))
+            self.cut.append((name, f"deeper than {WALK_DEPTH} levels"))
             return
-        if size > self.width:
-            self.cut.append((name, f"{size:,} items, the first {self.width:,} looked into"))
-        for index, (sub, item) in enumerate(items):
-            if index >= self.width:
-                break
+        if size > WALK_WIDTH:
+            self.cut.append((name, f"{size:,} items, the first {WALK_WIDTH:,} looked into"))
+        for sub, item in islice(items, WALK_WIDTH):
             self.visited += 1
-            if self.visited > self.limit:
-                self.cut.append((name, f"stopped after {self.limit:,} objects"))
+            if self.visited > WALK_LIMIT:
+                self.cut.append((name, f"stopped after {WALK_LIMIT:,} objects"))
                 return
             kind = kind_of(item)
             if kind == "tensor":

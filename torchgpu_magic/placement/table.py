@@ -183,12 +183,6 @@ def _keys_on(acc: Any, device: str) -> tuple:
     return tuple(key for key, (where, _, _) in acc.storages.items() if where == device)
 
 
-def _kept_note(acc: Any) -> str:
-    """'+16 B of step counters on cpu (torch keeps ...)' for what an account keeps off its devices."""
-    return "; ".join(f"+{fmt_bytes(size)} of step counters on {device}, {why}"
-                     for _, device, size, why in acc.kept_off)
-
-
 def _tensor_row(name: str, columns: Any, index: int, tally: _Tally, notes: list) -> Row:
     """A tensor's row from its facts (:func:`~.accounting.tensor_columns`, its account read for speed)."""
     device, key, nbytes = columns.devices[index], columns.keys[index], columns.nbytes[index]
@@ -258,13 +252,12 @@ def _optimizer_rows(name: str, optimizer: Any, tally: _Tally, note: str) -> list
     if acc.misplaced:
         params = sorted({expected for _, _, expected in acc.misplaced}, key=device_order)
         notes.append(f"state not on its params' device ({join_cells(params)}): step() will fail")
-    kept = _kept_note(acc)
-    rows = []
-    for index, device in enumerate(with_state):
-        row_notes = notes + ([kept] if kept and index == 0 else [])
-        rows.append(Row(name, what, device, "-", f"{acc.params} params, state", acc.shares[device].nbytes,
-                        "-", "-", "; ".join(row_notes), 0, _keys_on(acc, device)))
-    return rows
+    # '+16 B of step counters on cpu, where torch keeps them ...' on the first row, for what it keeps off
+    kept = [f"+{fmt_bytes(size)} of step counters on {device}, {why}"
+            for _, device, size, why in acc.kept_off]
+    return [Row(name, what, device, "-", f"{acc.params} params, state", acc.shares[device].nbytes, "-", "-",
+                "; ".join(notes + (kept if index == 0 else [])), 0, _keys_on(acc, device))
+            for index, device in enumerate(with_state)]
 
 
 @gc_paused()
@@ -354,13 +347,9 @@ def _rows_for(name: str, obj: Any, kind: str, tally: _Tally, rows: list, note: s
             where, facts = columns
             at = where[index]
             key = facts.keys[at]
-            names = tensor_names.get(key)
+            first, first_id = tensor_names.setdefault(key, (name, id(obj)))  # the storage's first name
             shared = ""
-            if names is None:
-                tensor_names[key] = [(name, id(obj))]
-            else:
-                names.append((name, id(obj)))
-                first, first_id = names[0]
+            if first != name:
                 shared = ("same tensor as " if first_id == id(obj) else "shares storage with ") + first
             rows.append(_tensor_row(name, facts, at, tally, [note, shared, why or ""]))
         elif kind == "module":

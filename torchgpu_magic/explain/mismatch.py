@@ -276,12 +276,10 @@ def _resolve_chain(chain: str, scopes: list) -> list:
     module or optimizer in the first scope binding its head, and for the tensors and modules inside a
     list, tuple or dict it names (``batch['x']``)."""
     parts = chain.split(".")
-    for scope in scopes:
-        if parts[0] in scope:
-            obj = scope[parts[0]]
-            break
-    else:
+    scope = next((scope for scope in scopes if parts[0] in scope), None)
+    if scope is None:
         return []
+    obj = scope[parts[0]]
     found = []
     name = parts[0]
     if kind_of(obj) is not None:

@@ -14,7 +14,6 @@ KIND_OF_TYPE = table()
 """type -> :func:`kind_of` its instances (a walk over 10,000 objects reads it at C speed)."""
 DEVICE_TEXT = table()
 """torch.device -> :func:`device_str` of it (read at C speed by the per-tensor walks)."""
-_DTYPE_TEXT = table()
 _DEVICE = operator.attrgetter("device")
 
 
@@ -54,13 +53,10 @@ def device_str(device: Any) -> str:
         return text
 
 
+@cache
 def dtype_str(dtype: Any) -> str:
     """'float32' for ``torch.float32`` (cached)."""
-    try:
-        return _DTYPE_TEXT[dtype]
-    except KeyError:
-        text = _DTYPE_TEXT[dtype] = str(dtype).replace("torch.", "")
-        return text
+    return str(dtype).replace("torch.", "")
 
 
 def tensor_nbytes(tensor: Any) -> int:

@@ -79,8 +79,8 @@ class NamespaceReport(Reportable):
             else:
                 of_which = f", of which gradients {fmt_bytes(grads)}" if grads else ""
                 title = count + f"{fmt_bytes(self.totals[device])}{of_which} (shared storage counted once)"
-            headers = ["name", "what", "dtype", "shape", "bytes", "grad bytes", "grad", "pinned", "note"]
-            table = Table(headers, align="llllrrlll", title=title)
+            table = Table(["name", "what", "dtype", "shape", "bytes", "grad bytes", "grad", "pinned", "note"],
+                          align="llllrrlll", title=title)
             shown = rows if self.top is None else rows[: self.top]
             for r in shown:
                 table.add(r.name, r.what, r.dtype, r.shape, fmt_bytes(r.nbytes),

@@ -19,6 +19,7 @@ from ..holders.report import DeviceHolders, device_holders, fragmented
 from ..host import gc_paused
 from ..render import Lines, Report, Reportable, fmt_bytes
 from .failing import FailingLine, failing_line
+from .oomerror import oom_facts
 
 DEL_LINES = 3  # `del` advice for the largest few names; %gpumem holders lists every one
 
@@ -79,8 +80,6 @@ def explain(exc: BaseException, ns: Mapping[str, Any], tracebacks: Iterable[Any]
     and ``sys.last_*`` (IPython's references), ``cell_source`` the failed cell's text, ``is_cell_file``
     which file names are notebook cells (for the failing line; without it, none is shown). The garbage
     collector is paused meanwhile (:func:`~torchgpu_magic.host.gc_paused`)."""
-    from .oomerror import oom_facts
-
     facts = oom_facts(exc)
     if facts is None:
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
+from ..errors import MagicInputError
 from ..host import gc_paused
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_count, join_cells, separator
 from .accounting import account, grad_state
@@ -272,8 +273,6 @@ def optimizer_report(name: str, optimizer: Any) -> OptimizerReport:
 def describe(name: str, obj: Any, ns: Optional[Mapping[str, Any]] = None) -> Any:
     """The ``%whereis NAME`` report for one object: a line for a tensor, a table for a module or an
     optimizer. Raises MagicInputError for anything else."""
-    from ..errors import MagicInputError
-
     kind = kind_of(obj)
     if kind == "tensor":
         return tensor_line(name, obj, ns)

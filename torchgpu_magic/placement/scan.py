@@ -7,6 +7,8 @@ one around pins no GPU memory.
 from __future__ import annotations
 
 import operator
+import re
+import types
 from itertools import compress
 from operator import ne
 from typing import Any, Mapping, NamedTuple, Optional
@@ -325,9 +327,6 @@ def names_bound(codes: list, source: str, ns: Mapping[str, Any], depth: int = 2)
     reach names its code does not mention (``exec``, ``globals()``, a magic, ``import *``): then the
     caller watches the whole namespace. ``source`` is the cell's (transformed) text, where ``import *``
     is looked for. Reads code only; runs nothing."""
-    import re
-    import types
-
     if "*" in source and re.search(r"\bimport\s+\*", source):
         return None
     names: set = set()

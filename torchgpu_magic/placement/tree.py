@@ -110,21 +110,19 @@ class Walk:
         keys, sizes = storage_keys(tensors)
         first_in = dict(zip(reversed(keys), reversed(span)))
         roles = ["parameter"] * n_params + ["buffer"] * (n - n_params)
-        counted: Any = None  # False for a tensor an earlier module holds (a tied weight)
         ties = False
         if len(first_in) < n:  # shared storage (tied weights among it): counted at its first holder only
             ids = list(map(id, tensors))
             first_of = dict(zip(reversed(ids), reversed(span)))
             ties = len(first_of) < n
-            counted = list(map(operator.eq, map(first_of.__getitem__, ids), span))
+            counted = list(map(operator.eq, map(first_of.__getitem__, ids), span))  # False: a tied weight
             owns = list(map(operator.and_, map(operator.eq, map(first_in.__getitem__, keys), span), counted))
             self.storages = dict(zip(compress(keys, owns), zip(compress(names, owns), compress(roles, owns),
                                                                 compress(sizes, owns))))
             sizes = list(map(operator.mul, sizes, owns))
+            numels = list(map(operator.mul, numels, counted))
         else:
             self.storages = dict(zip(keys, zip(names, roles, sizes)))
-        if counted is not None:
-            numels = list(map(operator.mul, numels, counted))
         param_dtypes, buffer_dtypes = set(dtypes[:n_params]), set(dtypes[n_params:])
         floating = {d: d.is_floating_point or d.is_complex for d in buffer_dtypes}  # a buffer's is shown
         shown = [True] * n_params + list(map(floating.__getitem__, dtypes[n_params:]))

@@ -4,6 +4,7 @@ count; and the static attribute lookup ``%whereis NAME.attr`` and the diagnosis 
 """
 from __future__ import annotations
 
+import types
 from itertools import islice
 from typing import Any, Iterator, Mapping, Optional
 
@@ -53,8 +54,6 @@ def _walkable(obj: Any) -> bool:
         pass
     except TypeError:
         return False
-    import types
-
     module = getattr(typ, "__module__", "") or ""
     walkable = (
         (typ is types.SimpleNamespace or module.split(".")[0] not in _OPAQUE_MODULES)

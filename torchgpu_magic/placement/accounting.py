@@ -33,7 +33,6 @@ from .kinds import (
     device_str,
     dtype_str,
     grad_of,
-    is_floating,
     kind_of,
     storage_key,
     storage_keys,
@@ -268,8 +267,9 @@ def _split_shares(module: Any, shares: dict) -> None:
                     continue
                 device = places.get(name) or device_str(tensor.device)
                 share = _share(shares, device)
-                if is_param or is_floating(tensor):
-                    share.dtypes.add(dtype_str(tensor.dtype))
+                dtype = tensor.dtype  # a buffer's only when floating or complex, as the walk shows them
+                if is_param or dtype.is_floating_point or dtype.is_complex:
+                    share.dtypes.add(dtype_str(dtype))
                 if is_param:
                     numel = tensor.nelement()
                     share.numel += numel

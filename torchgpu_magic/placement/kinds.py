@@ -108,15 +108,6 @@ def grad_of(tensor: Any) -> Any:
         return None
 
 
-def is_floating(tensor: Any) -> bool:
-    """Whether ``tensor`` holds floating or complex values (whose dtype is worth a column: the dtypes
-    of integer buffers such as BatchNorm's counter are left out); False when it cannot say."""
-    try:
-        return bool(tensor.is_floating_point() or tensor.is_complex())
-    except (RuntimeError, AttributeError):
-        return False
-
-
 def shape_str(shape: tuple) -> str:
     """'(3, 4)'; '()' for a scalar."""
     return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"

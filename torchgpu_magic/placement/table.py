@@ -138,14 +138,10 @@ def _out_cache_items(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
     """(name, object, kind) for what IPython's output cache holds: ``Out[N]`` (also bound to
     ``_N``), and ``_``, ``__``, ``___`` when they are not in ``Out``; one level into containers."""
     out = ns.get("Out")
+    cached = sorted(out.items(), key=lambda kv: str(kv[0])) if isinstance(out, dict) else []
+    entries = [(f"Out[{key}]", value) for key, value in cached]
+    entries += [(name, ns[name]) for name in ("_", "__", "___") if name in ns]
     seen: set = set()
-    entries: list = []
-    if isinstance(out, dict):
-        for key, value in sorted(out.items(), key=lambda kv: str(kv[0])):
-            entries.append((f"Out[{key}]", value))
-    for name in ("_", "__", "___"):
-        if name in ns:
-            entries.append((name, ns[name]))
     for name, obj in entries:
         if id(obj) in seen:
             continue

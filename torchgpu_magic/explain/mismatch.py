@@ -379,11 +379,9 @@ def _fixes(line: list, context: list, user_ns: Mapping[str, Any]) -> list:
                              f"{name}.load_state_dict(...).")
         if fixes:
             return fixes
-    tensors = [(n, o) for n, o in line + context if kind_of(o) == "tensor"]
-    on = [device_str(t.device) for _, t in tensors]
+    on = [device_str(t.device) for _, t in line + context if kind_of(t) == "tensor"]
     # The accelerator is where work is meant to run (meta stands in for one on CPU-only machines).
-    accelerators = [d for d in on if d != "cpu"]
-    target = accelerators[0] if accelerators else (on[0] if on else "")
+    target = next((d for d in on if d != "cpu"), on[0] if on else "")
     ref = next((n for n, t in line if kind_of(t) == "tensor" and device_str(t.device) == target
                 and "[" not in n and "." not in n), None)
     expr = f"{ref}.device" if ref is not None else repr(target)

@@ -188,10 +188,8 @@ class TensorColumns(NamedTuple):
 
 
 def tensor_columns(tensors: list, gradients: bool = True) -> TensorColumns:
-    """The facts of ``tensors`` read at once: torch's getters mapped over the list (tens of nanoseconds a
-    tensor, where a Python loop pays a microsecond); the rare parts (gradients, pinned memory, RNG states)
-    only for the tensors they can concern. One tensor that cannot be read this way (a sparse tensor, an
-    exotic subclass) sends the whole list through :func:`storage_key` one by one."""
+    """The facts of ``tensors`` read at once, as :func:`~.kinds.storage_keys` reads their storages; the
+    rare parts (gradients, pinned memory, RNG states) only for the tensors they can concern."""
     torch = torch_module()
     devices = device_names(tensors)
     keys, sizes = storage_keys(tensors)

@@ -25,11 +25,6 @@ from .walk import IPYTHON_NAMES, container_items
 SNAPSHOT_CONTAINER_LIMIT = 64
 
 
-# ---------------------------------------------------------------------------------------------------
-# Namespace snapshots (the contract used by --watch and by %%ontorch's footer)
-# ---------------------------------------------------------------------------------------------------
-
-
 class Placed(NamedTuple):
     """What a name pointed to at snapshot time; holds no reference to the object itself.
 

@@ -245,9 +245,7 @@ def _name_chains(source: str) -> list:
             current, expect_name = [], True
             if tok.type == tokenize.NAME:
                 current, expect_name = [tok.string], False
-    if current:
-        chains.append(".".join(current))
-    return chains
+    return chains  # the last chain was closed by the ENDMARKER token that ends every tokenization
 
 
 # How deep and how wide a name used on the failing line is looked into for tensors (``batch['x']``,

@@ -37,12 +37,9 @@ def tensor_line(name: str, tensor: Any, ns: Optional[Mapping[str, Any]] = None) 
     device = acc.devices[0]
     nbytes = acc.view_bytes
     parts = [name, device, dtype_str(tensor.dtype), shape_str(tuple(tensor.shape)), fmt_bytes(nbytes)]
-    if tensor.requires_grad:
-        parts.append("requires_grad")
-    if pinned(tensor, device) == "yes":
-        parts.append("pinned")
-    if type(tensor).__name__ == "Parameter":
-        parts.append("Parameter")
+    flags = {"requires_grad": tensor.requires_grad, "pinned": pinned(tensor, device) == "yes",
+             "Parameter": type(tensor).__name__ == "Parameter"}
+    parts += [flag for flag, on in flags.items() if on]
     key = next(iter(acc.storages))
     size = acc.nbytes()
     if isinstance(key, int) and size != nbytes:

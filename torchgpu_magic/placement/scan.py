@@ -18,7 +18,7 @@ from .accounting import account, optimizer_tensors
 from .bydesign import LOADER_WHY, loader_names, tensor_why
 from .kinds import device_str, dtype_str, kind_of, shape_str, tensor_nbytes
 from .names import resolve
-from .walk import IPYTHON_NAMES, container_items
+from .walk import CONTAINERS, IPYTHON_NAMES, container_items
 
 # Containers looked into (one level deep) by the per-cell snapshot only when this small, so a list of a
 # million floats in the namespace never slows every cell down; the full %whereis table looks into all.
@@ -72,7 +72,6 @@ class SnapshotCache:
 
 _CACHE = SnapshotCache()
 _VERSION = operator.attrgetter("_version")
-_CONTAINER_TYPES = (list, tuple, dict)
 
 
 def _fingerprint(obj: Any, kind: str) -> tuple:
@@ -121,7 +120,7 @@ def _examine(name: str, obj: Any, old: Mapping[str, Placed]) -> tuple:
     if kind is not None:
         placed = _snap_one(name, obj, kind, old)
         return (((name, placed),) if placed is not None else ()), None, True
-    if type(obj) not in _CONTAINER_TYPES:
+    if type(obj) not in CONTAINERS:
         return (), None, False
     found = []
     if 0 < len(obj) <= SNAPSHOT_CONTAINER_LIMIT:

@@ -15,7 +15,7 @@ from ..host import gc_paused
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_count, join_cells
 from .accounting import account, grad_state, optimizer_tensors, tensor_columns
 from .kinds import device_order, dtype_str, kind_of, shape_str
-from .walk import Walk, container_items
+from .walk import CONTAINERS, Walk, container_items
 
 # Rows shown per device when no --top is given: a namespace of a few hundred objects shows whole, one
 # of 10,000 tensors shows its first rows and one line for the rest.
@@ -149,7 +149,7 @@ def _out_cache_items(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
         kind = kind_of(obj)
         if kind is not None:
             yield name, obj, kind
-        elif type(obj) in (list, tuple, dict):
+        elif type(obj) in CONTAINERS:
             for sub, item in container_items(name, obj):
                 item_kind = kind_of(item)
                 if item_kind is not None:

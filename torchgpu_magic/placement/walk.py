@@ -34,7 +34,7 @@ def container_items(name: str, container: Any) -> Iterator[tuple[str, Any]]:
 WALK_DEPTH = 3
 WALK_WIDTH = 1_000
 WALK_LIMIT = 100_000
-_CONTAINERS = (list, tuple, dict)
+CONTAINERS = (list, tuple, dict)  # the container types the walks here look into
 # Types whose instances the walk never looks into: code, classes, modules, IPython's own machinery, and
 # this package's own result objects (``r = %gpumem free -o``), which hold names, strings and numbers and
 # are not the user's memory.
@@ -100,7 +100,7 @@ class Walk:
             elif kind is not None:
                 seen.add(id(obj))
                 yield name, obj, kind
-            elif typ in _CONTAINERS or _walkable(obj):
+            elif typ in CONTAINERS or _walkable(obj):
                 yield from self._inside(name, obj, WALK_DEPTH, seen)
 
     def _inside(self, name: str, obj: Any, depth: int, seen: set) -> Iterator[tuple[str, Any, str]]:
@@ -108,7 +108,7 @@ class Walk:
             return
         seen.add(id(obj))
         held = None
-        if isinstance(obj, _CONTAINERS):
+        if isinstance(obj, CONTAINERS):
             size = len(obj)
             items: Any = container_items(name, obj)
         else:
@@ -142,7 +142,7 @@ class Walk:
                 if id(item) not in seen:
                     seen.add(id(item))
                     yield sub, item, kind
-            elif type(item) in _CONTAINERS or _walkable(item):
+            elif type(item) in CONTAINERS or _walkable(item):
                 yield from self._inside(sub, item, depth - 1, seen)
 
 

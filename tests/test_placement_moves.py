@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from torchgpu_magic import placement
 from torchgpu_magic.errors import MagicInputError
 from torchgpu_magic.placement import moves
 
@@ -58,7 +59,7 @@ def test_refusals_change_nothing():
         moves.move([("ghost", ghost)], torch.device("cpu"))
     with pytest.raises(MagicInputError, match="takes tensors, nn.Modules and optimizers"):
         moves.move([("n", 3)], META)
-    assert moves.movable_kind([torch.ones(1)]) is None
+    assert placement.kind_of([torch.ones(1)]) is None
 
 
 class _Boom(torch.nn.Linear):

@@ -16,6 +16,7 @@ frame.
 """
 from __future__ import annotations
 
+import linecache
 import re
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -71,15 +72,7 @@ def cell_frames(tb: Any, is_cell_file: Callable[[str], bool]) -> list:
 
 def source_line(frame: Any, lineno: Optional[int]) -> str:
     """The text of line ``lineno`` of ``frame``'s code (cells are in linecache), without its newline."""
-    import linecache
-
     return linecache.getline(frame.f_code.co_filename, lineno or 0).rstrip("\n")
-
-
-def calls_magic(frame: Any, lineno: int) -> bool:
-    """True when line ``lineno`` of ``frame`` is IPython's call of a magic (``%%ontorch`` / ``%cudatime
-    ...`` as IPython's transforms wrote it), not a line the user wrote as such."""
-    return bool(_MAGIC_CALL.search(source_line(frame, lineno)))
 
 
 def compiled_by_magic(frame: Any) -> bool:
@@ -99,7 +92,7 @@ def user_frames(tb: Any, is_cell_file: Callable[[str], bool]) -> list:
     The list holds frames: its caller lets go of it when done."""
     frames = cell_frames(tb, is_cell_file)
     offset = 0
-    while len(frames) > 1 and calls_magic(*frames[0]) and compiled_by_magic(frames[1][0]):
+    while len(frames) > 1 and _MAGIC_CALL.search(source_line(*frames[0])) and compiled_by_magic(frames[1][0]):
         offset += frames[0][1] - 1  # the magic's line 1 is the line that called it
         frames = frames[1:]
     if not frames:

@@ -8,6 +8,7 @@ or the objects.
 from __future__ import annotations
 
 import linecache
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -15,7 +16,7 @@ from ..caches import cache
 from ..placement import device_str, devices_of, dtype_str, kind_of, shape_str
 from ..placement.walk import static_attr
 from ..render import Lines, Report, Reportable
-from .failing import source_line, user_frames
+from .failing import FailingLine, failing_line, user_frames
 
 _D = r"([a-z]+(?::\d+)?)"  # a device as torch prints it: cpu, cuda:0, mps:0, meta, xla:0
 _T = r"([\w:.\[\]]+)"  # a legacy type string: torch.cuda.FloatTensor, Variable[...], MPSFloatType, float
@@ -113,8 +114,6 @@ def _device_of_token(token: str) -> Optional[str]:
     """One device from a captured token, or None where it names none (a bare dtype such as 'float'):
     '1' (a CUDA index) is 'cuda:1', 'torch.cuda.FloatTensor' / 'Variable[...]' are 'cuda' / 'cpu',
     'MPSFloatType' is 'mps', 'CPU' / 'GPU' are 'cpu' / 'cuda', 'cuda:0' stays itself."""
-    import re
-
     if re.fullmatch(r"-?\d+", token):
         return "cpu" if token == "-1" else f"cuda:{token}"
     legacy = re.fullmatch(r"(?:Variable\[)?torch\.(cuda\.)?[\w.]+?\]?", token)
@@ -133,8 +132,6 @@ def _device_of_token(token: str) -> Optional[str]:
 @cache
 def _patterns() -> list:
     """:data:`_MISMATCH` compiled (on the first error, not at import)."""
-    import re
-
     return [(re.compile(p), pair) for p, pair in _MISMATCH]
 
 
@@ -144,8 +141,6 @@ def mismatch_devices(exc: BaseException) -> Optional[tuple]:
     RuntimeError, or the ValueError of scaled_dot_product_attention's Python check); the type-pair
     wordings ("Input type (A) and weight type (B) should be the same") count only when the two types
     are on different devices, since the same words report a dtype mismatch."""
-    import re
-
     if not isinstance(exc, (RuntimeError, ValueError)):
         return None
     text = str(exc)
@@ -159,11 +154,7 @@ def mismatch_devices(exc: BaseException) -> Optional[tuple]:
         devices = [_device_of_token(t) for t in tokens]
         if pair and (None in devices or len(set(devices)) < 2):
             return None
-        out: list = []
-        for device in devices:
-            if device is not None and device not in out:
-                out.append(device)
-        return tuple(out)
+        return tuple(dict.fromkeys(device for device in devices if device is not None))
     return None
 
 
@@ -178,10 +169,6 @@ class Culprit:
     devices: tuple
     summary: str
     where: str
-
-    @property
-    def on_failing_line(self) -> bool:
-        return self.where == "line"
 
 
 @dataclass(repr=False)
@@ -201,10 +188,8 @@ class Diagnosis(Reportable):
 
     def lines(self) -> list:
         devices = f" ({', '.join(self.devices)})" if self.devices else ""
-        out = [f"whereis: a device mismatch{devices}: the tensors of one operation must be on one device."]
-        if self.line:
-            where = f"line {self.lineno}" if self.lineno else "the failing line"
-            out.append(f"On {where}: {self.line.strip()}")
+        out = [f"whereis: a device mismatch{devices}: the tensors of one operation must be on one device.",
+               *FailingLine(self.line, self.lineno).lines()]
         groups = [("  used there:", "line")]
         if self.inner_line:
             groups.append((f"  inside {self.inner_function}(), line {self.inner_lineno}: "
@@ -231,7 +216,7 @@ class Diagnosis(Reportable):
         return {"devices": list(self.devices), "line": self.line, "lineno": self.lineno,
                 "inner_line": self.inner_line, "inner_lineno": self.inner_lineno,
                 "inner_function": self.inner_function,
-                "culprits": [dict(c.__dict__, on_failing_line=c.on_failing_line) for c in self.culprits],
+                "culprits": [dict(c.__dict__, on_failing_line=c.where == "line") for c in self.culprits],
                 "fixes": list(self.fixes)}
 
 
@@ -239,7 +224,6 @@ def _name_chains(source: str) -> list:
     """Dotted names (``x``, ``model.encoder``, ``self.fc``) in ``source``, in order, without strings
     and comments; IPython syntax that does not tokenize falls back to a regular expression."""
     import io
-    import re
     import tokenize
 
     chains: list = []
@@ -261,9 +245,7 @@ def _name_chains(source: str) -> list:
             current, expect_name = [], True
             if tok.type == tokenize.NAME:
                 current, expect_name = [tok.string], False
-    if current:
-        chains.append(".".join(current))
-    return chains
+    return chains  # the last chain was closed by the ENDMARKER token that ends every tokenization
 
 
 # How deep and how wide a name used on the failing line is looked into for tensors (``batch['x']``,
@@ -292,12 +274,10 @@ def _resolve_chain(chain: str, scopes: list) -> list:
     module or optimizer in the first scope binding its head, and for the tensors and modules inside a
     list, tuple or dict it names (``batch['x']``)."""
     parts = chain.split(".")
-    for scope in scopes:
-        if parts[0] in scope:
-            obj = scope[parts[0]]
-            break
-    else:
+    scope = next((scope for scope in scopes if parts[0] in scope), None)
+    if scope is None:
         return []
+    obj = scope[parts[0]]
     found = []
     name = parts[0]
     if kind_of(obj) is not None:
@@ -312,6 +292,11 @@ def _resolve_chain(chain: str, scopes: list) -> list:
             found.append((name, obj))
     found.extend(_items(name, obj, _ITEMS_DEPTH))
     return found
+
+
+def _resolve_all(source: str, scopes: list) -> list:
+    """:func:`_resolve_chain` of every dotted name in ``source``, in order."""
+    return [found for chain in _name_chains(source) for found in _resolve_chain(chain, scopes)]
 
 
 def _culprit(name: str, obj: Any, where: str) -> Culprit:
@@ -340,13 +325,9 @@ def _user_name(obj: Any, user_ns: Mapping[str, Any]) -> Optional[str]:
 
 def _move_fix(name: str, obj: Any, device_expr: str) -> str:
     """The line that moves what ``name`` holds (a tensor, or a list/tuple/dict of them) to the device."""
-    if type(obj) is dict:
-        return f"{name} = {{k: v.to({device_expr}) for k, v in {name}.items()}}"
-    if type(obj) is list:
-        return f"{name} = [t.to({device_expr}) for t in {name}]"
-    if type(obj) is tuple:
-        return f"{name} = tuple(t.to({device_expr}) for t in {name})"
-    return f"{name} = {name}.to({device_expr})"
+    moved = {dict: "{{k: v.to({d}) for k, v in {n}.items()}}", list: "[t.to({d}) for t in {n}]",
+             tuple: "tuple(t.to({d}) for t in {n})"}.get(type(obj), "{n}.to({d})")
+    return f"{name} = " + moved.format(n=name, d=device_expr)
 
 
 def _fixes(line: list, context: list, user_ns: Mapping[str, Any]) -> list:
@@ -396,11 +377,9 @@ def _fixes(line: list, context: list, user_ns: Mapping[str, Any]) -> list:
                              f"{name}.load_state_dict(...).")
         if fixes:
             return fixes
-    tensors = [(n, o) for n, o in line + context if kind_of(o) == "tensor"]
-    on = [device_str(t.device) for _, t in tensors]
+    on = [device_str(t.device) for _, t in line + context if kind_of(t) == "tensor"]
     # The accelerator is where work is meant to run (meta stands in for one on CPU-only machines).
-    accelerators = [d for d in on if d != "cpu"]
-    target = accelerators[0] if accelerators else (on[0] if on else "")
+    target = next((d for d in on if d != "cpu"), on[0] if on else "")
     ref = next((n for n, t in line if kind_of(t) == "tensor" and device_str(t.device) == target
                 and "[" not in n and "." not in n), None)
     expr = f"{ref}.device" if ref is not None else repr(target)
@@ -431,39 +410,23 @@ def diagnose(
     devices = mismatch_devices(exc)
     if devices is None:
         return None
+    failing = failing_line(exc, is_cell_file)
     frames = user_frames(exc.__traceback__, is_cell_file)
-
-    def names_on(frame: Any, lineno: int, scopes: list) -> tuple:
-        text = source_line(frame, lineno)
-        found: list = []
-        for chain in _name_chains(text.strip()):
-            found.extend(_resolve_chain(chain, scopes))
-        return text, found
-
-    line, found_line = "", []
+    found_line: list = []
+    found_inner: list = []
     cell_scopes: list = [user_ns]
-    lineno: Optional[int] = None
-    inner_line, found_inner = "", []
-    inner_lineno: Optional[int] = None
-    inner_function = ""
     if frames:
         outer = frames[0].frame
-        lineno = frames[0].shown
         cell_scopes = [outer.f_locals, outer.f_globals, user_ns]
-        line, found_line = names_on(outer, frames[0].lineno, cell_scopes)
+        found_line = _resolve_all(failing.line.strip(), cell_scopes)
         # The code that ran is the cell as its magic compiled it (whose locals, in %%cudatime's loop,
         # are the cell's names): its text, not the magic's line and options, is the cell's.
         cell_source = "".join(linecache.getlines(outer.f_code.co_filename)) or cell_source
         if len(frames) > 1:
             inner = frames[-1].frame
-            inner_lineno = frames[-1].shown
-            inner_function = inner.f_code.co_name
-            scopes = [inner.f_locals, inner.f_globals, user_ns]
-            inner_line, found_inner = names_on(inner, frames[-1].lineno, scopes)
-    found_cell: list = []
-    for chain in _name_chains(cell_source):
-        found_cell.extend(_resolve_chain(chain, cell_scopes))
-    frames = outer = inner = scopes = cell_scopes = None  # drop the frames: the diagnosis keeps strings only
+            found_inner = _resolve_all(failing.inner_line.strip(), [inner.f_locals, inner.f_globals, user_ns])
+    found_cell = _resolve_all(cell_source, cell_scopes)
+    frames = outer = inner = cell_scopes = None  # drop the frames: the diagnosis keeps strings only
     culprits = []
     seen: set = set()
     for where, group in (("line", found_line), ("inside", found_inner), ("cell", found_cell)):
@@ -476,4 +439,5 @@ def diagnose(
     context = found_inner if found_line else found_inner + found_cell
     line_objs = found_line if found_line or found_inner else found_cell
     fixes = _fixes(line_objs, context, user_ns)
-    return Diagnosis(tuple(devices), line, lineno, culprits, fixes, inner_line, inner_lineno, inner_function)
+    return Diagnosis(tuple(devices), failing.line, failing.lineno, culprits, fixes, failing.inner_line,
+                     failing.inner_lineno, failing.inner_function)

@@ -97,10 +97,9 @@ _FORMS = [
             rf"(?:, max allowed: {_s('limit')})?\)\. Tried to allocate "
             rf"{_s('asked')}", "mps"),
     ("mps-buffer", rf"Invalid buffer size: {_s('asked')}", "mps"),
-    ("cpu", r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate "
-            r"(?P<asked_bytes>\d+) bytes", "cpu"),
-    ("cpu-legacy", r"not enough memory: you tried to (?:re)?allocate (?P<asked_gb>\d+)GB\. Buy new RAM!",
-     "cpu"),
+    ("cpu", rf"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate "
+            rf"{_s('asked')}", "cpu"),
+    ("cpu-legacy", rf"not enough memory: you tried to (?:re)?allocate {_s('asked')}\. Buy new RAM!", "cpu"),
     ("cpu-memalign", r"posix_memalign\(&data, gAlignment, nbytes\) == 0\. 12 vs 0", "cpu"),
     ("runtime", r"(?P<backend>CUDA|HIP) (?:error|driver error): out of memory", None),
     ("runtime-legacy", r"cuda runtime error \(2\) ?: ?out of memory"
@@ -132,13 +131,6 @@ def _compiled() -> tuple:
             re.compile(rf"Unable to allocate {_SIZE}"))
 
 
-def _is_torch_oom(exc: BaseException) -> bool:
-    """True for ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``), without importing torch."""
-    torch = sys.modules.get("torch")
-    kind = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
-    return isinstance(kind, type) and isinstance(exc, kind)
-
-
 def oom_facts(exc: BaseException) -> Optional[OOMFacts]:
     """The :class:`OOMFacts` of ``exc`` when it is an out-of-memory error, else None: a
     ``torch.OutOfMemoryError`` (whatever its text), a ``RuntimeError`` in one of PyTorch's wordings, or
@@ -154,7 +146,9 @@ def oom_facts(exc: BaseException) -> Optional[OOMFacts]:
     if isinstance(exc, MemoryError):
         asked = numpy_size.search(text)
         return OOMFacts("python", "cpu", "memoryerror", asked=parse_size(asked.group(1)) if asked else None)
-    if _is_torch_oom(exc):
+    # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError), whatever its text, without importing torch
+    kind = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
+    if isinstance(kind, type) and isinstance(exc, kind):
         return OOMFacts("cuda", "cuda", "outofmemoryerror")
     return None
 
@@ -167,14 +161,8 @@ def _facts(wording: str, found: Any, backend: Optional[str], text: str, details:
     device_type = _DEVICE_OF.get(backend, "cuda")
     index = groups.pop("index", None)
     device = f"{device_type}:{index}" if index is not None and device_type != "mps" else device_type
-    values: dict = {}
-    if "asked_bytes" in groups:
-        values["asked"] = int(groups.pop("asked_bytes"))
-    if "asked_gb" in groups:
-        values["asked"] = int(groups.pop("asked_gb")) * 1024 ** 3
     other_alloc = groups.pop("other_alloc", None)
-    for key, value in groups.items():
-        values[key] = parse_size(value)
+    values = {key: parse_size(value) for key, value in groups.items()}
     for key, pattern in details:
         if key not in values:
             detail = pattern.search(text)

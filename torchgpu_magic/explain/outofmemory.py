@@ -19,6 +19,7 @@ from ..holders.report import DeviceHolders, device_holders, fragmented
 from ..host import gc_paused
 from ..render import Lines, Report, Reportable, fmt_bytes
 from .failing import FailingLine, failing_line
+from .oomerror import oom_facts
 
 DEL_LINES = 3  # `del` advice for the largest few names; %gpumem holders lists every one
 
@@ -70,27 +71,20 @@ class OOMExplanation(Reportable):
                 "advice": [{"bytes": b, "text": t} for b, t in self.advice], "too_big": self.too_big}
 
 
+@gc_paused()
 def explain(exc: BaseException, ns: Mapping[str, Any], tracebacks: Iterable[Any] = (),
             cell_source: str = "", is_cell_file: Optional[Callable[[str], bool]] = None,
             ) -> Optional[OOMExplanation]:
     """The :class:`OOMExplanation` of ``exc`` when it is an out-of-memory error, else None. ``ns`` is the
     user namespace, ``tracebacks`` what keeps the failed cell's frames alive beyond the exception itself
     and ``sys.last_*`` (IPython's references), ``cell_source`` the failed cell's text, ``is_cell_file``
-    which file names are notebook cells (for the failing line; without it, none is shown)."""
-    from .oomerror import oom_facts
-
+    which file names are notebook cells (for the failing line; without it, none is shown). The garbage
+    collector is paused meanwhile (:func:`~torchgpu_magic.host.gc_paused`)."""
     facts = oom_facts(exc)
     if facts is None:
         return None
     failing = failing_line(exc, is_cell_file) if is_cell_file is not None else FailingLine()
-    with gc_paused():
-        report = _explain(facts, ns, [exc, *tracebacks], cell_source)
-    report.failing = failing
-    return report
-
-
-def _explain(facts: Any, ns: Mapping[str, Any], tracebacks: list, cell_source: str) -> OOMExplanation:
-    holdings = collect(ns, tracebacks)
+    holdings = collect(ns, [exc, *tracebacks])
     state = devicestate.read(facts.device or "cpu")
     device = state.device
     holders = device_holders(holdings, device, state)
@@ -107,7 +101,7 @@ def _explain(facts: Any, ns: Mapping[str, Any], tracebacks: list, cell_source: s
                                 "than meant?), or ask for less"))
     else:
         advice = _freeing(holdings, device, state, facts, cell_source) + advice
-    return OOMExplanation(device, facts, holders, advice, too_big)
+    return OOMExplanation(device, facts, holders, advice, too_big, failing)
 
 
 def _freeing(holdings: Holdings, device: str, state: Any, facts: Any, source: str) -> list:
@@ -169,15 +163,6 @@ def _unknown_processes(state: Any) -> Optional[tuple]:
     return (beyond, f"up to {fmt_bytes(beyond)} of {state.device} is held outside torch here, by this "
                     f"process's CUDA context and other processes: {why}. If another job holds the GPU, use "
                     "another GPU or wait for it")
-
-
-def _has_batch(holdings: Holdings, device: str, source: str) -> bool:
-    """Whether the failure is a model's, whose batch a user can shrink: it failed inside a module's
-    method, or autograd graphs hold activations on the device, or the cell runs a backward. A bare
-    ``torch.empty(2**50)`` has no batch to halve."""
-    if holdings.module_frames or "backward" in source:
-        return True
-    return any(h.source == "graph" and h.nbytes(device) for h in holdings.holders)
 
 
 def _graph_advice(holdings: Holdings, device: str, source: str) -> list:
@@ -245,9 +230,12 @@ def mps_watermark(facts: Any, state: Any) -> list:
 def _ask_less(facts: Any, holdings: Holdings, device: str, state: Any, source: str = "") -> list:
     """What makes the failing request smaller, with numbers: a smaller batch (where the failure is a
     model's: inside a module's forward, or with activations saved for a backward), mixed precision for
-    the activations, activation checkpointing."""
+    the activations, activation checkpointing. A bare ``torch.empty(2**50)`` has no batch to halve: a
+    failure is a model's when it failed inside a module's method, or the cell runs a backward, or
+    autograd graphs hold activations on the device."""
     advice = []
-    if facts.asked is not None and _has_batch(holdings, device, source):
+    if facts.asked is not None and (holdings.module_frames or "backward" in source or any(
+            h.source == "graph" and h.nbytes(device) for h in holdings.holders)):
         half = facts.asked // 2
         advice.append((half, f"a smaller batch: the failing allocation asked {fmt_bytes(facts.asked)}; half "
                              f"the batch asks about {fmt_bytes(half)}"))

@@ -171,7 +171,7 @@ class OnTorchMagics(MagicsPart):
     def _targets(self, move: Optional[str]) -> list:
         """Validate --move NAME[,NAME...] against the namespace: [(name, kind)]; nothing moves here."""
         from .. import devices
-        from ..placement import moves
+        from ..placement import kind_of, moves
 
         if move is None:
             return []
@@ -186,7 +186,7 @@ class OnTorchMagics(MagicsPart):
                              "(give names of tensors, nn.Modules or optimizers)")
         targets = []
         for name in dict.fromkeys(names):
-            kind = moves.movable_kind(ns[name])
+            kind = kind_of(ns[name])
             if kind is None:
                 raise UsageError(f"%ontorch: --move: {moves.not_movable(name, ns[name])}")
             targets.append((name, kind))

@@ -29,8 +29,8 @@ The public names are re-exported here, so callers keep writing ``placement.names
 """
 from __future__ import annotations
 
-from .accounting import account, device_str, devices_of, dtype_str, kind_of, storage_key
-from .kinds import shape_str
+from .accounting import account, devices_of
+from .kinds import device_str, dtype_str, kind_of, shape_str, storage_key
 from .modules import describe, module_report, optimizer_report, placement_line
 from .names import resolve
 from .scan import (

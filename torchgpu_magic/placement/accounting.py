@@ -26,34 +26,25 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any, Iterator, NamedTuple, Optional
 
-from ..torchapi import STORAGE_ID
 from . import bydesign
 from .kinds import (
-    DEVICE_TEXT,
+    device_names,
     device_order,
     device_str,
     dtype_str,
     grad_of,
-    is_floating,
     kind_of,
     storage_key,
+    storage_keys,
     tensor_nbytes,
     torch_module,
 )
 from .offload import offload_places
 from .tree import ModuleNode, Walk
 
-_DEVICE = operator.attrgetter("device")
 _DTYPE = operator.attrgetter("dtype")
 _SHAPE = operator.attrgetter("shape")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
-
-ROLES = ("tensor", "parameter", "buffer", "gradient", "state", "step")
-"""The roles a held tensor can have, in the order reports list them."""
-
-__all__ = ["ROLES", "Account", "ModuleNode", "Share", "TensorColumns", "TensorFacts", "account", "device_str",
-           "devices_of", "dtype_str", "grad_of", "is_floating", "kind_of", "optimizer_tensors", "storage_key",
-           "tensor_columns", "tensor_facts", "tensor_nbytes"]
 
 
 class Share:
@@ -104,13 +95,10 @@ class Account:
             out[(device, role)] = out.get((device, role), 0) + size
         return out
 
-    def nbytes(self, device: Optional[str] = None, gradients: bool = False) -> int:
-        """Bytes of its own storages (on ``device``, or on all its devices): what the reports show as its
-        bytes. Gradients (with ``gradients=True``: them alone) and parts kept off its devices on purpose
-        are not in it."""
-        shares = [self.shares[device]] if device is not None and device in self.shares else (
-            [] if device is not None else self.shares.values())
-        return sum(s.grad_bytes if gradients else s.nbytes for s in shares)
+    def nbytes(self, gradients: bool = False) -> int:
+        """Bytes of its own storages on all its devices: what the reports show as its bytes. Gradients
+        (with ``gradients=True``: them alone) and parts kept off its devices on purpose are not in it."""
+        return sum(s.grad_bytes if gradients else s.nbytes for s in self.shares.values())
 
     def to_dict(self) -> dict:
         """Plain data: kind, class, devices, bytes per device and role, and what is kept off or misplaced."""
@@ -200,25 +188,15 @@ class TensorColumns(NamedTuple):
 
 
 def tensor_columns(tensors: list, gradients: bool = True) -> TensorColumns:
-    """The facts of ``tensors`` read at once: torch's getters mapped over the list (tens of nanoseconds a
-    tensor, where a Python loop pays a microsecond); the rare parts (gradients, pinned memory, RNG states)
-    only for the tensors they can concern. One tensor that cannot be read this way (a sparse tensor, an
-    exotic subclass) sends the whole list through :func:`storage_key` one by one."""
+    """The facts of ``tensors`` read at once, as :func:`~.kinds.storage_keys` reads their storages; the
+    rare parts (gradients, pinned memory, RNG states) only for the tensors they can concern."""
     torch = torch_module()
-    devs = list(map(_DEVICE, tensors))
-    devices = list(map(DEVICE_TEXT.get, devs))
-    if None in devices:
-        devices = list(map(device_str, devs))
+    devices = device_names(tensors)
+    keys, sizes = storage_keys(tensors)
     try:
-        storages = list(map(torch.Tensor.untyped_storage, tensors))
-        keys = list(map(STORAGE_ID, storages))
-        sizes = list(map(torch.UntypedStorage.nbytes, storages))
-        del storages
         views = list(map(operator.mul, map(torch.Tensor.nelement, tensors),
                          map(torch.Tensor.element_size, tensors)))
     except (RuntimeError, TypeError, NotImplementedError, AttributeError):
-        pairs = list(map(storage_key, tensors))
-        keys, sizes = [k for k, _ in pairs], [s for _, s in pairs]
         views = list(map(tensor_nbytes, tensors))
     dtypes = list(map(_DTYPE, tensors))
     requires_grad = list(map(_REQUIRES_GRAD, tensors))
@@ -287,8 +265,9 @@ def _split_shares(module: Any, shares: dict) -> None:
                     continue
                 device = places.get(name) or device_str(tensor.device)
                 share = _share(shares, device)
-                if is_param or is_floating(tensor):
-                    share.dtypes.add(dtype_str(tensor.dtype))
+                dtype = tensor.dtype  # a buffer's only when floating or complex, as the walk shows them
+                if is_param or dtype.is_floating_point or dtype.is_complex:
+                    share.dtypes.add(dtype_str(dtype))
                 if is_param:
                     numel = tensor.nelement()
                     share.numel += numel
@@ -317,12 +296,7 @@ def optimizer_tensors(optimizer: Any) -> Iterator[tuple]:
 
 def _optimizer_account(optimizer: Any) -> Account:
     groups = optimizer.param_groups
-    param_devices: list = []  # per group: the set of its parameters' devices
-    n_params = 0
-    for group in groups:
-        found = {device_str(p.device) for p in group.get("params", ())}
-        n_params += len(group.get("params", ()))
-        param_devices.append(found)
+    param_devices = [{device_str(p.device) for p in group.get("params", ())} for group in groups]
     storages: dict = {}
     state_devices: list = [set() for _ in groups]
     state_bytes = [0] * len(groups)
@@ -359,7 +333,8 @@ def _optimizer_account(optimizer: Any) -> Account:
                   for g, p, s, b in zip(groups, param_devices, state_devices, state_bytes)]
     kept_off = [("step", device, size, bydesign.STEP_WHY) for device, size in sorted(kept.items())]
     return Account("optimizer", type(optimizer).__name__, _ordered(placed), storages,
-                   _shares(storages, placed), kept_off, misplaced, params=n_params, groups=group_rows)
+                   _shares(storages, placed), kept_off, misplaced, params=sum(n for n, *_ in group_rows),
+                   groups=group_rows)
 
 
 def _ordered(devices: Any) -> tuple:

@@ -113,10 +113,8 @@ def tensor_why(tensor: Any, device: str, is_pinned: Optional[str] = None) -> Opt
 def holder_why(obj: Any) -> Optional[str]:
     """Why the tensors held by ``obj`` (an object the namespace walk looks into) are fine on any device:
     a GradScaler's; None for other holders."""
-    for klass in type(obj).__mro__:
-        if klass.__name__ == "GradScaler" and klass.__module__.startswith("torch."):
-            return SCALER_WHY
-    return None
+    scaler = any(k.__name__ == "GradScaler" and k.__module__.startswith("torch.") for k in type(obj).__mro__)
+    return SCALER_WHY if scaler else None
 
 
 def _is_loader(obj: Any) -> bool:

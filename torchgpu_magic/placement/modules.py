@@ -6,14 +6,15 @@ Never runs ``forward``, never moves anything; reports hold strings and numbers o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
+from ..errors import MagicInputError
 from ..host import gc_paused
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_count, join_cells, separator
-from .accounting import account, dtype_str, grad_state, kind_of, storage_key
+from .accounting import account, grad_state
 from .bydesign import pinned
-from .kinds import device_order, shape_str, torch_module
+from .kinds import device_order, dtype_str, kind_of, shape_str, storage_key, torch_module
 from .walk import Walk
 
 
@@ -36,12 +37,9 @@ def tensor_line(name: str, tensor: Any, ns: Optional[Mapping[str, Any]] = None) 
     device = acc.devices[0]
     nbytes = acc.view_bytes
     parts = [name, device, dtype_str(tensor.dtype), shape_str(tuple(tensor.shape)), fmt_bytes(nbytes)]
-    if tensor.requires_grad:
-        parts.append("requires_grad")
-    if pinned(tensor, device) == "yes":
-        parts.append("pinned")
-    if type(tensor).__name__ == "Parameter":
-        parts.append("Parameter")
+    flags = {"requires_grad": tensor.requires_grad, "pinned": pinned(tensor, device) == "yes",
+             "Parameter": type(tensor).__name__ == "Parameter"}
+    parts += [flag for flag, on in flags.items() if on]
     key = next(iter(acc.storages))
     size = acc.nbytes()
     if isinstance(key, int) and size != nbytes:
@@ -76,10 +74,6 @@ class ModuleRow:
     note: str
 
 
-def _node_grad(node: Any) -> str:
-    return grad_state(node.trainable, node.params)
-
-
 def _uniform(node: Any) -> bool:
     """One device, one dtype, and all or none of it trainable: a subtree that can show as one row."""
     return len(node.devices) <= 1 and len(node.dtypes) <= 1 and node.trainable in (0, node.params)
@@ -93,28 +87,29 @@ def _alike(a: Any, b: Any) -> bool:
             and a.devices == b.devices and a.dtypes == b.dtypes and a.notes == b.notes)
 
 
-class _TableReport(Reportable):
-    """A report shown as header lines, one table, and flag lines; subclasses provide ``table()``."""
-
-    header: list
-    flags: list
-
-    def table(self) -> Table:
-        raise NotImplementedError
-
-    def report(self) -> Report:
-        return Report([Lines(self.header), self.table(), Lines(self.flags)])
-
-
 @dataclass(repr=False)
-class ModuleReport(_TableReport):
-    """A module's placement: one row per module, uniform subtrees collapsed, runs of identical
-    siblings merged, split modules and meta / offloaded parameters flagged."""
+class _TableReport(Reportable):
+    """A report of the object ``name`` shown as header lines, one table of ``rows``, and flag lines;
+    subclasses provide ``table()`` and how a row reads as plain data (``_row_dict``)."""
 
     name: str
     header: list
     rows: list
     flags: list
+
+    def report(self) -> Report:
+        return Report([Lines(self.header), self.table(), Lines(self.flags)])
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "header": list(self.header), "rows": list(map(self._row_dict, self.rows)),
+                "flags": list(self.flags)}
+
+
+class ModuleReport(_TableReport):
+    """A module's placement: one row per module, uniform subtrees collapsed, runs of identical
+    siblings merged, split modules and meta / offloaded parameters flagged."""
+
+    _row_dict = staticmethod(asdict)
 
     def table(self) -> Table:
         headers = ["module", "class", "devices", "dtypes", "params", "buffers", "bytes", "trainable", "note"]
@@ -123,10 +118,6 @@ class ModuleReport(_TableReport):
             table.add(r.name, r.what, r.devices, r.dtypes, fmt_count(r.params), fmt_count(r.buffers),
                       fmt_bytes(r.nbytes), r.trainable, r.note)
         return table
-
-    def to_dict(self) -> dict:
-        rows = [r.__dict__.copy() for r in self.rows]
-        return {"name": self.name, "header": list(self.header), "rows": rows, "flags": list(self.flags)}
 
 
 MAX_MODULE_ROWS = 200
@@ -146,7 +137,7 @@ def _node_row(node: Any, collapsed: bool) -> ModuleRow:
         notes.append(f"+{node.n_modules - 1} submodules, same placement")
     return ModuleRow(
         node.name, node.cls, join_cells(sorted(node.devices, key=device_order)), _dtypes(node.dtypes),
-        node.params, node.buffers, node.nbytes, _node_grad(node), "; ".join(notes),
+        node.params, node.buffers, node.nbytes, grad_state(node.trainable, node.params), "; ".join(notes),
     )
 
 
@@ -173,15 +164,11 @@ def _emit(node: Any, rows: list, expand: bool) -> None:
         i = j
 
 
+@gc_paused()
 def module_report(name: str, module: Any) -> ModuleReport:
     """Where ``module``'s parameters and buffers are, module by module. Never runs forward and never
     moves anything; the garbage collector is paused during the walk
     (:func:`~torchgpu_magic.host.gc_paused`)."""
-    with gc_paused():
-        return _module_report(name, module)
-
-
-def _module_report(name: str, module: Any) -> ModuleReport:
     torch = torch_module()
     header = []
     if isinstance(module, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
@@ -214,7 +201,8 @@ def _module_report(name: str, module: Any) -> ModuleReport:
             rows.append(ModuleRow(
                 f"{first.name}..{item[-1].name.rsplit('.', 1)[-1]}", f"{count} × {first.cls}",
                 join_cells(sorted(first.devices, key=device_order)), _dtypes(first.dtypes),
-                first.params * count, first.buffers * count, sum(n.nbytes for n in item), _node_grad(first),
+                first.params * count, first.buffers * count, sum(n.nbytes for n in item),
+                grad_state(first.trainable, first.params),
                 "; ".join(first.notes),
             ))
         else:
@@ -241,24 +229,16 @@ def _module_report(name: str, module: Any) -> ModuleReport:
     return ModuleReport(name, header, rows, flags)
 
 
-@dataclass(repr=False)
 class OptimizerReport(_TableReport):
     """Where an optimizer's state lives compared with its parameters, per parameter group."""
 
-    name: str
-    header: list
-    rows: list
-    flags: list
+    _row_dict = list
 
     def table(self) -> Table:
         table = Table(["group", "params", "param devices", "state devices", "state bytes"], align="rrllr")
         for group, n, pdev, sdev, nbytes in self.rows:
             table.add(group, n, pdev, sdev, fmt_bytes(nbytes))
         return table
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "header": list(self.header), "rows": [list(r) for r in self.rows],
-                "flags": list(self.flags)}
 
 
 def optimizer_report(name: str, optimizer: Any) -> OptimizerReport:
@@ -290,8 +270,6 @@ def optimizer_report(name: str, optimizer: Any) -> OptimizerReport:
 def describe(name: str, obj: Any, ns: Optional[Mapping[str, Any]] = None) -> Any:
     """The ``%whereis NAME`` report for one object: a line for a tensor, a table for a module or an
     optimizer. Raises MagicInputError for anything else."""
-    from ..errors import MagicInputError
-
     kind = kind_of(obj)
     if kind == "tensor":
         return tensor_line(name, obj, ns)

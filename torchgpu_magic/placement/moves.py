@@ -19,31 +19,17 @@ from typing import Any, Mapping, Optional
 
 from ..errors import MagicInputError
 from ..render import fmt_bytes
-from .accounting import account, optimizer_tensors, storage_key, tensor_nbytes
-from .bydesign import is_step, step_on_param_device
+from .accounting import account, optimizer_tensors
+from .bydesign import holder_why, is_step, step_on_param_device
+from .kinds import kind_of, storage_key, tensor_nbytes
 
 DISCARD_FLAG = "--discard-data"
 """The option of ``%%ontorch`` that allows a move to meta (shown in the refusal)."""
 
 
-def movable_kind(obj: Any) -> Optional[str]:
-    """'tensor', 'module' or 'optimizer' for what :func:`move` can move; None for anything else."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return "tensor"
-    if isinstance(obj, torch.nn.Module):
-        return "module"
-    if isinstance(obj, torch.optim.Optimizer):
-        return "optimizer"
-    return None
-
-
 def not_movable(name: str, obj: Any) -> str:
     """Why ``--move`` does not take ``obj`` (one line): a GradScaler needs no move; anything else is not a
     tensor, module or optimizer."""
-    from .bydesign import holder_why
-
     if holder_why(obj) is not None:
         return (f"{name} is a {type(obj).__name__}, which needs no move: it copies its scale to each "
                 "output's device when used; --move takes tensors, nn.Modules and optimizers")
@@ -70,7 +56,7 @@ def move(targets: list, device: Any, discard_data: bool = False,
     device = torch.device(device)
     kinds = []
     for name, obj in targets:
-        kind = movable_kind(obj)
+        kind = kind_of(obj)
         if kind is None:
             raise MagicInputError(f"--move: {not_movable(name, obj)}")
         kinds.append(kind)
@@ -158,14 +144,12 @@ def _create_there(name: str, kind: str, device: Any) -> str:
 def _refuse_stranded_optimizers(targets: list, kinds: list, ns: Mapping[str, Any]) -> None:
     """An optimizer in the namespace holding parameters of a module the move replaces must move too."""
     moving_opts = {id(obj) for (_, obj), kind in zip(targets, kinds) if kind == "optimizer"}
-    params: dict = {}
-    for (name, obj), kind in zip(targets, kinds):
-        if kind == "module":
-            params.update((id(p), name) for p in obj.parameters())
+    params = {id(p): name for (name, obj), kind in zip(targets, kinds) if kind == "module"
+              for p in obj.parameters()}
     if not params:
         return
     for opt_name, value in list(ns.items()):
-        if opt_name[:1] == "_" or movable_kind(value) != "optimizer" or id(value) in moving_opts:
+        if opt_name[:1] == "_" or kind_of(value) != "optimizer" or id(value) in moving_opts:
             continue
         for group in value.param_groups:
             owner = next((params[id(p)] for p in group.get("params", ()) if id(p) in params), None)

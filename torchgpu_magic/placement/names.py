@@ -3,8 +3,10 @@ indices, with close matches when the name is not there.
 """
 from __future__ import annotations
 
+import ast
 from typing import Any, Mapping
 
+from ..errors import MagicInputError
 from .walk import Walk, static_attr
 
 _INDEXABLE = ("ModuleList", "Sequential", "ModuleDict", "ParameterList", "ParameterDict")
@@ -17,10 +19,6 @@ def resolve(expr: str, ns: Mapping[str, Any]) -> Any:
     """The object ``expr`` names in ``ns``: a name, attributes (``model.encoder``) and constant
     indices (``batch[0]``, ``d['w']``, ``model.layers[-1]``). Never evaluates code; raises
     MagicInputError (with close matches) for anything else."""
-    import ast
-
-    from ..errors import MagicInputError
-
     try:
         tree = ast.parse(expr.strip(), mode="eval").body
     except SyntaxError:

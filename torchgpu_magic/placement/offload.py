@@ -26,8 +26,6 @@ def offload_place(module: Any, name: str) -> Optional[str]:
         weights = getattr(hook, "weights_map", None)
         data = getattr(weights, "dataset", weights)
         key = getattr(weights, "prefix", "") + name
-        if isinstance(data, dict):
-            return "cpu"
         in_memory = getattr(data, "state_dict", None)
         if isinstance(in_memory, dict) and key in in_memory:
             return "cpu"

@@ -7,38 +7,22 @@ one around pins no GPU memory.
 from __future__ import annotations
 
 import operator
+import re
+import types
 from itertools import compress
 from operator import ne
 from typing import Any, Mapping, NamedTuple, Optional
 
 from ..render import fmt_count, separator
-from .accounting import account, device_str, dtype_str, kind_of, optimizer_tensors, tensor_nbytes
+from .accounting import account, optimizer_tensors
 from .bydesign import LOADER_WHY, loader_names, tensor_why
-from .kinds import shape_str
+from .kinds import device_str, dtype_str, kind_of, shape_str, tensor_nbytes
 from .names import resolve
-from .walk import IPYTHON_NAMES, container_items
+from .walk import CONTAINERS, IPYTHON_NAMES, container_items
 
 # Containers looked into (one level deep) by the per-cell snapshot only when this small, so a list of a
 # million floats in the namespace never slows every cell down; the full %whereis table looks into all.
 SNAPSHOT_CONTAINER_LIMIT = 64
-
-
-# ---------------------------------------------------------------------------------------------------
-# Namespace snapshots (the contract used by --watch and by %%ontorch's footer)
-# ---------------------------------------------------------------------------------------------------
-
-
-def _module_sig(module: Any) -> tuple:
-    """A hashable summary of a module's placement that changes when any of its parameters or
-    buffers moves, changes dtype or shape, or when tensors are added or removed."""
-    return tuple((t.device, t.dtype, t.shape) for mod in module.modules()
-                 for table in (mod._parameters, mod._buffers) for t in table.values() if t is not None)
-
-
-def _optimizer_sig(optimizer: Any) -> tuple:
-    """The same for an optimizer: its parameters' devices, then its state tensors' keys and devices."""
-    params = tuple(p.device for group in optimizer.param_groups for p in group.get("params", ()))
-    return params + tuple((key, t.device, t.dtype) for _, _, key, t in optimizer_tensors(optimizer))
 
 
 class Placed(NamedTuple):
@@ -88,15 +72,22 @@ class SnapshotCache:
 
 _CACHE = SnapshotCache()
 _VERSION = operator.attrgetter("_version")
-_CONTAINER_TYPES = (list, tuple, dict)
 
 
 def _fingerprint(obj: Any, kind: str) -> tuple:
-    if kind == "tensor":  # the same object at the same version counter is unchanged
+    """What changes when the object is replaced or placed anew. A tensor: the same object at the same
+    version counter is unchanged. A module: any of its parameters or buffers moved, changed dtype or
+    shape, or tensors added or removed. An optimizer: its parameters' devices, then its state tensors'
+    keys, devices and dtypes."""
+    if kind == "tensor":
         return (id(obj), obj._version, obj.device, obj.dtype, obj.shape)
     if kind == "module":
-        return (id(obj), hash(_module_sig(obj)))
-    return (id(obj), hash(_optimizer_sig(obj)))
+        return (id(obj), hash(tuple((t.device, t.dtype, t.shape) for mod in obj.modules()
+                                    for table in (mod._parameters, mod._buffers)
+                                    for t in table.values() if t is not None)))
+    params = tuple(p.device for group in obj.param_groups for p in group.get("params", ()))
+    state = tuple((key, t.device, t.dtype) for _, _, key, t in optimizer_tensors(obj))
+    return (id(obj), hash(params + state))
 
 
 def _snap_one(name: str, obj: Any, kind: str, old: Mapping[str, Placed]) -> Optional[Placed]:
@@ -129,7 +120,7 @@ def _examine(name: str, obj: Any, old: Mapping[str, Placed]) -> tuple:
     if kind is not None:
         placed = _snap_one(name, obj, kind, old)
         return (((name, placed),) if placed is not None else ()), None, True
-    if type(obj) not in _CONTAINER_TYPES:
+    if type(obj) not in CONTAINERS:
         return (), None, False
     found = []
     if 0 < len(obj) <= SNAPSHOT_CONTAINER_LIMIT:
@@ -235,14 +226,9 @@ def changed(before: Mapping[str, Placed], after: Mapping[str, Placed]) -> list:
     ``after``'s order."""
     if after is before:
         return []
-    result = []
-    for name, placed in after.items():
-        prior = before.get(name)
-        if prior is placed:
-            continue
-        if prior is None or prior.fingerprint != placed.fingerprint:
-            result.append(placed)
-    return result
+    return [placed for name, placed in after.items()
+            if (prior := before.get(name)) is not placed
+            and (prior is None or prior.fingerprint != placed.fingerprint)]
 
 
 def watch_line(changes: list, before: Mapping[str, Placed]) -> str:
@@ -335,9 +321,6 @@ def names_bound(codes: list, source: str, ns: Mapping[str, Any], depth: int = 2)
     reach names its code does not mention (``exec``, ``globals()``, a magic, ``import *``): then the
     caller watches the whole namespace. ``source`` is the cell's (transformed) text, where ``import *``
     is looked for. Reads code only; runs nothing."""
-    import re
-    import types
-
     if "*" in source and re.search(r"\bimport\s+\*", source):
         return None
     names: set = set()

@@ -6,15 +6,16 @@ Reports hold names, strings and numbers, never the objects.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
 from ..caches import table
 from ..host import gc_paused
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_count, join_cells
-from .accounting import account, dtype_str, grad_state, kind_of, optimizer_tensors, tensor_columns
-from .kinds import device_order, shape_str
-from .walk import Walk, container_items
+from .accounting import account, grad_state, optimizer_tensors, tensor_columns
+from .kinds import device_order, dtype_str, kind_of, shape_str
+from .walk import CONTAINERS, Walk, container_items
 
 # Rows shown per device when no --top is given: a namespace of a few hundred objects shows whole, one
 # of 10,000 tensors shows its first rows and one line for the rest.
@@ -78,8 +79,8 @@ class NamespaceReport(Reportable):
             else:
                 of_which = f", of which gradients {fmt_bytes(grads)}" if grads else ""
                 title = count + f"{fmt_bytes(self.totals[device])}{of_which} (shared storage counted once)"
-            headers = ["name", "what", "dtype", "shape", "bytes", "grad bytes", "grad", "pinned", "note"]
-            table = Table(headers, align="llllrrlll", title=title)
+            table = Table(["name", "what", "dtype", "shape", "bytes", "grad bytes", "grad", "pinned", "note"],
+                          align="llllrrlll", title=title)
             shown = rows if self.top is None else rows[: self.top]
             for r in shown:
                 table.add(r.name, r.what, r.dtype, r.shape, fmt_bytes(r.nbytes),
@@ -94,15 +95,9 @@ class NamespaceReport(Reportable):
     def rest_bytes(self, shown: list, rest: list) -> int:
         """The memory the rows not shown hold beyond what the shown rows hold: each storage once, so
         views and aliases of a shown tensor add nothing (the device total minus the shown rows')."""
-        sizes = self.sizes
         seen = {key for row in shown for key in row.keys}
-        total = 0
-        for row in rest:
-            for key in row.keys:
-                if key not in seen:
-                    seen.add(key)
-                    total += sizes.get(key, 0)
-        return total
+        rest_keys = dict.fromkeys(key for row in rest for key in row.keys if key not in seen)
+        return sum(self.sizes.get(key, 0) for key in rest_keys)
 
     def footer(self) -> list:
         if not self.rows and self.elsewhere:
@@ -143,14 +138,10 @@ def _out_cache_items(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
     """(name, object, kind) for what IPython's output cache holds: ``Out[N]`` (also bound to
     ``_N``), and ``_``, ``__``, ``___`` when they are not in ``Out``; one level into containers."""
     out = ns.get("Out")
+    cached = sorted(out.items(), key=lambda kv: str(kv[0])) if isinstance(out, dict) else []
+    entries = [(f"Out[{key}]", value) for key, value in cached]
+    entries += [(name, ns[name]) for name in ("_", "__", "___") if name in ns]
     seen: set = set()
-    entries: list = []
-    if isinstance(out, dict):
-        for key, value in sorted(out.items(), key=lambda kv: str(kv[0])):
-            entries.append((f"Out[{key}]", value))
-    for name in ("_", "__", "___"):
-        if name in ns:
-            entries.append((name, ns[name]))
     for name, obj in entries:
         if id(obj) in seen:
             continue
@@ -158,7 +149,7 @@ def _out_cache_items(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
         kind = kind_of(obj)
         if kind is not None:
             yield name, obj, kind
-        elif type(obj) in (list, tuple, dict):
+        elif type(obj) in CONTAINERS:
             for sub, item in container_items(name, obj):
                 item_kind = kind_of(item)
                 if item_kind is not None:
@@ -186,12 +177,6 @@ class _Tally:
 
 def _keys_on(acc: Any, device: str) -> tuple:
     return tuple(key for key, (where, _, _) in acc.storages.items() if where == device)
-
-
-def _kept_note(acc: Any) -> str:
-    """'+16 B of step counters on cpu (torch keeps ...)' for what an account keeps off its devices."""
-    return "; ".join(f"+{fmt_bytes(size)} of step counters on {device}, {why}"
-                     for _, device, size, why in acc.kept_off)
 
 
 def _tensor_row(name: str, columns: Any, index: int, tally: _Tally, notes: list) -> Row:
@@ -263,15 +248,15 @@ def _optimizer_rows(name: str, optimizer: Any, tally: _Tally, note: str) -> list
     if acc.misplaced:
         params = sorted({expected for _, _, expected in acc.misplaced}, key=device_order)
         notes.append(f"state not on its params' device ({join_cells(params)}): step() will fail")
-    kept = _kept_note(acc)
-    rows = []
-    for index, device in enumerate(with_state):
-        row_notes = notes + ([kept] if kept and index == 0 else [])
-        rows.append(Row(name, what, device, "-", f"{acc.params} params, state", acc.shares[device].nbytes,
-                        "-", "-", "; ".join(row_notes), 0, _keys_on(acc, device)))
-    return rows
+    # '+16 B of step counters on cpu, where torch keeps them ...' on the first row, for what it keeps off
+    kept = [f"+{fmt_bytes(size)} of step counters on {device}, {why}"
+            for _, device, size, why in acc.kept_off]
+    return [Row(name, what, device, "-", f"{acc.params} params, state", acc.shares[device].nbytes, "-", "-",
+                "; ".join(notes + (kept if index == 0 else [])), 0, _keys_on(acc, device))
+            for index, device in enumerate(with_state)]
 
 
+@gc_paused()
 def namespace_report(
     ns: Mapping[str, Any],
     device: Optional[str] = None,
@@ -283,12 +268,6 @@ def namespace_report(
     by name with ``sort='name'``, else in namespace order; ``top`` rows per device (None: all). Reads
     only; keeps no reference. The garbage collector is paused during the walk
     (:func:`~torchgpu_magic.host.gc_paused`)."""
-    with gc_paused():
-        return _namespace_report(ns, device, sort, top)
-
-
-def _namespace_report(ns: Mapping[str, Any], device: Optional[str], sort: Optional[str],
-                      top: Optional[int]) -> NamespaceReport:
     rows: list = []
     tally = _Tally()
     user_ids: set = set()
@@ -310,41 +289,37 @@ def _namespace_report(ns: Mapping[str, Any], device: Optional[str], sort: Option
             user_ids.update(id(t) for *_, t in optimizer_tensors(obj))
     found = []
     user_keys = set(tally.data) | set(tally.grads)
-    out_names: list = []
     out_tally = _Tally()
     out_items = []
     for name, obj, kind in _out_cache_items(ns):
         if id(obj) not in user_ids:
             user_ids.add(id(obj))
             out_items.append((name, obj, kind))
+    out_names = [name for name, _, _ in out_items]
     out_columns = _columns(out_items)
     for index, (name, obj, kind) in enumerate(out_items):
-        out_names.append(name)
         _rows_for(name, obj, kind, out_tally, rows, "only in Out", tensor_names, None, out_columns, index)
     out_only = {k: v for table in (out_tally.data, out_tally.grads) for k, v in table.items()
                 if k not in user_keys}
     tally.data.update(out_tally.data)
     tally.grads.update(out_tally.grads)
-    totals: dict = {}
-    grad_totals: dict = {}
+    totals: Counter = Counter()
+    grad_totals: Counter = Counter()
     for where, size in tally.data.values():
-        totals[where] = totals.get(where, 0) + size
+        totals[where] += size
     for key, (where, size) in tally.grads.items():
         if key not in tally.data:  # a gradient that is also a named tensor counts once
-            totals[where] = totals.get(where, 0) + size
-            grad_totals[where] = grad_totals.get(where, 0) + size
-    counts: dict = {}
-    for row in rows:
-        totals.setdefault(row.device, 0)
-        counts[row.device] = counts.get(row.device, 0) + 1
+            totals[where] += size
+            grad_totals[where] += size
+    counts = Counter(row.device for row in rows)
+    totals.update(dict.fromkeys(counts, 0))  # a row's device holding no bytes too ('(no tensors)')
     sizes = {key: size for table in (tally.grads, tally.data) for key, (_, size) in table.items()}
     elsewhere: dict = {}
     if device is not None:
         elsewhere = {d: n for d, n in counts.items() if d != device}
         rows = [r for r in rows if r.device == device]
-        totals = {device: totals[device]} if device in totals else {}
-        counts = {device: counts[device]} if device in counts else {}
-        grad_totals = {device: grad_totals[device]} if device in grad_totals else {}
+        totals, counts, grad_totals = ({d: n for d, n in figures.items() if d == device}
+                                       for figures in (totals, counts, grad_totals))
     if sort == "bytes":
         rows.sort(key=lambda r: r.nbytes + r.grad_bytes, reverse=True)
     elif sort == "name":
@@ -368,13 +343,9 @@ def _rows_for(name: str, obj: Any, kind: str, tally: _Tally, rows: list, note: s
             where, facts = columns
             at = where[index]
             key = facts.keys[at]
-            names = tensor_names.get(key)
+            first, first_id = tensor_names.setdefault(key, (name, id(obj)))  # the storage's first name
             shared = ""
-            if names is None:
-                tensor_names[key] = [(name, id(obj))]
-            else:
-                names.append((name, id(obj)))
-                first, first_id = names[0]
+            if first != name:
                 shared = ("same tensor as " if first_id == id(obj) else "shares storage with ") + first
             rows.append(_tensor_row(name, facts, at, tally, [note, shared, why or ""]))
         elif kind == "module":

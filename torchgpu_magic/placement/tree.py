@@ -18,12 +18,10 @@ import operator
 from itertools import accumulate, compress
 from typing import Any
 
-from ..torchapi import STORAGE_ID
-from .kinds import DEVICE_TEXT, device_str, grad_of, storage_key, torch_module
-from .offload import execution_device, offload_place
+from .kinds import device_names, device_str, grad_of, storage_key, storage_keys, torch_module
+from .offload import execution_device, offload_places
 
 _NOT_NONE = functools.partial(operator.is_not, None)
-_DEVICE = operator.attrgetter("device")
 _DTYPE = operator.attrgetter("dtype")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _EMPTY: frozenset = frozenset()
@@ -104,39 +102,27 @@ class Walk:
         tensors = params + buffers
         n, n_params = len(tensors), len(params)
         span = range(n)
-        devs = list(map(_DEVICE, tensors))
-        names = list(map(DEVICE_TEXT.get, devs))
-        if None in names:
-            names = list(map(device_str, devs))
+        names = device_names(tensors)
         for module, p0, b0 in hooked:  # accelerate's offloaded weights: named where the hook keeps them
             self._places[id(module)] = self._offloaded(module, p0, n_params + b0, names)
         dtypes = list(map(_DTYPE, tensors))
         numels = list(map(torch.Tensor.nelement, tensors))
-        try:
-            storages = list(map(torch.Tensor.untyped_storage, tensors))
-            keys = list(map(STORAGE_ID, storages))
-            sizes = list(map(torch.UntypedStorage.nbytes, storages))
-            del storages
-        except (RuntimeError, TypeError, NotImplementedError, AttributeError):  # sparse, some subclasses
-            pairs = list(map(storage_key, tensors))
-            keys, sizes = [k for k, _ in pairs], [s for _, s in pairs]
+        keys, sizes = storage_keys(tensors)
         first_in = dict(zip(reversed(keys), reversed(span)))
         roles = ["parameter"] * n_params + ["buffer"] * (n - n_params)
-        counted: Any = None  # False for a tensor an earlier module holds (a tied weight)
         ties = False
         if len(first_in) < n:  # shared storage (tied weights among it): counted at its first holder only
             ids = list(map(id, tensors))
             first_of = dict(zip(reversed(ids), reversed(span)))
             ties = len(first_of) < n
-            counted = list(map(operator.eq, map(first_of.__getitem__, ids), span))
+            counted = list(map(operator.eq, map(first_of.__getitem__, ids), span))  # False: a tied weight
             owns = list(map(operator.and_, map(operator.eq, map(first_in.__getitem__, keys), span), counted))
             self.storages = dict(zip(compress(keys, owns), zip(compress(names, owns), compress(roles, owns),
                                                                 compress(sizes, owns))))
             sizes = list(map(operator.mul, sizes, owns))
+            numels = list(map(operator.mul, numels, counted))
         else:
             self.storages = dict(zip(keys, zip(names, roles, sizes)))
-        if counted is not None:
-            numels = list(map(operator.mul, numels, counted))
         param_dtypes, buffer_dtypes = set(dtypes[:n_params]), set(dtypes[n_params:])
         floating = {d: d.is_floating_point or d.is_complex for d in buffer_dtypes}  # a buffer's is shown
         shown = [True] * n_params + list(map(floating.__getitem__, dtypes[n_params:]))
@@ -157,18 +143,13 @@ class Walk:
     def _offloaded(module: Any, p0: int, b0: int, names: list) -> set:
         """Rename the meta tensors of a hooked module whose weights accelerate keeps elsewhere to that
         place ('cpu' or 'disk'); the places found."""
-        places = set()
-        for table, index in ((module._parameters, p0), (module._buffers, b0)):
-            for key, tensor in table.items():
-                if tensor is None:
-                    continue
-                if names[index] == "meta":
-                    place = offload_place(module, key)
-                    if place is not None:
-                        names[index] = place
-                        places.add(place)
-                index += 1
-        return places
+        found = offload_places(module)
+        for table, start in ((module._parameters, p0), (module._buffers, b0)):
+            held = [key for key, tensor in table.items() if tensor is not None]
+            for index, key in enumerate(held, start):
+                if key in found:
+                    names[index] = found[key]
+        return set(found.values())
 
     def _gradients(self, params: Any) -> None:
         """Put the gradients of trainable parameters into ``storages`` (role gradient)."""
@@ -188,6 +169,7 @@ class Walk:
         numels, trainable, nbytes, shown = facts["numels"], facts["trainable"], facts["bytes"], facts["shown"]
         n_params, uniform = facts["n_params"], facts["uniform"]
         devices, dtypes = facts["devices"], facts["dtypes"]
+        names, dtype_list, shown_list = facts["names"], facts["dtype_list"], facts["shown_list"]
         next_count = iter(counts).__next__
         at = [0, 0]  # the next parameter's and buffer's index
 
@@ -221,8 +203,9 @@ class Walk:
                     here.devices = devices
                     if p1 > p0 or shown[b1] > shown[b0]:
                         here.dtypes = dtypes
-                else:
-                    here.devices, here.dtypes = self._sets(facts, p0, p1, b0, b1)
+                else:  # several devices or dtypes in the model: this node's, from slices of the lists
+                    here.devices = {*names[p0:p1], *names[b0:b1]}
+                    here.dtypes = {*dtype_list[p0:p1], *compress(dtype_list[b0:b1], shown_list[b0:b1])}
             return here
 
         tree = node("", root)
@@ -233,16 +216,6 @@ class Walk:
         if facts["ties"]:  # tied weights: say where each is counted
             self._tie_notes(root, tree)
         return tree
-
-    @staticmethod
-    def _sets(facts: dict, p0: int, p1: int, b0: int, b1: int) -> tuple:
-        """A node's devices and dtypes where the model has several (the rarer path: slices of lists)."""
-        names, dtypes, shown = facts["names"], facts["dtype_list"], facts["shown_list"]
-        devices = set(names[p0:p1])
-        devices.update(names[b0:b1])
-        kinds = set(dtypes[p0:p1])
-        kinds.update(compress(dtypes[b0:b1], shown[b0:b1]))
-        return devices, kinds
 
     def _hook_notes(self, node: ModuleNode, module: Any) -> None:
         places = self._places.get(id(module), set())

@@ -4,6 +4,8 @@ count; and the static attribute lookup ``%whereis NAME.attr`` and the diagnosis 
 """
 from __future__ import annotations
 
+import types
+from itertools import islice
 from typing import Any, Iterator, Mapping, Optional
 
 from ..caches import table
@@ -32,7 +34,7 @@ def container_items(name: str, container: Any) -> Iterator[tuple[str, Any]]:
 WALK_DEPTH = 3
 WALK_WIDTH = 1_000
 WALK_LIMIT = 100_000
-_CONTAINERS = (list, tuple, dict)
+CONTAINERS = (list, tuple, dict)  # the container types the walks here look into
 # Types whose instances the walk never looks into: code, classes, modules, IPython's own machinery, and
 # this package's own result objects (``r = %gpumem free -o``), which hold names, strings and numbers and
 # are not the user's memory.
@@ -52,8 +54,6 @@ def _walkable(obj: Any) -> bool:
         pass
     except TypeError:
         return False
-    import types
-
     module = getattr(typ, "__module__", "") or ""
     walkable = (
         (typ is types.SimpleNamespace or module.split(".")[0] not in _OPAQUE_MODULES)
@@ -81,10 +81,8 @@ class Walk:
     tensors held by objects that keep them anywhere on purpose (a GradScaler's scale). Keeps nothing
     once iterated but names, reasons and counts."""
 
-    def __init__(self, ns: Mapping[str, Any], depth: int = WALK_DEPTH, width: int = WALK_WIDTH,
-                 limit: int = WALK_LIMIT) -> None:
+    def __init__(self, ns: Mapping[str, Any]) -> None:
         self.ns = ns
-        self.depth, self.width, self.limit = depth, width, limit
         self.visited = 0
         self.cut: list = []  # (name, why) for what the limits left out
         self.why: dict = {}  # name: why its tensor is fine on any device (bydesign.holder_why)
@@ -102,15 +100,15 @@ class Walk:
             elif kind is not None:
                 seen.add(id(obj))
                 yield name, obj, kind
-            elif typ in _CONTAINERS or _walkable(obj):
-                yield from self._inside(name, obj, self.depth, seen)
+            elif typ in CONTAINERS or _walkable(obj):
+                yield from self._inside(name, obj, WALK_DEPTH, seen)
 
     def _inside(self, name: str, obj: Any, depth: int, seen: set) -> Iterator[tuple[str, Any, str]]:
         if id(obj) in seen:
             return
         seen.add(id(obj))
         held = None
-        if isinstance(obj, _CONTAINERS):
+        if isinstance(obj, CONTAINERS):
             size = len(obj)
             items: Any = container_items(name, obj)
         else:
@@ -126,16 +124,14 @@ class Walk:
         if size == 0:
             return
         if depth == 0:
-            self.cut.append((name, f"deeper than {self.depth} levels"))
+            self.cut.append((name, f"deeper than {WALK_DEPTH} levels"))
             return
-        if size > self.width:
-            self.cut.append((name, f"{size:,} items, the first {self.width:,} looked into"))
-        for index, (sub, item) in enumerate(items):
-            if index >= self.width:
-                break
+        if size > WALK_WIDTH:
+            self.cut.append((name, f"{size:,} items, the first {WALK_WIDTH:,} looked into"))
+        for sub, item in islice(items, WALK_WIDTH):
             self.visited += 1
-            if self.visited > self.limit:
-                self.cut.append((name, f"stopped after {self.limit:,} objects"))
+            if self.visited > WALK_LIMIT:
+                self.cut.append((name, f"stopped after {WALK_LIMIT:,} objects"))
                 return
             kind = kind_of(item)
             if kind == "tensor":
@@ -146,7 +142,7 @@ class Walk:
                 if id(item) not in seen:
                     seen.add(id(item))
                     yield sub, item, kind
-            elif type(item) in _CONTAINERS or _walkable(item):
+            elif type(item) in CONTAINERS or _walkable(item):
                 yield from self._inside(sub, item, depth - 1, seen)
 
 

@@ -9,8 +9,9 @@ A :class:`Bridge` runs one of our engine-side functions (named by its dotted pat
 """
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..errors import MagicInputError
@@ -99,9 +100,6 @@ class Reply:
     threads: Optional[int] = None  # torch's intra-op threads there
     fix: str = ""  # what to do about ``problem``, where the reply knows better than its code
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     def error_text(self) -> str:
         """'timeout: no answer in 5 s' / 'busy since 19:40:12 (...)' / 'no_package: No module named
         ...: install it ...': one line for a table cell, with the fix where the reply has one."""
@@ -129,21 +127,14 @@ def envelope(reply: Reply, data: Any) -> Reply:
     return reply
 
 
-def missing_module(text: str) -> str:
-    """The top-level package an import error names: "No module named 'torchgpu_magic.cluster'" ->
-    'torchgpu_magic'; '' when the text names none."""
-    import re
-
-    found = re.search(r"No module named '([^']+)'", text) or re.search(r"import name '[^']+' from '([^']+)'",
-                                                                       text)
-    return found.group(1).split(".")[0] if found else ""
-
-
 def from_exception(reply: Reply, name: str, text: str, where: str = "") -> Reply:
     """Classify an exception raised on the way to or on the engine (by its class name and text, since
     Dask and ipyparallel wrap the original: Dask may send back ``Exception('ModuleNotFoundError ...')``).
-    ``where`` says where the engine's Python lives, for the install hint."""
-    module = missing_module(f"{name}: {text}")
+    An import failure names its top-level package ("No module named 'torchgpu_magic.cluster'" ->
+    torchgpu_magic). ``where`` says where the engine's Python lives, for the install hint."""
+    found = re.search(r"No module named '([^']+)'", text) or re.search(r"import name '[^']+' from '([^']+)'",
+                                                                       text)
+    module = found.group(1).split(".")[0] if found else ""
     place = f" (on {where})" if where else ""
     if module == "torchgpu_magic":
         return reply.fail("no_package", f"No module named 'torchgpu_magic'{place}", fix=FIX_PACKAGE)

@@ -9,7 +9,7 @@ builds, engines whose torch cannot use a GPU; each comes with its fix.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_value
@@ -27,6 +27,18 @@ CONTEXT_MAX = 1 << 30
 holding no more than this on a GPU where torch keeps nothing holds a stray context there."""
 FIX_SHARED_FULL = ("the engines compete for this GPU's memory and compute: run one engine per GPU on this "
                    "host (fewer engines, or dask-cuda's LocalCUDACluster)")
+FIX_ENGINE = {
+    "no_package": FIX_PACKAGE,
+    "no_torch": FIX_TORCH,
+    "dead": "restart the engine (ipcluster / your launcher); the other engines' rows are current",
+    "timeout": "the engine is busy (a long %px cell?) or stuck: wait, interrupt it, or raise --timeout",
+    "busy": "wait for it to finish, or stop it as %px would (Ctrl-C in the %px cell, or "
+            "rc.send_signal('SIGINT', targets=[N])); the other engines' rows are current",
+    "stuck": "restart the engine if it does not recover (ipcluster / your launcher); the other engines' "
+             "rows are current",
+}
+"""The fix for an engine that did not report, by its problem (else :data:`FIX_OTHER`)."""
+FIX_OTHER = "see the message; the other engines' rows are current"
 
 
 @dataclass
@@ -53,15 +65,14 @@ class ClusterGPUReport(Reportable):
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "engines": self.engines, "gpus": self.gpus,
                 "processes": [list(p) for p in self.processes],
-                "flags": [vars(f).copy() for f in self.flags]}
+                "flags": [asdict(f) for f in self.flags]}
 
     @property
     def hosts(self) -> list:
         return sorted({e["host"] for e in self.engines if e["host"]})
 
     def headline(self) -> str:
-        ok = sum(e["ok"] for e in self.engines)
-        down = len(self.engines) - ok
+        down = sum(not e["ok"] for e in self.engines)
         hosts = len(self.hosts)
         n = len(self.engines)
         text = (f"cluster {self.name} ({self.kind}): {n} engine{'s' * (n != 1)}"
@@ -104,15 +115,10 @@ class ClusterGPUReport(Reportable):
             out.append(procs)
         return out
 
-    def flag_lines(self) -> list:
-        lines = []
-        for flag in self.flags:
-            lines += [f"x {flag.message}", f"  fix: {flag.fix}"]
-        return lines
-
     def report(self) -> Report:
         """The headline, the tables, and the flags with their fixes."""
-        flags = Report([Lines(self.flag_lines())], title="Flags:", indent="  ") if self.flags else None
+        lines = [line for f in self.flags for line in (f"x {f.message}", f"  fix: {f.fix}")]
+        flags = Report([Lines(lines)], title="Flags:", indent="  ") if self.flags else None
         return Report([*self.tables(), flags], title=self.headline(), gap=True)
 
 
@@ -240,9 +246,7 @@ def _flags(report: ClusterGPUReport) -> list:
     builds: dict = {}
     for e in report.engines:
         if e["ok"]:
-            env = e["report"]["environment"]
-            build = "torch " + torch_build(env)
-            builds.setdefault(build, []).append(e["label"])
+            builds.setdefault("torch " + torch_build(e["report"]["environment"]), []).append(e["label"])
     if len(builds) > 1:
         said = "; ".join(f"{b} on {engine_list(labels)}" for b, labels in builds.items())
         flags.append(Flag("torch_builds_differ", f"engines run different torch builds: {said}",
@@ -259,18 +263,5 @@ def _flags(report: ClusterGPUReport) -> list:
     for e in report.engines:
         if not e["ok"]:
             flags.append(Flag(f"engine_{e['problem']}", f"{e['label']} did not report: {e['message']}",
-                              e.get("fix") or _engine_fix(e["problem"])))
+                              e.get("fix") or FIX_ENGINE.get(e["problem"], FIX_OTHER)))
     return flags
-
-
-def _engine_fix(problem: str) -> str:
-    return {
-        "no_package": FIX_PACKAGE,
-        "no_torch": FIX_TORCH,
-        "dead": "restart the engine (ipcluster / your launcher); the other engines' rows are current",
-        "timeout": "the engine is busy (a long %px cell?) or stuck: wait, interrupt it, or raise --timeout",
-        "busy": "wait for it to finish, or stop it as %px would (Ctrl-C in the %px cell, or "
-                "rc.send_signal('SIGINT', targets=[N])); the other engines' rows are current",
-        "stuck": "restart the engine if it does not recover (ipcluster / your launcher); the other engines' "
-                 "rows are current",
-    }.get(problem, "see the message; the other engines' rows are current")

@@ -142,13 +142,12 @@ def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
         if not reply.ok:
             continue
         report = reply.value
-        by_index = {}
+        on, stray = _placed(report, reply.pid)
         for entry in report["gpus"]:
             snap = entry.get("snapshot") or {}
             mapping = entry.get("mapping") or {}
             uuid = snap.get("uuid") or mapping.get("uuid") or f"{reply.engine}/cuda:{entry['torch_index']}"
             index = entry["nvml_index"] if entry["nvml_index"] is not None else f"cuda:{entry['torch_index']}"
-            by_index[entry["nvml_index"]] = (reply.host, uuid)
             key = (reply.host, uuid)
             gpu = gpus.setdefault(key, {"host": reply.host, "index": index, "uuid": uuid, "engines": [],
                                         "name": snap.get("name") or (entry.get("torch") or {}).get("name"),
@@ -161,16 +160,12 @@ def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
                 processes[(reply.host, index, proc["pid"])] = (
                     reply.host, index, proc["pid"], proc["name"], proc["used_memory"],
                     pid_engine.get((reply.host, proc["pid"]), ""))
-        on, stray = _placed(report, reply.pid)
-        for entry in report["gpus"]:
-            gpu = gpus[by_index[entry["nvml_index"]]]
-            index = gpu["index"]
             if entry["nvml_index"] in stray:
                 gpu["stray"].append(reply.engine)
-                row.setdefault("stray", []).append((index, stray[entry["nvml_index"]]))
+                row.setdefault("stray", []).append((gpu["index"], stray[entry["nvml_index"]]))
             elif entry["nvml_index"] in on or (
                     not on and not stray and entry["torch_index"] == (report.get("current_device") or 0)):
-                row["on"].append(index)
+                row["on"].append(gpu["index"])
                 gpu["engines"].append(reply.engine)
     rows = sorted(gpus.values(), key=lambda g: (g["host"], str(g["index"])))
     out = ClusterGPUReport(name, kind, engines, rows,

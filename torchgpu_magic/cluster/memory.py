@@ -15,6 +15,7 @@ again, under those cells' labels: nothing is lost. The thread only calls ``on_up
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -33,7 +34,7 @@ _BLOCKS = " ▁▂▃▄▅▆▇█"
 def sparkline(values: list, top: Optional[float]) -> str:
     """Unicode blocks for ``values`` against ``top`` (their maximum when unknown)."""
     values = [v for v in values if v is not None]
-    scale = top or (max(values) if values else 0)
+    scale = top or max(values, default=0)
     if not values or not scale:
         return ""
     return "".join(_BLOCKS[min(8, int(round(8 * v / scale)))] for v in values)
@@ -200,7 +201,8 @@ class ClusterSampler:
         if not self._engines:
             replies = self.bridge.run("memory_tick", None, [self._token, seq], timeout=wait)
         else:
-            leaders = self._leaders()
+            leaders = {row["host"]: row["key"] for row in self._engines.values()  # each host's reporter
+                       if row["host"] and self._reporters.get(row["host"]) == row["pid"]}
             replies = self.bridge.run("host_tick", self._pids(), timeout=wait, only=list(leaders.values()))
             for reply in replies:
                 if reply.ok and reply.value is not None:
@@ -238,14 +240,6 @@ class ClusterSampler:
         for row in self._engines.values():
             if row["host"] and row["pid"]:
                 out.setdefault(row["host"], []).append(row["pid"])
-        return out
-
-    def _leaders(self) -> dict:
-        """``{host: engine key}``: the engine asked for its host this tick (the host's reporter)."""
-        out = {}
-        for row in self._engines.values():
-            if row["host"] and self._reporters.get(row["host"]) == row["pid"]:
-                out[row["host"]] = row["key"]
         return out
 
     def _host(self, reply: Any) -> None:
@@ -351,11 +345,9 @@ class ClusterSampler:
                 snapshot = self.tick()
             except Exception as exc:  # noqa: BLE001 - a lost cluster must not kill the thread: say it, retry
                 snapshot = self.gone(exc)
-            try:
+            with contextlib.suppress(Exception):  # a closed widget: the thread is being stopped
                 if self.on_update is not None:
                     self.on_update(snapshot)
-            except Exception:  # noqa: BLE001,S110 - a closed widget: the thread is being stopped
-                pass
             next_at += self.interval
             now = time.monotonic()
             if next_at < now:  # a slow tick: skip the missed beats instead of catching up in a burst
@@ -368,7 +360,3 @@ class ClusterSampler:
         if self._thread is not None:
             self._thread.join(timeout)
         self._thread = None
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()

@@ -14,6 +14,7 @@ report. ipyparallel and distributed are imported only when a cluster object of t
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Optional, Sequence
 
 from ..render import Report, Reportable, Table
@@ -33,8 +34,7 @@ def gpu_report(bridge: Bridge, show_processes: bool = True, timeout: float = DEF
     """``%gpuinfo --cluster``: a :class:`~.gpus.ClusterGPUReport` over every engine."""
     from . import gpus
 
-    replies = bridge.run("gpuinfo", show_processes, timeout=timeout)
-    return gpus.build(bridge.name, bridge.kind, replies)
+    return gpus.build(bridge.name, bridge.kind, bridge.run("gpuinfo", show_processes, timeout=timeout))
 
 
 def placement_report(bridge: Bridge, names: Optional[Sequence[str]] = None,
@@ -79,17 +79,12 @@ class LocalAssignment(Reportable):
 def local_devices(bridge: Bridge, timeout: float = DEFAULT_TIMEOUT) -> LocalAssignment:
     """Give each engine its order among the engines on its host (for engines no launcher gave a local
     rank) and report what ``local`` picks on each."""
-    hosts = bridge.run("ping", timeout=timeout)
     orders: dict = {}
-    seen: dict = {}
-    for reply in hosts:
+    seen: Counter = Counter()
+    for reply in bridge.run("ping", timeout=timeout):
         if reply.ok:
-            orders[f"{reply.host}:{reply.pid}"] = seen.get(reply.host, 0)
-            seen[reply.host] = seen.get(reply.host, 0) + 1
-    rows = []
-    for reply in bridge.run("local_device", orders, timeout=timeout):
-        if reply.ok:
-            rows.append((reply.engine, reply.host, reply.value["device"], reply.value["how"]))
-        else:
-            rows.append((reply.engine, reply.host or "-", "-", reply.error_text()))
-    return LocalAssignment(rows)
+            orders[f"{reply.host}:{reply.pid}"] = seen[reply.host]
+            seen[reply.host] += 1
+    return LocalAssignment([(r.engine, r.host, r.value["device"], r.value["how"]) if r.ok
+                            else (r.engine, r.host or "-", "-", r.error_text())
+                            for r in bridge.run("local_device", orders, timeout=timeout)])

@@ -136,13 +136,10 @@ def from_exception(reply: Reply, name: str, text: str, where: str = "") -> Reply
                                                                        text)
     module = found.group(1).split(".")[0] if found else ""
     place = f" (on {where})" if where else ""
-    if module == "torchgpu_magic":
-        return reply.fail("no_package", f"No module named 'torchgpu_magic'{place}", fix=FIX_PACKAGE)
-    if module == "torch":
-        return reply.fail("no_torch", f"No module named 'torch'{place}", fix=FIX_TORCH)
     if module:
-        return reply.fail("error", f"No module named {module!r}{place}",
-                          fix="pip install it in the engine's environment (our function needs it there)")
+        problem, fix = {"torchgpu_magic": ("no_package", FIX_PACKAGE), "torch": ("no_torch", FIX_TORCH)}.get(
+            module, ("error", "pip install it in the engine's environment (our function needs it there)"))
+        return reply.fail(problem, f"No module named {module!r}{place}", fix=fix)
     if name in ("EngineError", "CommClosedError", "KilledWorker") or "died" in text or "not found" in text:
         return reply.fail("dead", f"{name}: {text}")
     return reply.fail("error", f"{name}: {text}")

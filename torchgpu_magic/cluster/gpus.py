@@ -180,24 +180,18 @@ def _placed(report: dict, pid: Any) -> tuple:
     engine holds memory is a stray context when torch keeps nothing there and it is not torch's current
     device, or (torch unable to say) when the engine holds at most :data:`CONTEXT_MAX` there and more on
     another GPU."""
-    held, reserved, current = {}, {}, report.get("current_device")
+    held, unused, current = {}, {}, report.get("current_device")
     for entry in report["gpus"]:
         for proc in entry.get("processes", []):
             if proc["pid"] == pid:
                 held[entry["nvml_index"]] = proc.get("used_memory") or 0
         torch = entry.get("torch") or {}
-        if torch.get("reserved") is not None:
-            reserved[entry["nvml_index"]] = (torch["reserved"], entry["torch_index"] == current)
-    if len(held) < 2:
-        return set(held), {}
-    stray = {}
-    for index, used in held.items():
-        if index in reserved:
-            if not reserved[index][0] and not reserved[index][1]:
-                stray[index] = used
-        elif used <= CONTEXT_MAX and any(other > used for i, other in held.items() if i != index):
-            stray[index] = used
-    if len(stray) == len(held):  # nothing to tell the working GPU apart: call none stray
+        if torch.get("reserved") is not None:  # unused: torch keeps nothing there and it is not current
+            unused[entry["nvml_index"]] = not torch["reserved"] and entry["torch_index"] != current
+    stray = {index: used for index, used in held.items()
+             if (unused[index] if index in unused
+                 else used <= CONTEXT_MAX and any(other > used for i, other in held.items() if i != index))}
+    if len(stray) == len(held):  # one GPU, or nothing to tell the working GPU apart: call none stray
         return set(held), {}
     return set(held) - set(stray), stray
 

@@ -201,8 +201,7 @@ class ClusterSampler:
         if not self._engines:
             replies = self.bridge.run("memory_tick", None, [self._token, seq], timeout=wait)
         else:
-            leaders = {row["host"]: row["key"] for row in self._engines.values()  # each host's reporter
-                       if row["host"] and self._reporters.get(row["host"]) == row["pid"]}
+            leaders = self._leaders()
             replies = self.bridge.run("host_tick", self._pids(), timeout=wait, only=list(leaders.values()))
             for reply in replies:
                 if reply.ok and reply.value is not None:
@@ -241,6 +240,11 @@ class ClusterSampler:
             if row["host"] and row["pid"]:
                 out.setdefault(row["host"], []).append(row["pid"])
         return out
+
+    def _leaders(self) -> dict:
+        """``{host: engine key}``: the engine asked for its host this tick (the host's reporter)."""
+        return {row["host"]: row["key"] for row in self._engines.values()
+                if row["host"] and self._reporters.get(row["host"]) == row["pid"]}
 
     def _host(self, reply: Any) -> None:
         """A host's figures from its reporter: its GPUs, each engine's process memory there."""
@@ -313,8 +317,7 @@ class ClusterSampler:
         self._history.setdefault(key, deque(maxlen=HISTORY)).append(value)
 
     def _snapshot(self, replies: list, now: float) -> ClusterMemory:
-        labels = [r.engine for r in replies]
-        rows = [self._engines[label] for label in labels if label in self._engines]
+        rows = [self._engines[r.engine] for r in replies if r.engine in self._engines]
         gpus = []
         for key in sorted(self._gpus, key=lambda k: (k[0], str(self._gpus[k]["index"]))):
             gpu = dict(self._gpus[key])

@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Any, Optional, Sequence
 
 from ..render import Report, Reportable, Table
+from . import gpus, placement
 from .bridge import DEFAULT_TIMEOUT, PROBLEMS, Bridge, ClusterGone, ClusterInterrupted, Reply
 from .dask_bridge import DaskBridge
 from .find import Kept, candidates, close_clients, connect, kind_of
@@ -32,16 +33,12 @@ __all__ = [
 
 def gpu_report(bridge: Bridge, show_processes: bool = True, timeout: float = DEFAULT_TIMEOUT) -> Any:
     """``%gpuinfo --cluster``: a :class:`~.gpus.ClusterGPUReport` over every engine."""
-    from . import gpus
-
     return gpus.build(bridge.name, bridge.kind, bridge.run("gpuinfo", show_processes, timeout=timeout))
 
 
 def placement_report(bridge: Bridge, names: Optional[Sequence[str]] = None,
                      timeout: float = DEFAULT_TIMEOUT) -> Any:
     """``%whereis --cluster [NAME...]``: a :class:`~.placement.ClusterPlacement` merged by name."""
-    from . import placement
-
     return placement.build(bridge.run("whereis", list(names or []), timeout=timeout))
 
 

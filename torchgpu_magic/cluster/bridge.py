@@ -1,11 +1,7 @@
 """What every adapter over a user's cluster shares: the :class:`Reply` per engine, how failures are
 classified (with a fix a person can act on), the :class:`Bridge` interface, and the one-line exceptions
-for a cluster that is gone (:class:`ClusterGone`) and for Ctrl-C (:class:`ClusterInterrupted`).
-
-A :class:`Bridge` runs one of our engine-side functions (named by its dotted path in
-:mod:`torchgpu_magic.cluster.remote`) on every engine or worker at once and gathers plain data, one
-:class:`Reply` per engine, each under a time limit. The adapters: :mod:`.ipp_bridge` (ipyparallel) and
-:mod:`.dask_bridge` (Dask distributed); :mod:`.find` finds the user's cluster object by name.
+for a cluster that is gone (:class:`ClusterGone`) and for Ctrl-C (:class:`ClusterInterrupted`). The
+adapters: :mod:`.ipp_bridge` (ipyparallel) and :mod:`.dask_bridge` (Dask distributed).
 """
 from __future__ import annotations
 

@@ -60,11 +60,8 @@ class LocalAssignment(Reportable):
         self.rows = rows  # [(label, host, device or '-', how or problem)]
 
     def table(self) -> Table:
-        table = Table(["engine", "host", "local device", "how"], align="llll",
-                      title="%ontorch local on each engine")
-        for row in self.rows:
-            table.add(*row)
-        return table
+        return Table(["engine", "host", "local device", "how"], list(self.rows), align="llll",
+                     title="%ontorch local on each engine")
 
     def report(self) -> Report:
         return Report([self.table()])

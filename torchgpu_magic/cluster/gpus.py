@@ -108,11 +108,10 @@ class ClusterGPUReport(Reportable):
             engines.add(e["label"], e["host"] or "-", fmt_value(e["pid"]), *rank, torch, devices, on, status)
         out = [gpus, engines] if self.gpus else [engines]
         if self.processes:
-            procs = Table(["host", "GPU", "pid", "name", "GPU memory", "engine"], align="lrrlrl",
-                          title="Processes")
-            for host, index, pid, name, used, engine in self.processes:
-                procs.add(host, index, pid, fmt_value(name), fmt_bytes(used), engine)
-            out.append(procs)
+            rows = [(host, index, pid, fmt_value(name), fmt_bytes(used), engine)
+                    for host, index, pid, name, used, engine in self.processes]
+            out.append(Table(["host", "GPU", "pid", "name", "GPU memory", "engine"], rows, align="lrrlrl",
+                             title="Processes"))
         return out
 
     def report(self) -> Report:
@@ -215,14 +214,12 @@ def _flags(report: ClusterGPUReport) -> list:
         if len(gpu["engines"]) < 2:
             continue
         idle = [str(g["index"]) for g in report.gpus if g["host"] == gpu["host"] and not g["engines"]]
-        who = engine_list(gpu["engines"])
+        said = f"{engine_list(gpu['engines'])} on {gpu['host']} share GPU {gpu['index']}"
         if idle:
-            message = (f"{who} on {gpu['host']} share GPU {gpu['index']} while GPU{'s' * (len(idle) != 1)} "
-                       f"{', '.join(idle)} on the same host sit{'s' * (len(idle) == 1)} idle")
-            flags.append(Flag("shared_gpu", message, FIX_SHARED_IDLE))
+            flags.append(Flag("shared_gpu", f"{said} while GPU{'s' * (len(idle) != 1)} {', '.join(idle)} on "
+                              f"the same host sit{'s' * (len(idle) == 1)} idle", FIX_SHARED_IDLE))
         else:
-            flags.append(Flag("shared_gpu", f"{who} on {gpu['host']} share GPU {gpu['index']} "
-                                            f"({gpu['name']})", FIX_SHARED_FULL))
+            flags.append(Flag("shared_gpu", f"{said} ({gpu['name']})", FIX_SHARED_FULL))
     drivers: dict = {}
     for gpu in report.gpus:
         if gpu["driver"]:

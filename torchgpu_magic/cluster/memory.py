@@ -102,10 +102,8 @@ class ClusterMemory(Reportable):
         keep = range(9) if self.gpus else (0, 1, 5, 6, 7, 8)
         title = self.headline() + (" (GPUs by host and UUID; engines under the GPU they use)" if self.gpus
                                    else "")
-        table = Table([headers[i] for i in keep], align="".join("llrlrrrll"[i] for i in keep), title=title)
-        for row in rows:
-            table.add(*(row[i] for i in keep))
-        return table
+        return Table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows],
+                     align="".join("llrlrrrll"[i] for i in keep), title=title)
 
     @staticmethod
     def _engine(row: dict, indent: str, key: Any, process: Any) -> list:
@@ -120,11 +118,9 @@ class ClusterMemory(Reportable):
         if not self.cells:
             return None
         engines = sorted({e for _, per in self.cells for e in per}, key=_label_order)
-        table = Table(["cell"] + engines, align="l" + "r" * len(engines),
-                      title="peak per cell and engine (torch GPU peak, else process peak RSS)")
-        for label, per in self.cells:
-            table.add(label, *(_peak_text(per.get(e)) for e in engines))
-        return table
+        rows = [[label] + [_peak_text(per.get(e)) for e in engines] for label, per in self.cells]
+        return Table(["cell"] + engines, rows, align="l" + "r" * len(engines),
+                     title="peak per cell and engine (torch GPU peak, else process peak RSS)")
 
     def report(self) -> Report:
         """The table (an engine without a fresh answer says why in its status), then the cells' peaks."""

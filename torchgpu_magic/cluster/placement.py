@@ -43,12 +43,10 @@ class ClusterPlacement(Reportable):
         return out
 
     def table(self) -> Table:
-        table = Table(["name", "kind", "where"], align="lll",
-                      title=f"%whereis --cluster: {len(self.engines)} engine{'s' * (len(self.engines) != 1)}")
-        for name in sorted(self.names):
-            kinds = {info["kind"] for info in self.names[name].values()}
-            table.add(name, "/".join(sorted(kinds)), self.where(name))
-        return table
+        rows = [(name, "/".join(sorted({info["kind"] for info in per.values()})), self.where(name))
+                for name, per in sorted(self.names.items())]
+        return Table(["name", "kind", "where"], rows, align="lll",
+                     title=f"%whereis --cluster: {len(self.engines)} engine{'s' * (len(self.engines) != 1)}")
 
     def notes(self) -> list:
         out = []

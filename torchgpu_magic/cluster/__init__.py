@@ -59,12 +59,9 @@ class LocalAssignment(Reportable):
     def __init__(self, rows: list) -> None:
         self.rows = rows  # [(label, host, device or '-', how or problem)]
 
-    def table(self) -> Table:
-        return Table(["engine", "host", "local device", "how"], list(self.rows), align="llll",
-                     title="%ontorch local on each engine")
-
     def report(self) -> Report:
-        return Report([self.table()])
+        return Report([Table(["engine", "host", "local device", "how"], list(self.rows), align="llll",
+                             title="%ontorch local on each engine")])
 
     def to_dict(self) -> dict:
         return {"rows": [dict(zip(("engine", "host", "device", "how"), row)) for row in self.rows]}

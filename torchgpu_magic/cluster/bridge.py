@@ -174,8 +174,7 @@ class Bridge:
                     dead: Sequence[str] = (), fix: str = "") -> ClusterInterrupted:
         """The one line for Ctrl-C, naming the magic as the user typed it: which engines were
         interrupted, any still running our call, and any that died meanwhile (with ``fix``)."""
-        magic = self.magic or MAGICS.get(target, target)
-        said = f"{magic} --cluster interrupted"
+        said = f"{self.magic or MAGICS.get(target, target)} --cluster interrupted"
         if labels:
             said += f"; interrupted it on {engine_list(list(labels))} too, as %px does"
         if left:

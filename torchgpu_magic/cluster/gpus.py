@@ -94,8 +94,7 @@ class ClusterGPUReport(Reportable):
                         align="llr" + ("r" if ranks else "") + "llll", title="Engines")
         for e in self.engines:
             report = e.get("report") or {}
-            env = report.get("environment", {})
-            torch = torch_build(env) if env else "-"
+            torch = torch_build(report["environment"]) if report.get("environment") else "-"
             devices = ", ".join(f"cuda:{t} -> GPU {n}" for t, n in e.get("map", [])) or "-"
             on = ", ".join(f"GPU {i}" for i in e.get("on", [])) or "-"
             status = "ok" if e["ok"] else e["message"] if e["problem"] in ("busy", "stuck") \

@@ -285,11 +285,9 @@ class ClusterSampler:
     def _silent(self, reply: Any) -> None:
         """An engine without a fresh answer keeps its last row (heartbeat figures when the bridge has
         them), with the reason as its status."""
-        row = self._engines.get(reply.engine)
-        if row is None:
-            row = {"engine": reply.engine, "key": reply.key, "host": reply.host or "", "pid": reply.pid,
-                   "gpus": {}, "rss": None, "history": []}
-            self._engines[reply.engine] = row
+        row = self._engines.setdefault(reply.engine, {"engine": reply.engine, "key": reply.key,
+                                                      "host": reply.host or "", "pid": reply.pid, "gpus": {},
+                                                      "rss": None, "history": []})
         row["status"] = reply.error_text()
         for key, gpu in self._gpus.items():
             if key[0] == row["host"] and self._reporters.get(row["host"]) == row["pid"]:

@@ -75,9 +75,7 @@ def build(replies: Sequence[Any]) -> ClusterPlacement:
     """Merge the engines' ``remote.whereis`` replies by name."""
     names: dict = {}
     missing: dict = {}
-    for reply in replies:
-        if not reply.ok:
-            continue
+    for reply in [r for r in replies if r.ok]:
         for name, info in reply.value["names"].items():
             names.setdefault(name, {})[reply.engine] = info
         for text in reply.value["missing"]:

@@ -306,10 +306,7 @@ def whereis(names: Optional[list] = None) -> dict:
 def _results() -> list:
     """On a Dask worker: ``(key, value)`` of the task results it holds in memory (``worker.data``; the
     spilled ones stay on disk, unread), which hold tensors no name in ``__main__`` shows."""
-    worker = getattr(_CONTEXT, "worker", None)
-    if worker is None:
-        return []
-    data = getattr(worker, "data", None)
+    data = getattr(getattr(_CONTEXT, "worker", None), "data", None)  # None off a Dask worker
     data = getattr(data, "fast", data)  # a SpillBuffer's in-memory part
     try:
         return list(data.items()) if data is not None else []
@@ -419,7 +416,7 @@ def _monitored(worker: Any) -> Optional[list]:
     carry: memory used and total, utilisation), in :func:`memory_tick`'s row shape; None where that
     monitoring is off (no pynvml, or ``distributed.diagnostics.nvml: False``)."""
     monitor = getattr(worker, "monitor", None)
-    if monitor is None or not getattr(monitor, "gpu_name", None):
+    if not getattr(monitor, "gpu_name", None):
         return None
     quantities = getattr(monitor, "quantities", {})
     used, util = ((quantities.get(name) or [None])[-1] for name in ("gpu_memory_used", "gpu_utilization"))

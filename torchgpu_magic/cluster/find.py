@@ -136,10 +136,8 @@ def _cluster_key(obj: Any) -> tuple:
 
 def _bridge(name: str, obj: Any, ns: dict, kept: Optional[Kept] = None) -> Bridge:
     kind = kind_of(obj)
-    if kind == "ipyparallel":
-        return IPyParallelBridge(name, obj)
-    if kind == "ipyparallel cluster":
-        return IPyParallelBridge(name, _ipp_client(name, obj, ns))
+    if kind.startswith("ipyparallel"):
+        return IPyParallelBridge(name, obj if kind == "ipyparallel" else _ipp_client(name, obj, ns))
     client = obj if kind == "dask" else _dask_client(name, obj, ns)
     return DaskBridge(name, client, cluster_ref="" if kind == "dask" else name,
                       kept=kept.workers(client) if kept is not None else None)

@@ -14,9 +14,11 @@ report. ipyparallel and distributed are imported only when a cluster object of t
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Optional, Sequence
 
 from ..render import Report, Reportable, Table
+from . import gpus, placement
 from .bridge import DEFAULT_TIMEOUT, PROBLEMS, Bridge, ClusterGone, ClusterInterrupted, Reply
 from .dask_bridge import DaskBridge
 from .find import Kept, candidates, close_clients, connect, kind_of
@@ -31,17 +33,12 @@ __all__ = [
 
 def gpu_report(bridge: Bridge, show_processes: bool = True, timeout: float = DEFAULT_TIMEOUT) -> Any:
     """``%gpuinfo --cluster``: a :class:`~.gpus.ClusterGPUReport` over every engine."""
-    from . import gpus
-
-    replies = bridge.run("gpuinfo", show_processes, timeout=timeout)
-    return gpus.build(bridge.name, bridge.kind, replies)
+    return gpus.build(bridge.name, bridge.kind, bridge.run("gpuinfo", show_processes, timeout=timeout))
 
 
 def placement_report(bridge: Bridge, names: Optional[Sequence[str]] = None,
                      timeout: float = DEFAULT_TIMEOUT) -> Any:
     """``%whereis --cluster [NAME...]``: a :class:`~.placement.ClusterPlacement` merged by name."""
-    from . import placement
-
     return placement.build(bridge.run("whereis", list(names or []), timeout=timeout))
 
 
@@ -62,15 +59,9 @@ class LocalAssignment(Reportable):
     def __init__(self, rows: list) -> None:
         self.rows = rows  # [(label, host, device or '-', how or problem)]
 
-    def table(self) -> Table:
-        table = Table(["engine", "host", "local device", "how"], align="llll",
-                      title="%ontorch local on each engine")
-        for row in self.rows:
-            table.add(*row)
-        return table
-
     def report(self) -> Report:
-        return Report([self.table()])
+        return Report([Table(["engine", "host", "local device", "how"], list(self.rows), align="llll",
+                             title="%ontorch local on each engine")])
 
     def to_dict(self) -> dict:
         return {"rows": [dict(zip(("engine", "host", "device", "how"), row)) for row in self.rows]}
@@ -79,17 +70,12 @@ class LocalAssignment(Reportable):
 def local_devices(bridge: Bridge, timeout: float = DEFAULT_TIMEOUT) -> LocalAssignment:
     """Give each engine its order among the engines on its host (for engines no launcher gave a local
     rank) and report what ``local`` picks on each."""
-    hosts = bridge.run("ping", timeout=timeout)
     orders: dict = {}
-    seen: dict = {}
-    for reply in hosts:
+    seen: Counter = Counter()
+    for reply in bridge.run("ping", timeout=timeout):
         if reply.ok:
-            orders[f"{reply.host}:{reply.pid}"] = seen.get(reply.host, 0)
-            seen[reply.host] = seen.get(reply.host, 0) + 1
-    rows = []
-    for reply in bridge.run("local_device", orders, timeout=timeout):
-        if reply.ok:
-            rows.append((reply.engine, reply.host, reply.value["device"], reply.value["how"]))
-        else:
-            rows.append((reply.engine, reply.host or "-", "-", reply.error_text()))
-    return LocalAssignment(rows)
+            orders[f"{reply.host}:{reply.pid}"] = seen[reply.host]
+            seen[reply.host] += 1
+    return LocalAssignment([(r.engine, r.host, r.value["device"], r.value["how"]) if r.ok
+                            else (r.engine, r.host or "-", "-", r.error_text())
+                            for r in bridge.run("local_device", orders, timeout=timeout)])

@@ -1,16 +1,13 @@
 """What every adapter over a user's cluster shares: the :class:`Reply` per engine, how failures are
 classified (with a fix a person can act on), the :class:`Bridge` interface, and the one-line exceptions
-for a cluster that is gone (:class:`ClusterGone`) and for Ctrl-C (:class:`ClusterInterrupted`).
-
-A :class:`Bridge` runs one of our engine-side functions (named by its dotted path in
-:mod:`torchgpu_magic.cluster.remote`) on every engine or worker at once and gathers plain data, one
-:class:`Reply` per engine, each under a time limit. The adapters: :mod:`.ipp_bridge` (ipyparallel) and
-:mod:`.dask_bridge` (Dask distributed); :mod:`.find` finds the user's cluster object by name.
+for a cluster that is gone (:class:`ClusterGone`) and for Ctrl-C (:class:`ClusterInterrupted`). The
+adapters: :mod:`.ipp_bridge` (ipyparallel) and :mod:`.dask_bridge` (Dask distributed).
 """
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..errors import MagicInputError
@@ -99,9 +96,6 @@ class Reply:
     threads: Optional[int] = None  # torch's intra-op threads there
     fix: str = ""  # what to do about ``problem``, where the reply knows better than its code
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     def error_text(self) -> str:
         """'timeout: no answer in 5 s' / 'busy since 19:40:12 (...)' / 'no_package: No module named
         ...: install it ...': one line for a table cell, with the fix where the reply has one."""
@@ -129,29 +123,19 @@ def envelope(reply: Reply, data: Any) -> Reply:
     return reply
 
 
-def missing_module(text: str) -> str:
-    """The top-level package an import error names: "No module named 'torchgpu_magic.cluster'" ->
-    'torchgpu_magic'; '' when the text names none."""
-    import re
-
-    found = re.search(r"No module named '([^']+)'", text) or re.search(r"import name '[^']+' from '([^']+)'",
-                                                                       text)
-    return found.group(1).split(".")[0] if found else ""
-
-
 def from_exception(reply: Reply, name: str, text: str, where: str = "") -> Reply:
     """Classify an exception raised on the way to or on the engine (by its class name and text, since
     Dask and ipyparallel wrap the original: Dask may send back ``Exception('ModuleNotFoundError ...')``).
-    ``where`` says where the engine's Python lives, for the install hint."""
-    module = missing_module(f"{name}: {text}")
+    An import failure names its top-level package ("No module named 'torchgpu_magic.cluster'" ->
+    torchgpu_magic). ``where`` says where the engine's Python lives, for the install hint."""
+    found = re.search(r"No module named '([^']+)'", text) or re.search(r"import name '[^']+' from '([^']+)'",
+                                                                       text)
+    module = found.group(1).split(".")[0] if found else ""
     place = f" (on {where})" if where else ""
-    if module == "torchgpu_magic":
-        return reply.fail("no_package", f"No module named 'torchgpu_magic'{place}", fix=FIX_PACKAGE)
-    if module == "torch":
-        return reply.fail("no_torch", f"No module named 'torch'{place}", fix=FIX_TORCH)
     if module:
-        return reply.fail("error", f"No module named {module!r}{place}",
-                          fix="pip install it in the engine's environment (our function needs it there)")
+        problem, fix = {"torchgpu_magic": ("no_package", FIX_PACKAGE), "torch": ("no_torch", FIX_TORCH)}.get(
+            module, ("error", "pip install it in the engine's environment (our function needs it there)"))
+        return reply.fail(problem, f"No module named {module!r}{place}", fix=fix)
     if name in ("EngineError", "CommClosedError", "KilledWorker") or "died" in text or "not found" in text:
         return reply.fail("dead", f"{name}: {text}")
     return reply.fail("error", f"{name}: {text}")
@@ -190,8 +174,7 @@ class Bridge:
                     dead: Sequence[str] = (), fix: str = "") -> ClusterInterrupted:
         """The one line for Ctrl-C, naming the magic as the user typed it: which engines were
         interrupted, any still running our call, and any that died meanwhile (with ``fix``)."""
-        magic = self.magic or MAGICS.get(target, target)
-        said = f"{magic} --cluster interrupted"
+        said = f"{self.magic or MAGICS.get(target, target)} --cluster interrupted"
         if labels:
             said += f"; interrupted it on {engine_list(list(labels))} too, as %px does"
         if left:

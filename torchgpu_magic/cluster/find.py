@@ -16,6 +16,7 @@ cannot exist otherwise.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from typing import Any, Optional
@@ -31,28 +32,19 @@ HOW = ("start one first, e.g. rc = ipyparallel.Cluster(n=4).start_and_connect_sy
 _OWNED: dict = {}  # id(cluster object) -> (weakref to it, the client this package connected to it)
 
 
-class Kept:
+class Kept(weakref.WeakKeyDictionary):
     """What the bridges of one shell keep between calls, per client: a Dask client's list of workers
     (:class:`~.dask_bridge.Workers`), so that one magic after another asks the scheduler at most once per
     :data:`~.dask_bridge.REFRESH` seconds. Keyed weakly on the client (a client the user drops is
     forgotten with it; nothing here keeps it alive); :meth:`clear` at ``%unload_ext``."""
 
-    def __init__(self) -> None:
-        self._workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
     def workers(self, client: Any) -> Optional[Workers]:
         """The :class:`~.dask_bridge.Workers` kept for ``client`` (made on first use); None for an object
         that cannot be referred to weakly (then nothing is kept for it)."""
         try:
-            return self._workers.setdefault(client, Workers())
+            return self.setdefault(client, Workers())
         except TypeError:
             return None
-
-    def __len__(self) -> int:
-        return len(self._workers)
-
-    def clear(self) -> None:
-        self._workers.clear()
 
 
 def _kinds() -> list:
@@ -115,19 +107,16 @@ def connect(ns: dict, name: Optional[str], px_view: Any = None, kept: Optional[K
         said = "; ".join(", ".join(names) for names in groups.values())
         raise MagicInputError(f"--cluster: several clusters here ({said}); name one: --cluster NAME")
     (names,) = groups.values()
-    chosen = names[0] if len(names) == 1 else _pick(names, ns, px_view)
+    chosen = _pick(names, ns, px_view)
     return _bridge(chosen, ns[chosen], ns, kept)
 
 
 def _pick(names: list, ns: dict, px_view: Any) -> str:
     """Among names for one cluster: the view %px runs on, else the Client, else the first view."""
-    for each in names:
-        if px_view is not None and ns[each] is px_view:
-            return each
-    for each in names:
-        if kind_of(ns[each]) in ("ipyparallel", "dask") and getattr(ns[each], "client", ns[each]) is ns[each]:
-            return each
-    return names[0]
+    views = [n for n in names if px_view is not None and ns[n] is px_view]
+    clients = [n for n in names if kind_of(ns[n]) in ("ipyparallel", "dask")
+               and getattr(ns[n], "client", ns[n]) is ns[n]]
+    return (views + clients + names)[0]
 
 
 def _cluster_key(obj: Any) -> tuple:
@@ -147,14 +136,11 @@ def _cluster_key(obj: Any) -> tuple:
 
 def _bridge(name: str, obj: Any, ns: dict, kept: Optional[Kept] = None) -> Bridge:
     kind = kind_of(obj)
-    if kind == "ipyparallel":
-        return IPyParallelBridge(name, obj)
-    if kind == "ipyparallel cluster":
-        return IPyParallelBridge(name, _ipp_client(name, obj, ns))
+    if kind.startswith("ipyparallel"):
+        return IPyParallelBridge(name, obj if kind == "ipyparallel" else _ipp_client(name, obj, ns))
     client = obj if kind == "dask" else _dask_client(name, obj, ns)
-    workers = kept.workers(client) if kept is not None else None
-    return DaskBridge(name, client, kept=workers) if kind == "dask" else \
-        DaskBridge(name, client, cluster_ref=name, kept=workers)
+    return DaskBridge(name, client, cluster_ref="" if kind == "dask" else name,
+                      kept=kept.workers(client) if kept is not None else None)
 
 
 def _owned(obj: Any) -> Any:
@@ -224,7 +210,5 @@ def close_clients() -> None:
     """Close the clients this package connected to cluster objects (at ``%unload_ext``)."""
     while _OWNED:
         _, (_, client) = _OWNED.popitem()
-        try:
+        with contextlib.suppress(Exception):  # a client already gone: nothing to close
             client.close()
-        except Exception:  # noqa: BLE001,S110 - a client already gone: nothing to close
-            pass

@@ -9,7 +9,7 @@ builds, engines whose torch cannot use a GPU; each comes with its fix.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_value
@@ -27,6 +27,18 @@ CONTEXT_MAX = 1 << 30
 holding no more than this on a GPU where torch keeps nothing holds a stray context there."""
 FIX_SHARED_FULL = ("the engines compete for this GPU's memory and compute: run one engine per GPU on this "
                    "host (fewer engines, or dask-cuda's LocalCUDACluster)")
+FIX_ENGINE = {
+    "no_package": FIX_PACKAGE,
+    "no_torch": FIX_TORCH,
+    "dead": "restart the engine (ipcluster / your launcher); the other engines' rows are current",
+    "timeout": "the engine is busy (a long %px cell?) or stuck: wait, interrupt it, or raise --timeout",
+    "busy": "wait for it to finish, or stop it as %px would (Ctrl-C in the %px cell, or "
+            "rc.send_signal('SIGINT', targets=[N])); the other engines' rows are current",
+    "stuck": "restart the engine if it does not recover (ipcluster / your launcher); the other engines' "
+             "rows are current",
+}
+"""The fix for an engine that did not report, by its problem (else :data:`FIX_OTHER`)."""
+FIX_OTHER = "see the message; the other engines' rows are current"
 
 
 @dataclass
@@ -53,15 +65,14 @@ class ClusterGPUReport(Reportable):
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "engines": self.engines, "gpus": self.gpus,
                 "processes": [list(p) for p in self.processes],
-                "flags": [vars(f).copy() for f in self.flags]}
+                "flags": [asdict(f) for f in self.flags]}
 
     @property
     def hosts(self) -> list:
         return sorted({e["host"] for e in self.engines if e["host"]})
 
     def headline(self) -> str:
-        ok = sum(e["ok"] for e in self.engines)
-        down = len(self.engines) - ok
+        down = sum(not e["ok"] for e in self.engines)
         hosts = len(self.hosts)
         n = len(self.engines)
         text = (f"cluster {self.name} ({self.kind}): {n} engine{'s' * (n != 1)}"
@@ -83,8 +94,7 @@ class ClusterGPUReport(Reportable):
                         align="llr" + ("r" if ranks else "") + "llll", title="Engines")
         for e in self.engines:
             report = e.get("report") or {}
-            env = report.get("environment", {})
-            torch = torch_build(env) if env else "-"
+            torch = torch_build(report["environment"]) if report.get("environment") else "-"
             devices = ", ".join(f"cuda:{t} -> GPU {n}" for t, n in e.get("map", [])) or "-"
             on = ", ".join(f"GPU {i}" for i in e.get("on", [])) or "-"
             status = "ok" if e["ok"] else e["message"] if e["problem"] in ("busy", "stuck") \
@@ -97,22 +107,16 @@ class ClusterGPUReport(Reportable):
             engines.add(e["label"], e["host"] or "-", fmt_value(e["pid"]), *rank, torch, devices, on, status)
         out = [gpus, engines] if self.gpus else [engines]
         if self.processes:
-            procs = Table(["host", "GPU", "pid", "name", "GPU memory", "engine"], align="lrrlrl",
-                          title="Processes")
-            for host, index, pid, name, used, engine in self.processes:
-                procs.add(host, index, pid, fmt_value(name), fmt_bytes(used), engine)
-            out.append(procs)
+            rows = [(host, index, pid, fmt_value(name), fmt_bytes(used), engine)
+                    for host, index, pid, name, used, engine in self.processes]
+            out.append(Table(["host", "GPU", "pid", "name", "GPU memory", "engine"], rows, align="lrrlrl",
+                             title="Processes"))
         return out
-
-    def flag_lines(self) -> list:
-        lines = []
-        for flag in self.flags:
-            lines += [f"x {flag.message}", f"  fix: {flag.fix}"]
-        return lines
 
     def report(self) -> Report:
         """The headline, the tables, and the flags with their fixes."""
-        flags = Report([Lines(self.flag_lines())], title="Flags:", indent="  ") if self.flags else None
+        lines = [line for f in self.flags for line in (f"x {f.message}", f"  fix: {f.fix}")]
+        flags = Report([Lines(lines)], title="Flags:", indent="  ") if self.flags else None
         return Report([*self.tables(), flags], title=self.headline(), gap=True)
 
 
@@ -136,13 +140,12 @@ def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
         if not reply.ok:
             continue
         report = reply.value
-        by_index = {}
+        on, stray = _placed(report, reply.pid)
         for entry in report["gpus"]:
             snap = entry.get("snapshot") or {}
             mapping = entry.get("mapping") or {}
             uuid = snap.get("uuid") or mapping.get("uuid") or f"{reply.engine}/cuda:{entry['torch_index']}"
             index = entry["nvml_index"] if entry["nvml_index"] is not None else f"cuda:{entry['torch_index']}"
-            by_index[entry["nvml_index"]] = (reply.host, uuid)
             key = (reply.host, uuid)
             gpu = gpus.setdefault(key, {"host": reply.host, "index": index, "uuid": uuid, "engines": [],
                                         "name": snap.get("name") or (entry.get("torch") or {}).get("name"),
@@ -155,16 +158,12 @@ def build(name: str, kind: str, replies: Sequence[Any]) -> ClusterGPUReport:
                 processes[(reply.host, index, proc["pid"])] = (
                     reply.host, index, proc["pid"], proc["name"], proc["used_memory"],
                     pid_engine.get((reply.host, proc["pid"]), ""))
-        on, stray = _placed(report, reply.pid)
-        for entry in report["gpus"]:
-            gpu = gpus[by_index[entry["nvml_index"]]]
-            index = gpu["index"]
             if entry["nvml_index"] in stray:
                 gpu["stray"].append(reply.engine)
-                row.setdefault("stray", []).append((index, stray[entry["nvml_index"]]))
+                row.setdefault("stray", []).append((gpu["index"], stray[entry["nvml_index"]]))
             elif entry["nvml_index"] in on or (
                     not on and not stray and entry["torch_index"] == (report.get("current_device") or 0)):
-                row["on"].append(index)
+                row["on"].append(gpu["index"])
                 gpu["engines"].append(reply.engine)
     rows = sorted(gpus.values(), key=lambda g: (g["host"], str(g["index"])))
     out = ClusterGPUReport(name, kind, engines, rows,
@@ -179,24 +178,18 @@ def _placed(report: dict, pid: Any) -> tuple:
     engine holds memory is a stray context when torch keeps nothing there and it is not torch's current
     device, or (torch unable to say) when the engine holds at most :data:`CONTEXT_MAX` there and more on
     another GPU."""
-    held, reserved, current = {}, {}, report.get("current_device")
+    held, unused, current = {}, {}, report.get("current_device")
     for entry in report["gpus"]:
         for proc in entry.get("processes", []):
             if proc["pid"] == pid:
                 held[entry["nvml_index"]] = proc.get("used_memory") or 0
         torch = entry.get("torch") or {}
-        if torch.get("reserved") is not None:
-            reserved[entry["nvml_index"]] = (torch["reserved"], entry["torch_index"] == current)
-    if len(held) < 2:
-        return set(held), {}
-    stray = {}
-    for index, used in held.items():
-        if index in reserved:
-            if not reserved[index][0] and not reserved[index][1]:
-                stray[index] = used
-        elif used <= CONTEXT_MAX and any(other > used for i, other in held.items() if i != index):
-            stray[index] = used
-    if len(stray) == len(held):  # nothing to tell the working GPU apart: call none stray
+        if torch.get("reserved") is not None:  # unused: torch keeps nothing there and it is not current
+            unused[entry["nvml_index"]] = not torch["reserved"] and entry["torch_index"] != current
+    stray = {index: used for index, used in held.items()
+             if (unused[index] if index in unused
+                 else used <= CONTEXT_MAX and any(other > used for i, other in held.items() if i != index))}
+    if len(stray) == len(held):  # one GPU, or nothing to tell the working GPU apart: call none stray
         return set(held), {}
     return set(held) - set(stray), stray
 
@@ -220,14 +213,12 @@ def _flags(report: ClusterGPUReport) -> list:
         if len(gpu["engines"]) < 2:
             continue
         idle = [str(g["index"]) for g in report.gpus if g["host"] == gpu["host"] and not g["engines"]]
-        who = engine_list(gpu["engines"])
+        said = f"{engine_list(gpu['engines'])} on {gpu['host']} share GPU {gpu['index']}"
         if idle:
-            message = (f"{who} on {gpu['host']} share GPU {gpu['index']} while GPU{'s' * (len(idle) != 1)} "
-                       f"{', '.join(idle)} on the same host sit{'s' * (len(idle) == 1)} idle")
-            flags.append(Flag("shared_gpu", message, FIX_SHARED_IDLE))
+            flags.append(Flag("shared_gpu", f"{said} while GPU{'s' * (len(idle) != 1)} {', '.join(idle)} on "
+                              f"the same host sit{'s' * (len(idle) == 1)} idle", FIX_SHARED_IDLE))
         else:
-            flags.append(Flag("shared_gpu", f"{who} on {gpu['host']} share GPU {gpu['index']} "
-                                            f"({gpu['name']})", FIX_SHARED_FULL))
+            flags.append(Flag("shared_gpu", f"{said} ({gpu['name']})", FIX_SHARED_FULL))
     drivers: dict = {}
     for gpu in report.gpus:
         if gpu["driver"]:
@@ -240,9 +231,7 @@ def _flags(report: ClusterGPUReport) -> list:
     builds: dict = {}
     for e in report.engines:
         if e["ok"]:
-            env = e["report"]["environment"]
-            build = "torch " + torch_build(env)
-            builds.setdefault(build, []).append(e["label"])
+            builds.setdefault("torch " + torch_build(e["report"]["environment"]), []).append(e["label"])
     if len(builds) > 1:
         said = "; ".join(f"{b} on {engine_list(labels)}" for b, labels in builds.items())
         flags.append(Flag("torch_builds_differ", f"engines run different torch builds: {said}",
@@ -259,18 +248,5 @@ def _flags(report: ClusterGPUReport) -> list:
     for e in report.engines:
         if not e["ok"]:
             flags.append(Flag(f"engine_{e['problem']}", f"{e['label']} did not report: {e['message']}",
-                              e.get("fix") or _engine_fix(e["problem"])))
+                              e.get("fix") or FIX_ENGINE.get(e["problem"], FIX_OTHER)))
     return flags
-
-
-def _engine_fix(problem: str) -> str:
-    return {
-        "no_package": FIX_PACKAGE,
-        "no_torch": FIX_TORCH,
-        "dead": "restart the engine (ipcluster / your launcher); the other engines' rows are current",
-        "timeout": "the engine is busy (a long %px cell?) or stuck: wait, interrupt it, or raise --timeout",
-        "busy": "wait for it to finish, or stop it as %px would (Ctrl-C in the %px cell, or "
-                "rc.send_signal('SIGINT', targets=[N])); the other engines' rows are current",
-        "stuck": "restart the engine if it does not recover (ipcluster / your launcher); the other engines' "
-                 "rows are current",
-    }.get(problem, "see the message; the other engines' rows are current")

@@ -15,6 +15,7 @@ again, under those cells' labels: nothing is lost. The thread only calls ``on_up
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -33,7 +34,7 @@ _BLOCKS = " ▁▂▃▄▅▆▇█"
 def sparkline(values: list, top: Optional[float]) -> str:
     """Unicode blocks for ``values`` against ``top`` (their maximum when unknown)."""
     values = [v for v in values if v is not None]
-    scale = top or (max(values) if values else 0)
+    scale = top or max(values, default=0)
     if not values or not scale:
         return ""
     return "".join(_BLOCKS[min(8, int(round(8 * v / scale)))] for v in values)
@@ -101,10 +102,8 @@ class ClusterMemory(Reportable):
         keep = range(9) if self.gpus else (0, 1, 5, 6, 7, 8)
         title = self.headline() + (" (GPUs by host and UUID; engines under the GPU they use)" if self.gpus
                                    else "")
-        table = Table([headers[i] for i in keep], align="".join("llrlrrrll"[i] for i in keep), title=title)
-        for row in rows:
-            table.add(*(row[i] for i in keep))
-        return table
+        return Table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows],
+                     align="".join("llrlrrrll"[i] for i in keep), title=title)
 
     @staticmethod
     def _engine(row: dict, indent: str, key: Any, process: Any) -> list:
@@ -119,11 +118,9 @@ class ClusterMemory(Reportable):
         if not self.cells:
             return None
         engines = sorted({e for _, per in self.cells for e in per}, key=_label_order)
-        table = Table(["cell"] + engines, align="l" + "r" * len(engines),
-                      title="peak per cell and engine (torch GPU peak, else process peak RSS)")
-        for label, per in self.cells:
-            table.add(label, *(_peak_text(per.get(e)) for e in engines))
-        return table
+        rows = [[label] + [_peak_text(per.get(e)) for e in engines] for label, per in self.cells]
+        return Table(["cell"] + engines, rows, align="l" + "r" * len(engines),
+                     title="peak per cell and engine (torch GPU peak, else process peak RSS)")
 
     def report(self) -> Report:
         """The table (an engine without a fresh answer says why in its status), then the cells' peaks."""
@@ -242,11 +239,8 @@ class ClusterSampler:
 
     def _leaders(self) -> dict:
         """``{host: engine key}``: the engine asked for its host this tick (the host's reporter)."""
-        out = {}
-        for row in self._engines.values():
-            if row["host"] and self._reporters.get(row["host"]) == row["pid"]:
-                out[row["host"]] = row["key"]
-        return out
+        return {row["host"]: row["key"] for row in self._engines.values()
+                if row["host"] and self._reporters.get(row["host"]) == row["pid"]}
 
     def _host(self, reply: Any) -> None:
         """A host's figures from its reporter: its GPUs, each engine's process memory there."""
@@ -291,11 +285,9 @@ class ClusterSampler:
     def _silent(self, reply: Any) -> None:
         """An engine without a fresh answer keeps its last row (heartbeat figures when the bridge has
         them), with the reason as its status."""
-        row = self._engines.get(reply.engine)
-        if row is None:
-            row = {"engine": reply.engine, "key": reply.key, "host": reply.host or "", "pid": reply.pid,
-                   "gpus": {}, "rss": None, "history": []}
-            self._engines[reply.engine] = row
+        row = self._engines.setdefault(reply.engine, {"engine": reply.engine, "key": reply.key,
+                                                      "host": reply.host or "", "pid": reply.pid, "gpus": {},
+                                                      "rss": None, "history": []})
         row["status"] = reply.error_text()
         for key, gpu in self._gpus.items():
             if key[0] == row["host"] and self._reporters.get(row["host"]) == row["pid"]:
@@ -319,8 +311,7 @@ class ClusterSampler:
         self._history.setdefault(key, deque(maxlen=HISTORY)).append(value)
 
     def _snapshot(self, replies: list, now: float) -> ClusterMemory:
-        labels = [r.engine for r in replies]
-        rows = [self._engines[label] for label in labels if label in self._engines]
+        rows = [self._engines[r.engine] for r in replies if r.engine in self._engines]
         gpus = []
         for key in sorted(self._gpus, key=lambda k: (k[0], str(self._gpus[k]["index"]))):
             gpu = dict(self._gpus[key])
@@ -351,11 +342,9 @@ class ClusterSampler:
                 snapshot = self.tick()
             except Exception as exc:  # noqa: BLE001 - a lost cluster must not kill the thread: say it, retry
                 snapshot = self.gone(exc)
-            try:
+            with contextlib.suppress(Exception):  # a closed widget: the thread is being stopped
                 if self.on_update is not None:
                     self.on_update(snapshot)
-            except Exception:  # noqa: BLE001,S110 - a closed widget: the thread is being stopped
-                pass
             next_at += self.interval
             now = time.monotonic()
             if next_at < now:  # a slow tick: skip the missed beats instead of catching up in a burst
@@ -368,7 +357,3 @@ class ClusterSampler:
         if self._thread is not None:
             self._thread.join(timeout)
         self._thread = None
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()

@@ -43,12 +43,10 @@ class ClusterPlacement(Reportable):
         return out
 
     def table(self) -> Table:
-        table = Table(["name", "kind", "where"], align="lll",
-                      title=f"%whereis --cluster: {len(self.engines)} engine{'s' * (len(self.engines) != 1)}")
-        for name in sorted(self.names):
-            kinds = {info["kind"] for info in self.names[name].values()}
-            table.add(name, "/".join(sorted(kinds)), self.where(name))
-        return table
+        rows = [(name, "/".join(sorted({info["kind"] for info in per.values()})), self.where(name))
+                for name, per in sorted(self.names.items())]
+        return Table(["name", "kind", "where"], rows, align="lll",
+                     title=f"%whereis --cluster: {len(self.engines)} engine{'s' * (len(self.engines) != 1)}")
 
     def notes(self) -> list:
         out = []
@@ -77,9 +75,7 @@ def build(replies: Sequence[Any]) -> ClusterPlacement:
     """Merge the engines' ``remote.whereis`` replies by name."""
     names: dict = {}
     missing: dict = {}
-    for reply in replies:
-        if not reply.ok:
-            continue
+    for reply in [r for r in replies if r.ok]:
         for name, info in reply.value["names"].items():
             names.setdefault(name, {})[reply.engine] = info
         for text in reply.value["missing"]:

@@ -284,37 +284,29 @@ def whereis(names: Optional[list] = None) -> dict:
     from .. import placement
 
     ns = namespace()
+    found: dict = {}
+    objects: dict = {}
     missing = []
     if names:
-        found = {}
         for name in names:
             try:
-                obj = placement.resolve(name, ns)
+                objects[name] = placement.resolve(name, ns)
             except Exception as exc:  # noqa: BLE001 - a name this engine lacks is a row, not a failure
                 missing.append(f"{name} ({exc})")
-                continue
-            found[name] = {"kind": placement.kind_of(obj) or type(obj).__name__,
-                           "devices": list(placement.devices_of(obj)),
-                           "summary": placement.placement_line(obj)}
-        return {"names": found, "missing": missing}
-    snap = placement.namespace_snapshot(ns)
-    found = {name: {"kind": p.kind, "devices": list(p.devices), "summary": p.summary}
-             for name, p in snap.items()}
-    for key, obj in _results():
-        kind = placement.kind_of(obj)
-        if kind:
-            found[f"dask result {key}"] = {"kind": kind, "devices": list(placement.devices_of(obj)),
-                                           "summary": placement.placement_line(obj)}
+    else:
+        found = {name: {"kind": p.kind, "devices": list(p.devices), "summary": p.summary}
+                 for name, p in placement.namespace_snapshot(ns).items()}
+        objects = {f"dask result {key}": obj for key, obj in _results() if placement.kind_of(obj)}
+    for name, obj in objects.items():
+        found[name] = {"kind": placement.kind_of(obj) or type(obj).__name__,
+                       "devices": list(placement.devices_of(obj)), "summary": placement.placement_line(obj)}
     return {"names": found, "missing": missing}
 
 
 def _results() -> list:
     """On a Dask worker: ``(key, value)`` of the task results it holds in memory (``worker.data``; the
     spilled ones stay on disk, unread), which hold tensors no name in ``__main__`` shows."""
-    worker = getattr(_CONTEXT, "worker", None)
-    if worker is None:
-        return []
-    data = getattr(worker, "data", None)
+    data = getattr(getattr(_CONTEXT, "worker", None), "data", None)  # None off a Dask worker
     data = getattr(data, "fast", data)  # a SpillBuffer's in-memory part
     try:
         return list(data.items()) if data is not None else []
@@ -358,11 +350,10 @@ def memory_tick(reporters: Optional[dict] = None, cells: Optional[list] = None) 
 
     host = host_memory()
     out: dict = {"rss": host.rss if host is not None else None, "torch": _torch_devices()}
-    here = socket.gethostname()
     monitored = _monitored(getattr(_CONTEXT, "worker", None))
     if monitored:
         out["gpus"] = monitored
-    elif reporters is None or reporters.get(here, os.getpid()) == os.getpid():
+    elif reporters is None or reporters.get(socket.gethostname(), os.getpid()) == os.getpid():
         out["gpus"] = _host_gpus()
     if cells is not None:
         _cells(out, *cells)
@@ -425,18 +416,13 @@ def _monitored(worker: Any) -> Optional[list]:
     carry: memory used and total, utilisation), in :func:`memory_tick`'s row shape; None where that
     monitoring is off (no pynvml, or ``distributed.diagnostics.nvml: False``)."""
     monitor = getattr(worker, "monitor", None)
-    if monitor is None or not getattr(monitor, "gpu_name", None):
+    if not getattr(monitor, "gpu_name", None):
         return None
     quantities = getattr(monitor, "quantities", {})
-
-    def last(name: str) -> Any:
-        values = quantities.get(name)
-        return values[-1] if values else None
-
+    used, util = ((quantities.get(name) or [None])[-1] for name in ("gpu_memory_used", "gpu_utilization"))
     first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
     index, uuid = (int(first), None) if first.isdigit() else (0, first)
-    return [[index, uuid, monitor.gpu_name, last("gpu_memory_used"), monitor.gpu_memory_total,
-             last("gpu_utilization"), {os.getpid(): None}]]
+    return [[index, uuid, monitor.gpu_name, used, monitor.gpu_memory_total, util, {os.getpid(): None}]]
 
 
 def _host_gpus() -> list:
@@ -461,7 +447,7 @@ def _host_gpus() -> list:
     return rows
 
 
-def cell_peaks(reset: bool = True) -> dict:
+def cell_peaks() -> dict:
     """The peaks since the last call (a notebook cell): torch's peak allocated bytes per accelerator
     device (where torch keeps one) and the process's peak RSS; reset afterwards so the next call sees
     the next cell only."""
@@ -473,11 +459,9 @@ def cell_peaks(reset: bool = True) -> dict:
             peak = accelerators.peak((kind, index))
             if peak is not None:
                 gpus[f"{kind}:{index}"] = int(peak)
-                if reset:
-                    accelerators.reset_peak((kind, index))
+                accelerators.reset_peak((kind, index))
     rss = host.peak_rss()
-    if reset:
-        host.reset_peak_rss()
+    host.reset_peak_rss()
     return {"gpus": gpus, "peak_rss": rss}
 
 

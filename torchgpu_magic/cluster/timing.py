@@ -91,12 +91,10 @@ class ClusterTiming(TimingComparison):
             line += (f"; the engines time on the CPU and share too few cores ({said}): the spread measures "
                      "that sharing, not the engines. For a fair comparison give each engine its own cores "
                      "(fewer engines per host, or torch.set_num_threads on each), or time on the GPUs")
-        elif slow and self.on_cpu:
-            line += (f"; straggler{'s' * (len(slow) != 1)}: {', '.join(slow)} (every synchronous step "
-                     "waits for the slowest engine: a slower CPU, or other work on its host?)")
         elif slow:
+            why = "a slower CPU, or other work on its host?" if self.on_cpu else "a throttled or shared GPU?"
             line += (f"; straggler{'s' * (len(slow) != 1)}: {', '.join(slow)} (every synchronous step "
-                     "waits for the slowest engine: a throttled or shared GPU?)")
+                     f"waits for the slowest engine: {why})")
         return line
 
     def crowded_rows(self) -> dict:

@@ -1,12 +1,12 @@
 """The one user of torch's private API.
 
-torch's public API cannot say some things this package needs: the identity of a tensor's memory, whether
-a GPU already has a CUDA context, what an autograd node saved, a dispatch mode that ``torch.compile``
-never traces without importing ``torch._dynamo``, torch's memory tracker and fake tensors. Each of those
-reads lives here, and nowhere else, so that a torch release that renames one breaks one function in one
-file (tests/test_torchapi.py runs each of them on the torch the tests run with: 2.13 here, 2.14.1 in the
-CUDA-build leg, 2.11 on the GPU machine). Every other module asks here and never reaches past ``torch.``'s
-public names.
+torch's public API cannot say some things this package needs: the identity of a tensor's memory, whether a
+GPU already has a CUDA context, what an autograd node saved, the default-device setting itself, a dispatch
+mode that ``torch.compile`` never traces without importing ``torch._dynamo``, torch's memory tracker and
+fake tensors. Each of those reads lives here, and nowhere else, so that a torch release that renames one
+breaks one function in one file (tests/test_torchapi.py runs each of them on the torch the tests run with:
+2.13 here, 2.14.1 in the CUDA-build leg, 2.11 on the GPU machine). Every other module asks here and never
+reaches past ``torch.``'s public names.
 
 torch is imported lazily, inside each function: importing this module costs nothing.
 """
@@ -78,6 +78,15 @@ def function_mode_depth() -> int:
     import torch
 
     return int(torch._C._len_torch_function_stack())
+
+
+def default_device_setting() -> Any:
+    """torch's own default-device setting: None, or the device given to ``set_default_device`` (kept in
+    the ``device_context`` of the ``threading.local`` ``torch._GLOBAL_DEVICE_CONTEXT``)."""
+    import torch
+
+    holder = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    return None if holder is None else holder.device
 
 
 def cuda_compiled() -> bool:

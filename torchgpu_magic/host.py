@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import os
-from contextlib import contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -133,10 +133,8 @@ class HostCounters:
         """Close the /proc files (they reopen on next use)."""
         for fd in self._fds.values():
             if fd is not None:
-                try:
+                with suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
         self._fds = {}
 
 
@@ -145,21 +143,15 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 def peak_rss() -> Optional[int]:
     """The kernel's resident-set high-water mark (VmHWM) in bytes since the last reset, or None off Linux."""
-    counters = HostCounters()
-    try:
+    with closing(HostCounters()) as counters:
         return counters.rss_and_peak()[1]
-    finally:
-        counters.close()
 
 
 def reset_peak_rss() -> bool:
     """Reset VmHWM to the current RSS (Linux >= 4.0: write '5' to /proc/self/clear_refs); False where
     that is not possible, and a per-cell peak RSS then reads N/A rather than a lifetime maximum."""
-    counters = HostCounters()
-    try:
+    with closing(HostCounters()) as counters:
         return counters.reset_peak()
-    finally:
-        counters.close()
 
 
 @contextmanager

@@ -64,11 +64,8 @@ def fmt_bytes(n: Any, signed: bool = False) -> str:
     if is_na(n):
         return "N/A"
     n = int(n)
-    sign = ""
-    if n < 0:
-        sign, n = "-", -n
-    elif signed:
-        sign = "+"
+    sign = "-" if n < 0 else "+" if signed else ""
+    n = abs(n)
     value, unit = _scaled(float(n), _BYTE_UNITS, 1024, 1023.5)  # what rounds to 1024 MiB is 1.00 GiB
     if unit == "B":
         return f"{sign}{n} B"
@@ -106,10 +103,9 @@ def fmt_seconds(seconds: Any) -> str:
     s = abs(s)
     if s == 0:
         return "0 s"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, MICRO), (1e-9, "ns")):
-        if s >= scale * 0.9995 or unit == "ns":
-            return f"{sign}{_sig3(s / scale)} {unit}"
-    raise AssertionError("unreachable")
+    units = ((1.0, "s"), (1e-3, "ms"), (1e-6, MICRO), (1e-9, "ns"))
+    scale, unit = next((scale, unit) for scale, unit in units if s >= scale * 0.9995 or unit == "ns")
+    return f"{sign}{_sig3(s / scale)} {unit}"
 
 
 def fmt_percent(fraction: Any) -> str:

@@ -12,6 +12,7 @@ torch is imported lazily, inside each function: importing this module costs noth
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import re
@@ -432,7 +433,7 @@ def disabled_torch_function() -> Any:
     return torch._C._disabled_torch_function_impl
 
 
-class OutsideModes:
+class OutsideModes(contextlib.ExitStack):
     """For the duration: no torch function mode, no dispatch mode and no Python dispatcher in this thread
     (all restored afterwards), so that ops reach a tensor subclass's own ``__torch_dispatch__``."""
 
@@ -440,12 +441,7 @@ class OutsideModes:
         import torch
         from torch.utils._python_dispatch import _disable_current_modes
 
-        self._stack = [torch._C.DisableTorchFunction(), _disable_current_modes(),
-                       torch._C._DisablePythonDispatcher()]
-        for guard in self._stack:
-            guard.__enter__()
+        for guard in (torch._C.DisableTorchFunction(), _disable_current_modes(),
+                      torch._C._DisablePythonDispatcher()):
+            self.enter_context(guard)
         return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for guard in reversed(self._stack):
-            guard.__exit__(*exc)

@@ -138,11 +138,10 @@ def structured(itb: Any, etype: type, value: BaseException, parts: list) -> Opti
     out = full[:first]
     end = "" if getattr(itb, "tb_join_char", "\n") else "\n"  # Plain's entries end their own lines
     hinted = False
-    shown = 0
+    entries = iter(full[first:first + k])
     for part in parts:
         if part[0] == "frame":
-            out.append(full[first + shown])
-            shown += 1
+            out.append(next(entries))
         else:
             out.append(marker(part[1], part[2], not hinted) + end)
             hinted = True

@@ -225,17 +225,14 @@ def memory_limits(root: Optional[str] = None, rlimits: Optional[Callable[[int], 
     rlimits = rlimits or GETRLIMIT or resource.getrlimit
     status = _read(os.path.join(root, "proc", "self", "status")) or ""
     for which, name, field in ((resource.RLIMIT_AS, "ulimit -v (RLIMIT_AS)", "VmSize"),
-                               (getattr(resource, "RLIMIT_DATA", None), "ulimit -d (RLIMIT_DATA)", "VmData")):
-        if which is None:
-            continue
+                               (resource.RLIMIT_DATA, "ulimit -d (RLIMIT_DATA)", "VmData")):
         try:
             soft = rlimits(which)[0]
         except (OSError, ValueError):
             continue
         if soft is None or soft < 0 or soft >= _UNLIMITED:  # RLIM_INFINITY is -1 in Python
             continue
-        used = _status_kib(status, field)
-        found.append(MemoryLimit(name, "", int(soft), used if used is not None else 0))
+        found.append(MemoryLimit(name, "", int(soft), _field(status, field) * 1024))  # status is in kB
     return found
 
 
@@ -254,22 +251,13 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def _status_kib(status: str, field: str) -> Optional[int]:
-    """A ``/proc/self/status`` figure ('VmSize:  4096 kB') in bytes."""
-    for line in status.splitlines():
-        if line.startswith(field + ":"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                return int(parts[1]) * 1024
-    return None
-
-
-def _stat_field(text: Optional[str], name: str) -> int:
-    """A field of a cgroup's ``memory.stat`` ('inactive_file 1234'), 0 where it is not there."""
+def _field(text: Optional[str], name: str) -> int:
+    """A figure of a file of ``key value`` lines: ``/proc/self/status`` ('VmSize:  4096 kB') or a cgroup's
+    ``memory.stat`` ('inactive_file 1234'); 0 where it is not there."""
     for line in (text or "").splitlines():
-        key, _, value = line.partition(" ")
-        if key == name and value.strip().isdigit():
-            return int(value)
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].rstrip(":") == name and parts[1].isdigit():
+            return int(parts[1])
     return 0
 
 
@@ -314,7 +302,7 @@ def _walk(root: str, mount: str, path: str, files: tuple, name: str) -> list:
         if raw.isdigit() and int(raw) < _UNLIMITED:
             usage = (_read(os.path.join(root, here, usage_file)) or "").strip()
             used = int(usage) if usage.isdigit() else 0
-            used = max(0, used - _stat_field(_read(os.path.join(root, here, "memory.stat")), inactive))
+            used = max(0, used - _field(_read(os.path.join(root, here, "memory.stat")), inactive))
             found.append(MemoryLimit(name, "/" + os.path.join(here, limit_file), int(raw), used))
         if here == os.path.normpath(mount) or not here:
             return found

@@ -142,13 +142,10 @@ def started(kind: str) -> bool:
         return False
 
 
-def initialised(kind: Optional[str] = None) -> Any:
-    """The backend module of ``kind`` (default this torch's accelerator) when it is initialised in this
-    process, else None: the one way into an allocator here and in the sampler, so neither initialises."""
-    kind = current_kind() if kind is None else kind
-    if kind is None or state(kind) != "initialised":
-        return None
-    return backend_module(kind)
+def initialised(kind: str) -> Any:
+    """The backend module of ``kind`` when it is initialised in this process, else None: the one way into
+    an allocator here and in the sampler, so neither initialises."""
+    return backend_module(kind) if state(kind) == "initialised" else None
 
 
 def initialised_cuda() -> Any:
@@ -203,12 +200,11 @@ def available_kinds() -> list:
 
 
 def current_index(kind: Optional[str] = None) -> int:
-    """The current device of ``kind``; 0 before it is initialised (asking would initialise it)."""
+    """The current device of ``kind`` (default this torch's accelerator); 0 before it is initialised
+    (asking would initialise it)."""
     kind = current_kind() if kind is None else kind
     module = initialised(kind) if kind not in (None, "mps") else None
-    if module is None:
-        return 0
-    return int(module.current_device())
+    return 0 if module is None else int(module.current_device())
 
 
 def hip_visible(found: int) -> list:

@@ -102,7 +102,6 @@ def device_option(spec: Any, takes: tuple = EVERY, exists: bool = True,
     fixed = _FIXED.get(typed.lower())
     if fixed is not None and fixed.type in takes:
         return fixed
-    refused = refused or {}
     valid = _valid(takes, exists)
     if isinstance(spec, torch.device):
         kind, index = spec.type, spec.index
@@ -120,7 +119,7 @@ def device_option(spec: Any, takes: tuple = EVERY, exists: bool = True,
             kind = match.group("kind")
             index = None if match.group("index") is None else int(match.group("index"))
     if kind not in takes:
-        reason = refused.get(kind, "is not a device this takes")
+        reason = (refused or {}).get(kind, "is not a device this takes")
         raise _meaning(MagicInputError(f"'{shown(text)}' {reason}. {valid}"), None)
     if kind in ("cpu", "meta") and index not in (None, 0):
         message = f"'{shown(text)}': {kind} has no index {index}; use '{kind}'. {valid}"

@@ -52,11 +52,8 @@ def separator() -> str:
 
 def is_na(value: Any) -> bool:
     """True for values a report shows as 'N/A': None, NaN, and the NVML layer's NA sentinel."""
-    if value is None:
-        return True
-    if isinstance(value, float) and math.isnan(value):
-        return True
-    return getattr(value, "_is_na", False) is True
+    return (value is None or (isinstance(value, float) and math.isnan(value))
+            or getattr(value, "_is_na", False) is True)
 
 
 def fmt_bytes(n: Any, signed: bool = False) -> str:
@@ -171,13 +168,9 @@ class Table:
             parts = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, aligns)]
             return "  ".join(parts).rstrip()
 
-        out = []
-        if self.title:
-            out.append(self.title)
-        out.append(line(cells[0]))
-        out.append("  ".join("-" * w for w in widths))
-        out.extend(line(r) for r in cells[1:])
-        return "\n".join(out)
+        rule = "  ".join("-" * w for w in widths)
+        out = [self.title] if self.title else []
+        return "\n".join([*out, line(cells[0]), rule, *map(line, cells[1:])])
 
     def to_html(self) -> str:
         """A self-contained HTML table (no external CSS or scripts)."""

@@ -61,15 +61,11 @@ def is_rocm() -> bool:
     return bool(torch is not None and getattr(getattr(torch, "version", None), "hip", None))
 
 
-def flavour(kind: Optional[str] = None) -> Optional[str]:
-    """The backend behind a device type: 'rocm' for cuda on a ROCm build, else the type itself."""
-    kind = current_kind() if kind is None else kind
-    return "rocm" if kind == "cuda" and is_rocm() else kind
-
-
 def backend_label(kind: Optional[str] = None) -> str:
-    """'CUDA', 'ROCm', 'MPS', 'XPU', or a PrivateUse1 name in capitals ('NPU')."""
-    name = flavour(kind) or "cpu"
+    """'CUDA', 'ROCm', 'MPS', 'XPU', or a PrivateUse1 name in capitals ('NPU'), for the backend behind
+    device type ``kind`` (default this torch's accelerator): 'ROCm' for cuda on a ROCm build."""
+    kind = current_kind() if kind is None else kind
+    name = "rocm" if kind == "cuda" and is_rocm() else kind or "cpu"
     return NAMES.get(name, name.upper())
 
 
@@ -146,20 +142,15 @@ def started(kind: str) -> bool:
         return False
 
 
-def initialised(kind: Optional[str] = None) -> Any:
-    """The backend module of ``kind`` (default this torch's accelerator) when it is initialised in this
-    process, else None: the one way into an allocator here and in the sampler, so neither initialises."""
-    kind = current_kind() if kind is None else kind
-    if kind is None or state(kind) != "initialised":
-        return None
-    return backend_module(kind)
+def initialised(kind: str) -> Any:
+    """The backend module of ``kind`` when it is initialised in this process, else None: the one way into
+    an allocator here and in the sampler, so neither initialises."""
+    return backend_module(kind) if state(kind) == "initialised" else None
 
 
 def initialised_cuda() -> Any:
     """``torch.cuda`` when torch is imported and CUDA (or ROCm) initialised in this process, else None."""
-    if cuda_state() != "initialised":
-        return None
-    return sys.modules["torch"].cuda
+    return sys.modules["torch"].cuda if cuda_state() == "initialised" else None
 
 
 def initialised_kinds() -> list:
@@ -209,12 +200,11 @@ def available_kinds() -> list:
 
 
 def current_index(kind: Optional[str] = None) -> int:
-    """The current device of ``kind``; 0 before it is initialised (asking would initialise it)."""
+    """The current device of ``kind`` (default this torch's accelerator); 0 before it is initialised
+    (asking would initialise it)."""
     kind = current_kind() if kind is None else kind
     module = initialised(kind) if kind not in (None, "mps") else None
-    if module is None:
-        return 0
-    return int(module.current_device())
+    return 0 if module is None else int(module.current_device())
 
 
 def hip_visible(found: int) -> list:
@@ -270,16 +260,11 @@ def synchronizer(kind: str) -> Callable[[int], None]:
     return backend_module(kind).synchronize
 
 
-def event_class(kind: str) -> Any:
-    """The class of events that can time work on ``kind`` (``torch.cuda.Event``, ``torch.xpu.Event``,
-    ``torch.mps.Event``, a PrivateUse1 module's ``Event``), or None where torch has none."""
-    return getattr(backend_module(kind), "Event", None)
-
-
 def timing_event(kind: str) -> Any:
-    """An event created with ``enable_timing=True`` on ``kind``; None where events cannot time there
-    (no event class, or one that refuses timing): the caller falls back to synchronized wall time."""
-    cls = event_class(kind)
+    """An event created with ``enable_timing=True`` on ``kind`` (``torch.cuda.Event``, ``torch.xpu.Event``,
+    ``torch.mps.Event``, a PrivateUse1 module's ``Event``); None where events cannot time there (no event
+    class, or one that refuses timing): the caller falls back to synchronized wall time."""
+    cls = getattr(backend_module(kind), "Event", None)
     if cls is None:
         return None
     try:
@@ -321,33 +306,31 @@ def _ask(kind: str, index: int, generic: str, specific: Optional[str] = None) ->
     return function() if kind == "mps" else function(index)
 
 
-def allocated(device: Any) -> Optional[int]:
-    """Bytes of live tensors on ``device`` (torch's allocator); 0 before the backend is initialised."""
+def _figure(device: Any, generic: str, on_mps: Optional[str] = None) -> Optional[int]:
+    """An allocator figure of ``device`` in bytes (:func:`_ask`; ``on_mps``: ``torch.mps``'s own name for
+    it): 0 before the backend is initialised, None where torch cannot say."""
     kind, index = split(device)
     if initialised(kind) is None:
         return 0
-    value = _ask(kind, index, "memory_allocated", "current_allocated_memory" if kind == "mps" else None)
+    value = _ask(kind, index, generic, on_mps if kind == "mps" else None)
     return None if value is None else int(value)
+
+
+def allocated(device: Any) -> Optional[int]:
+    """Bytes of live tensors on ``device`` (torch's allocator); 0 before the backend is initialised."""
+    return _figure(device, "memory_allocated", "current_allocated_memory")
 
 
 def reserved(device: Any) -> Optional[int]:
     """Bytes torch's allocator holds on ``device`` (tensors and its cache). MPS: the Metal driver's
     allocation for this process (``driver_allocated_memory``), which holds the cache too."""
-    kind, index = split(device)
-    if initialised(kind) is None:
-        return 0
-    value = _ask(kind, index, "memory_reserved", "driver_allocated_memory" if kind == "mps" else None)
-    return None if value is None else int(value)
+    return _figure(device, "memory_reserved", "driver_allocated_memory")
 
 
 def peak(device: Any) -> Optional[int]:
     """The most bytes of live tensors since the last :func:`reset_peak`; None where torch keeps no peak
     (MPS on a torch whose accelerator API does not reach it): the caller tracks its own."""
-    kind, index = split(device)
-    if initialised(kind) is None:
-        return 0
-    value = _ask(kind, index, "max_memory_allocated")  # torch.mps has none of its own
-    return None if value is None else int(value)
+    return _figure(device, "max_memory_allocated")  # torch.mps has none of its own
 
 
 def reset_peak(device: Any) -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from . import accelerators
 from .caches import cache, table
 from .errors import MagicInputError
 from .torchapi import cuda_device_counter, function_mode_depth
+from .torchapi import default_device_setting as _raw_default_device
 
 KINDS = ("cpu", "cuda", "mps", "xpu", "meta")
 """The device types a spec may name (besides ``auto``)."""
@@ -98,29 +98,28 @@ def device_option(spec: Any, takes: tuple = EVERY, exists: bool = True,
 
     # cpu and meta exist everywhere: once resolved, no parse, no list of the devices here, no new
     # torch.device per cell (%%ontorch cpu asks before every cell)
-    if not isinstance(spec, torch.device):
-        fixed = _FIXED.get(str(spec).strip().strip("'\"").strip().lower())
-        if fixed is not None and fixed.type in takes:
-            return fixed
-    refused = refused or {}
+    typed = "" if isinstance(spec, torch.device) else str(spec).strip().strip("'\"").strip()
+    fixed = _FIXED.get(typed.lower())
+    if fixed is not None and fixed.type in takes:
+        return fixed
     valid = _valid(takes, exists)
     if isinstance(spec, torch.device):
         kind, index = spec.type, spec.index
         text = str(spec)
     else:
-        text = str(spec).strip().strip("'\"").strip().lower()
+        text = typed.lower()
         if not text:
             raise MagicInputError(f"no device given. {valid}")
         match = _SPEC.match(text)
         if text in ("auto", "local"):
             kind, index = text, None
         elif match is None or match.group("kind") not in KINDS:
-            raise _unknown(str(spec).strip().strip("'\"").strip(), takes, exists, valid)
+            raise _unknown(typed, takes, exists, valid)
         else:
             kind = match.group("kind")
             index = None if match.group("index") is None else int(match.group("index"))
     if kind not in takes:
-        reason = refused.get(kind, "is not a device this takes")
+        reason = (refused or {}).get(kind, "is not a device this takes")
         raise _meaning(MagicInputError(f"'{shown(text)}' {reason}. {valid}"), None)
     if kind in ("cpu", "meta") and index not in (None, 0):
         message = f"'{shown(text)}': {kind} has no index {index}; use '{kind}'. {valid}"
@@ -139,10 +138,8 @@ def device_option(spec: Any, takes: tuple = EVERY, exists: bool = True,
         if index is None and not isinstance(spec, torch.device):
             _FIXED[text] = torch.device(kind)
         return torch.device(kind)
-    if kind == "cuda":
-        return _resolve_indexed("cuda", index, _cuda_count(), _cuda_missing, valid)
-    if kind == "xpu":
-        return _resolve_indexed("xpu", index, _xpu_count(), lambda: "torch sees no Intel XPU here", valid)
+    if kind in ("cuda", "xpu"):
+        return _resolve_indexed(kind, index, valid)
     if kind == "mps":
         if not _mps_available():
             raise _meaning(DeviceUnavailable(f"'mps' is not available: {_missing('mps')}. {valid}"), "mps")
@@ -233,7 +230,7 @@ class DeviceState:
         while self.guards:
             self.guards.pop().__exit__(None, None, None)
         for kind, index in self.current:
-            module = _module(kind)
+            module = accelerators.backend_module(kind)
             if module.current_device() != index:  # the block itself switched devices
                 module.set_device(index)
         if torch.get_default_dtype() != self.dtype:  # setting it costs more than asking
@@ -268,7 +265,7 @@ def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:
     if not isinstance(device, torch.device):
         device = torch.device(device)
     if device.type in ("cuda", "xpu") and device.index is not None:
-        guard = _module(device.type).device(device.index)
+        guard = accelerators.backend_module(device.type).device(device.index)
         guard.__enter__()
         state.guards.append(guard)
     if dtype is not None:
@@ -278,7 +275,7 @@ def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:
         torch.set_default_device(target)
     # A `with torch.device(...)` block outside us is a mode on torch's function-mode stack: override it.
     # (Only then is torch.get_default_device() asked: it searches that stack, a cost on every cell.)
-    if target is None and function_mode_depth() and _default_device() != device:
+    if target is None and function_mode_depth() and torch.get_default_device() != device:
         torch.set_default_device(device)
 
 
@@ -301,37 +298,12 @@ def use_device(device: Any, dtype: Optional[Any] = None) -> Iterator[Any]:
 
 def default_device() -> Any:
     """The device a plain ``torch.empty(0)`` would land on now (with its index)."""
-    return _default_device()
+    import torch
+
+    return torch.get_default_device()
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-
-
-def _default_device() -> Any:
-    import torch
-
-    getter = getattr(torch, "get_default_device", None)
-    return getter() if getter is not None else torch.empty(0).device
-
-
-def _raw_default_device() -> Any:
-    """torch's own default-device setting: None, or the device given to ``set_default_device``.
-
-    torch 2.3 keeps it in a module global ``_GLOBAL_DEVICE_CONTEXT`` (a DeviceContext or None); later
-    versions in a ``threading.local`` with a ``device_context`` attribute.
-    """
-    import torch
-
-    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
-    if isinstance(holder, threading.local):
-        holder = getattr(holder, "device_context", None)
-    return None if holder is None else holder.device
-
-
-def _module(kind: str) -> Any:
-    import torch
-
-    return getattr(torch, kind)
 
 
 def _cuda_count() -> int:
@@ -356,12 +328,6 @@ def _xpu_count() -> int:
     return accelerators.device_count("xpu")
 
 
-def _mps_built() -> bool:
-    import torch
-
-    return bool(torch.backends.mps.is_built())
-
-
 def _mps_available() -> bool:
     return accelerators.device_count("mps") > 0
 
@@ -382,12 +348,13 @@ def _auto() -> Any:
     return torch.device("cpu")
 
 
-def _resolve_indexed(kind: str, index: Optional[int], count: int, missing: Any, valid: str) -> Any:
+def _resolve_indexed(kind: str, index: Optional[int], valid: str) -> Any:
     import torch
 
     name = kind if index is None else f"{kind}:{index}"
+    count = _cuda_count() if kind == "cuda" else _xpu_count()
     if count == 0:
-        raise _meaning(DeviceUnavailable(f"'{name}' is not available: {missing()}. {valid}"), name)
+        raise _meaning(DeviceUnavailable(f"'{name}' is not available: {_missing(kind)}. {valid}"), name)
     if index is None:
         return torch.device(kind, _current_index(kind))
     if index >= count:
@@ -443,17 +410,17 @@ def without_device_list(message: str) -> str:
 
 
 def _missing(kind: str) -> Optional[str]:
-    """Why device type ``kind`` is not usable here, or None when it is."""
-    if kind in ("cpu", "meta", "auto"):
-        return None
+    """Why device type ``kind`` is not usable here, or None when it is (cpu, meta and auto always are)."""
+    import torch
+
     if kind == "cuda":
         return None if _cuda_count() else _cuda_missing()
     if kind == "xpu":
         return None if _xpu_count() else "torch sees no Intel XPU here"
-    if kind == "mps":
-        return None if _mps_available() else (
-            "this torch has no MPS support" if not _mps_built() else "no Apple-silicon GPU is usable")
-    return None
+    if kind != "mps" or _mps_available():
+        return None
+    built = torch.backends.mps.is_built()
+    return "no Apple-silicon GPU is usable" if built else "this torch has no MPS support"
 
 
 def _unknown(text: str, takes: tuple, exists: bool, valid: str) -> MagicInputError:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import os
-from contextlib import contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -133,10 +133,8 @@ class HostCounters:
         """Close the /proc files (they reopen on next use)."""
         for fd in self._fds.values():
             if fd is not None:
-                try:
+                with suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
         self._fds = {}
 
 
@@ -145,21 +143,15 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 def peak_rss() -> Optional[int]:
     """The kernel's resident-set high-water mark (VmHWM) in bytes since the last reset, or None off Linux."""
-    counters = HostCounters()
-    try:
+    with closing(HostCounters()) as counters:
         return counters.rss_and_peak()[1]
-    finally:
-        counters.close()
 
 
 def reset_peak_rss() -> bool:
     """Reset VmHWM to the current RSS (Linux >= 4.0: write '5' to /proc/self/clear_refs); False where
     that is not possible, and a per-cell peak RSS then reads N/A rather than a lifetime maximum."""
-    counters = HostCounters()
-    try:
+    with closing(HostCounters()) as counters:
         return counters.reset_peak()
-    finally:
-        counters.close()
 
 
 @contextmanager
@@ -233,17 +225,14 @@ def memory_limits(root: Optional[str] = None, rlimits: Optional[Callable[[int], 
     rlimits = rlimits or GETRLIMIT or resource.getrlimit
     status = _read(os.path.join(root, "proc", "self", "status")) or ""
     for which, name, field in ((resource.RLIMIT_AS, "ulimit -v (RLIMIT_AS)", "VmSize"),
-                               (getattr(resource, "RLIMIT_DATA", None), "ulimit -d (RLIMIT_DATA)", "VmData")):
-        if which is None:
-            continue
+                               (resource.RLIMIT_DATA, "ulimit -d (RLIMIT_DATA)", "VmData")):
         try:
             soft = rlimits(which)[0]
         except (OSError, ValueError):
             continue
         if soft is None or soft < 0 or soft >= _UNLIMITED:  # RLIM_INFINITY is -1 in Python
             continue
-        used = _status_kib(status, field)
-        found.append(MemoryLimit(name, "", int(soft), used if used is not None else 0))
+        found.append(MemoryLimit(name, "", int(soft), _field(status, field) * 1024))  # status is in kB
     return found
 
 
@@ -262,22 +251,13 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def _status_kib(status: str, field: str) -> Optional[int]:
-    """A ``/proc/self/status`` figure ('VmSize:  4096 kB') in bytes."""
-    for line in status.splitlines():
-        if line.startswith(field + ":"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                return int(parts[1]) * 1024
-    return None
-
-
-def _stat_field(text: Optional[str], name: str) -> int:
-    """A field of a cgroup's ``memory.stat`` ('inactive_file 1234'), 0 where it is not there."""
+def _field(text: Optional[str], name: str) -> int:
+    """A figure of a file of ``key value`` lines: ``/proc/self/status`` ('VmSize:  4096 kB') or a cgroup's
+    ``memory.stat`` ('inactive_file 1234'); 0 where it is not there."""
     for line in (text or "").splitlines():
-        key, _, value = line.partition(" ")
-        if key == name and value.strip().isdigit():
-            return int(value)
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].rstrip(":") == name and parts[1].isdigit():
+            return int(parts[1])
     return 0
 
 
@@ -322,7 +302,7 @@ def _walk(root: str, mount: str, path: str, files: tuple, name: str) -> list:
         if raw.isdigit() and int(raw) < _UNLIMITED:
             usage = (_read(os.path.join(root, here, usage_file)) or "").strip()
             used = int(usage) if usage.isdigit() else 0
-            used = max(0, used - _stat_field(_read(os.path.join(root, here, "memory.stat")), inactive))
+            used = max(0, used - _field(_read(os.path.join(root, here, "memory.stat")), inactive))
             found.append(MemoryLimit(name, "/" + os.path.join(here, limit_file), int(raw), used))
         if here == os.path.normpath(mount) or not here:
             return found

@@ -52,11 +52,8 @@ def separator() -> str:
 
 def is_na(value: Any) -> bool:
     """True for values a report shows as 'N/A': None, NaN, and the NVML layer's NA sentinel."""
-    if value is None:
-        return True
-    if isinstance(value, float) and math.isnan(value):
-        return True
-    return getattr(value, "_is_na", False) is True
+    return (value is None or (isinstance(value, float) and math.isnan(value))
+            or getattr(value, "_is_na", False) is True)
 
 
 def fmt_bytes(n: Any, signed: bool = False) -> str:
@@ -64,11 +61,8 @@ def fmt_bytes(n: Any, signed: bool = False) -> str:
     if is_na(n):
         return "N/A"
     n = int(n)
-    sign = ""
-    if n < 0:
-        sign, n = "-", -n
-    elif signed:
-        sign = "+"
+    sign = "-" if n < 0 else "+" if signed else ""
+    n = abs(n)
     value, unit = _scaled(float(n), _BYTE_UNITS, 1024, 1023.5)  # what rounds to 1024 MiB is 1.00 GiB
     if unit == "B":
         return f"{sign}{n} B"
@@ -106,10 +100,9 @@ def fmt_seconds(seconds: Any) -> str:
     s = abs(s)
     if s == 0:
         return "0 s"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, MICRO), (1e-9, "ns")):
-        if s >= scale * 0.9995 or unit == "ns":
-            return f"{sign}{_sig3(s / scale)} {unit}"
-    raise AssertionError("unreachable")
+    units = ((1.0, "s"), (1e-3, "ms"), (1e-6, MICRO), (1e-9, "ns"))
+    scale, unit = next((scale, unit) for scale, unit in units if s >= scale * 0.9995 or unit == "ns")
+    return f"{sign}{_sig3(s / scale)} {unit}"
 
 
 def fmt_percent(fraction: Any) -> str:
@@ -175,13 +168,9 @@ class Table:
             parts = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, aligns)]
             return "  ".join(parts).rstrip()
 
-        out = []
-        if self.title:
-            out.append(self.title)
-        out.append(line(cells[0]))
-        out.append("  ".join("-" * w for w in widths))
-        out.extend(line(r) for r in cells[1:])
-        return "\n".join(out)
+        rule = "  ".join("-" * w for w in widths)
+        out = [self.title] if self.title else []
+        return "\n".join([*out, line(cells[0]), rule, *map(line, cells[1:])])
 
     def to_html(self) -> str:
         """A self-contained HTML table (no external CSS or scripts)."""

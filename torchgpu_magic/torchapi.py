@@ -1,17 +1,18 @@
 """The one user of torch's private API.
 
-torch's public API cannot say some things this package needs: the identity of a tensor's memory, whether
-a GPU already has a CUDA context, what an autograd node saved, a dispatch mode that ``torch.compile``
-never traces without importing ``torch._dynamo``, torch's memory tracker and fake tensors. Each of those
-reads lives here, and nowhere else, so that a torch release that renames one breaks one function in one
-file (tests/test_torchapi.py runs each of them on the torch the tests run with: 2.13 here, 2.14.1 in the
-CUDA-build leg, 2.11 on the GPU machine). Every other module asks here and never reaches past ``torch.``'s
-public names.
+torch's public API cannot say some things this package needs: the identity of a tensor's memory, whether a
+GPU already has a CUDA context, what an autograd node saved, the default-device setting itself, a dispatch
+mode that ``torch.compile`` never traces without importing ``torch._dynamo``, torch's memory tracker and
+fake tensors. Each of those reads lives here, and nowhere else, so that a torch release that renames one
+breaks one function in one file (tests/test_torchapi.py runs each of them on the torch the tests run with:
+2.13 here, 2.14.1 in the CUDA-build leg, 2.11 on the GPU machine). Every other module asks here and never
+reaches past ``torch.``'s public names.
 
 torch is imported lazily, inside each function: importing this module costs nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import re
@@ -78,6 +79,15 @@ def function_mode_depth() -> int:
     import torch
 
     return int(torch._C._len_torch_function_stack())
+
+
+def default_device_setting() -> Any:
+    """torch's own default-device setting: None, or the device given to ``set_default_device`` (kept in
+    the ``device_context`` of the ``threading.local`` ``torch._GLOBAL_DEVICE_CONTEXT``)."""
+    import torch
+
+    holder = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    return None if holder is None else holder.device
 
 
 def cuda_compiled() -> bool:
@@ -423,7 +433,7 @@ def disabled_torch_function() -> Any:
     return torch._C._disabled_torch_function_impl
 
 
-class OutsideModes:
+class OutsideModes(contextlib.ExitStack):
     """For the duration: no torch function mode, no dispatch mode and no Python dispatcher in this thread
     (all restored afterwards), so that ops reach a tensor subclass's own ``__torch_dispatch__``."""
 
@@ -431,12 +441,7 @@ class OutsideModes:
         import torch
         from torch.utils._python_dispatch import _disable_current_modes
 
-        self._stack = [torch._C.DisableTorchFunction(), _disable_current_modes(),
-                       torch._C._DisablePythonDispatcher()]
-        for guard in self._stack:
-            guard.__enter__()
+        for guard in (torch._C.DisableTorchFunction(), _disable_current_modes(),
+                      torch._C._DisablePythonDispatcher()):
+            self.enter_context(guard)
         return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for guard in reversed(self._stack):
-            guard.__exit__(*exc)

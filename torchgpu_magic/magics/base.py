@@ -84,7 +84,6 @@ class TorchGPUMagics(Magics):
 
         super().__init__(shell)
         self._closers: list[Callable[[], None]] = []
-        self._cluster_closer = False  # whether unload closes the clients --cluster connected
         self.cluster_kept: Any = None  # cluster.Kept: what --cluster bridges keep between calls, till unload
         self.tracebacks = Tracebacks(shell)  # the user's cell first, errors explained above
         self.parts: list[MagicsPart] = []  # the magics' classes made so far
@@ -108,8 +107,10 @@ class TorchGPUMagics(Magics):
         self.add_closer(self.tracebacks.uninstall)
 
     def add_closer(self, closer: Callable[[], None]) -> None:
-        """Remember ``closer`` to undo something hooked into the shell; run by :meth:`close`."""
-        self._closers.append(closer)
+        """Remember ``closer`` to undo something hooked into the shell; run by :meth:`close`. A closer
+        already waiting (the same bound method) is not added again, so a magic may ask at every use."""
+        if closer not in self._closers:
+            self._closers.append(closer)
 
     def close(self) -> None:
         """Undo every registration, newest first; one failing closer does not stop the others."""
@@ -149,18 +150,14 @@ class MagicsPart(Magics):
         owner = self._owner
         if owner.cluster_kept is None:
             owner.cluster_kept = cluster.Kept()
-        bridge = cluster.connect(self.shell.user_ns, name, view, owner.cluster_kept)
-        if not owner._cluster_closer:
-            owner._cluster_closer = True
             self.add_closer(cluster.close_clients)
             self.add_closer(self._forget_kept)
-        return bridge
+        return cluster.connect(self.shell.user_ns, name, view, owner.cluster_kept)
 
     def _forget_kept(self) -> None:
         """At unload: drop what the --cluster bridges kept."""
         kept, self._owner.cluster_kept = self._owner.cluster_kept, None
-        if kept is not None:
-            kept.clear()
+        kept.clear()
 
     def start(self) -> None:
         """Hook what this magic needs into the shell, once, when its class is first made (at its first

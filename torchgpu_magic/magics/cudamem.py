@@ -1,6 +1,7 @@
 """``%%cudamem``: a cell's memory by category and module, measured, or predicted for a GPU you don't have."""
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -12,10 +13,9 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .base import MagicsPart, parse_args, usage_errors
 from .shell import register_cell, show
 
-MEASURED = ("cpu", "cuda", "mps", "xpu")
-"""The devices a measured run reports (those here)."""
-PREDICTED = ("cpu", "cuda", "mps", "xpu")
-"""The devices --predict predicts for (a GPU you need not have; mps and xpu with their own capacity)."""
+DEVICES = ("cpu", "cuda", "mps", "xpu")
+"""The devices a measured run reports (those here), and those --predict predicts for (a GPU you need not
+have; mps and xpu with their own capacity)."""
 
 
 @magics_class
@@ -83,7 +83,8 @@ class CUDAMemMagics(MagicsPart):
         code, tree, filename = self._compile(cell, line)
         ns = self.shell.user_ns
         names = prediction.names_read(tree, ns)
-        if (predicting or args.compare) and "get_ipython" in {n.id for n in _names(tree)}:
+        if (predicting or args.compare) and any(isinstance(node, ast.Name) and node.id == "get_ipython"
+                                                for node in ast.walk(tree)):
             flag = "--compare" if args.compare else "--predict"
             raise UsageError(f"%cudamem: {flag} does not run IPython magics or shell commands inside the "
                              "cell (they would act on your real namespace); leave them out of it")
@@ -128,13 +129,13 @@ class CUDAMemMagics(MagicsPart):
         from ..errors import MagicInputError
 
         try:
-            return str(devices.device_option(spec, MEASURED))
+            return str(devices.device_option(spec, DEVICES))
         except MagicInputError as exc:
             meant = getattr(exc, "meant", None)
             hint = ""
-            if meant is not None and meant.split(":")[0] in PREDICTED:
+            if meant is not None and meant.split(":")[0] in DEVICES:
                 try:
-                    devices.device_option(meant, MEASURED)
+                    devices.device_option(meant, DEVICES)
                 except MagicInputError:  # absent here: predicting for it needs no GPU
                     hint = f"; to predict for it without one, use --predict {meant}"
             raise UsageError(f"%cudamem: {exc}{hint}") from None
@@ -147,7 +148,7 @@ class CUDAMemMagics(MagicsPart):
         from ..errors import MagicInputError
 
         try:
-            return str(devices.device_option(spec or "cuda", PREDICTED, exists=False))
+            return str(devices.device_option(spec or "cuda", DEVICES, exists=False))
         except MagicInputError as exc:
             raise UsageError(f"%cudamem: --predict: {exc}") from None
 
@@ -174,8 +175,6 @@ class CUDAMemMagics(MagicsPart):
         ns = self.shell.user_ns
         try:
             outcome = run.measure(lambda: exec(code, ns), values, device, top, filename)
-        except run.TrackerUnavailable:
-            raise
         except Exception as exc:  # the cell's own error: its traceback from the cell's frame
             tb = exc.__traceback__
             while tb is not None and tb.tb_frame.f_code.co_filename != filename:
@@ -229,8 +228,3 @@ def _save_svg(outcome: Any, path: Path, quiet: bool) -> None:
     if not quiet:
         print(f"%%cudamem: the picture is saved to {path}")
 
-
-def _names(tree: Any) -> list:
-    import ast
-
-    return [node for node in ast.walk(tree) if isinstance(node, ast.Name)]

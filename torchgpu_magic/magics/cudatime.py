@@ -83,10 +83,10 @@ class CUDATimeMagics(MagicsPart):
                               kernels=args.kernels, roofline=not args.no_roofline,
                               peak=None if args.peak is None else timing.parse_peak(args.peak))
         opts.check()
+        setup, body = (statement, cell) if cell is not None else ("", statement)
+        magic = "%%cudatime" if cell is not None else "%cudatime"
         if args.cluster is not None:
-            return self._cluster(args, opts, statement if cell is not None else "",
-                                 cell if cell is not None else statement, "%%cudatime" if cell is not None
-                                 else "%cudatime")
+            return self._cluster(args, opts, setup, body, magic)
         targets = ([self._device(spec) for spec in self._items(args.devices, "--devices")]
                    if args.devices is not None else [timing.timing_device()])
         for device in targets:
@@ -94,9 +94,7 @@ class CUDATimeMagics(MagicsPart):
         threads = [None]
         if args.threads is not None:
             threads = [self._thread_count(text) for text in self._items(args.threads, "--threads")]
-        compiled = self._compile(statement if cell is not None else "",
-                                 cell if cell is not None else statement, cell is not None)
-        magic = "%%cudatime" if cell is not None else "%cudatime"
+        compiled = self._compile(setup, body, cell is not None)
         rows = []
         try:
             for device in targets:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 import sysconfig
+import traceback
 import types
 from typing import Any, Callable, Optional
 
@@ -137,11 +138,10 @@ def structured(itb: Any, etype: type, value: BaseException, parts: list) -> Opti
     out = full[:first]
     end = "" if getattr(itb, "tb_join_char", "\n") else "\n"  # Plain's entries end their own lines
     hinted = False
-    shown = 0
+    entries = iter(full[first:first + k])
     for part in parts:
         if part[0] == "frame":
-            out.append(full[first + shown])
-            shown += 1
+            out.append(next(entries))
         else:
             out.append(marker(part[1], part[2], not hinted) + end)
             hinted = True
@@ -292,32 +292,22 @@ class Tracebacks:
             tb = tb.tb_next if tb is not None else None
         explanation = self._explain(value)
         cell = self.cell
-        ours = False
-        entry = tb
-        while entry is not None and not ours:
-            ours = owner(entry.tb_frame, cell) == "torchgpu_magic"
-            entry = entry.tb_next
-        if explanation is None and not ours:
+        if explanation is None and not any(owner(frame, cell) == "torchgpu_magic"
+                                           for frame, _ in traceback.walk_tb(tb)):
             return None, False
         head = [] if explanation is None else [explanation.to_text() + "\n"]
         mode = str(getattr(itb, "mode", "Context"))
         if mode in ("Verbose", "Minimal"):
             return head + itb.structured_traceback(etype, value, tb if mode == "Verbose" else None,
                                                    tb_offset=0), bool(head)
-        skip_hidden = getattr(itb, "skip_hidden", True)
-        if explanation is not None:
-            parts = runs(tb, cell, lambda who: who is not None, skip_hidden)
-        else:
-            parts = runs(tb, cell, lambda who: who in MACHINERY, skip_hidden)
-        body = structured(itb, etype, value, parts)
+        collapse = (lambda who: who is not None) if head else (lambda who: who in MACHINERY)
+        body = structured(itb, etype, value, runs(tb, cell, collapse, getattr(itb, "skip_hidden", True)))
         if body is None:  # a layout this cannot splice into: IPython's own, under the explanation
             body = itb.structured_traceback(etype, value, tb, tb_offset=0) if head else None
         return (head + body if body is not None else None), bool(head)
 
     def _explain(self, value: BaseException) -> Any:
         """The first explainer's report for ``value``, or None (an explainer that fails is skipped)."""
-        if not self.explainers:
-            return None
         result = getattr(getattr(self.shell, "displayhook", None), "exec_result", None)
         source = getattr(getattr(result, "info", None), "raw_cell", "") or ""
         for explainer in self.explainers:

@@ -46,8 +46,7 @@ class GPUInfoMagics(MagicsPart):
             import json
 
             print(json.dumps(report.to_dict(), indent=2))
-            return report if args.return_report else None
-        return show(report, args.return_report)
+        return show(report, args.return_report, quiet=args.json)
 
     def _cluster(self, args: Any) -> Any:
         """``--cluster``: the cluster-wide report (:func:`torchgpu_magic.cluster.gpu_report`)."""

@@ -21,17 +21,6 @@ _INSTALL = "pip install torchgpu-magic[widgets]"
 ACTIONS = ("stop", "holders", "free")
 
 
-def _device(spec: Optional[str]) -> Optional[str]:
-    """``%gpumem holders``' DEVICE as torch names devices: 'cpu', 'cuda:0', 'mps', 'xpu:0' ('cuda' is
-    the current GPU), checked as every magic checks a device
-    (:func:`~torchgpu_magic.devices.device_option`): one that does not exist here is a one-line error."""
-    from .. import devices
-
-    if spec is None:
-        return None
-    return devices.option_name(devices.device_option(spec, ("cpu", "cuda", "mps", "xpu")))
-
-
 def _watch_state() -> tuple:
     """(device type, state) deciding the GPUs %gpumem watches: ('cuda', CUDA's state) where NVML may see
     them, ('cuda', 'rocm') on ROCm, else the accelerator's type and state (MPS, XPU, PrivateUse1)."""
@@ -43,12 +32,6 @@ def _watch_state() -> tuple:
     if kind is not None and kind != "cuda":
         return kind, accelerators.state(kind)
     return "cuda", accelerators.cuda_state()
-
-
-def in_colab() -> bool:
-    """True in Google Colab, whose frontend does not show widget updates made from a background thread
-    (googlecolab/colabtools #3373): its kernel has imported ``google.colab``."""
-    return "google.colab" in sys.modules
 
 
 def shows_widgets(shell: Any) -> bool:
@@ -75,9 +58,7 @@ class GPUMemMagics(MagicsPart):
         self._records: Any = None  # the last cell log's records, kept after it stops
         self._cells_wanted = True  # the last --cells choice for the live panel
         self._targets_state: Optional[tuple] = None  # the accelerator's state the targets were chosen in
-        self._closer_added = False
         self._cluster_live: Any = None  # (cluster.memory.ClusterSampler, panel.ClusterPanel) for --cluster
-        self._cluster_closer = False
 
     @line_magic
     @magic_arguments()
@@ -157,7 +138,10 @@ class GPUMemMagics(MagicsPart):
             self._start_panel(interval, args.refresh, args.cells)
             self._display = display(self._panel.widget, display_id=True)
             self._snapshot_at = time.monotonic()
-        return self._live_records() if args.output else None
+        if not args.output:
+            return None
+        # the running %gpumem's records themselves, which keep filling as cells run
+        return self._cells.records if self._cells is not None else self.records()
 
     # ---- holders and free --------------------------------------------------------------------------
     def _holders_or_free(self, args: Any, line: str) -> Any:
@@ -168,9 +152,13 @@ class GPUMemMagics(MagicsPart):
             raise MagicInputError(f"'{args.action}' takes {takes}, not "
                                   + " ".join(w for w in options if w != "-o"))
         if args.action == "holders":
+            from .. import devices
             from ..holders.report import holders_report
 
-            report = holders_report(self.shell.user_ns, _device(args.device), ipython_tracebacks(self.shell))
+            # DEVICE as torch names devices ('cuda' is the current GPU), checked as every magic checks one
+            device = None if args.device is None else devices.option_name(
+                devices.device_option(args.device, ("cpu", "cuda", "mps", "xpu")))
+            report = holders_report(self.shell.user_ns, device, ipython_tracebacks(self.shell))
         else:
             from ..holders.free import give_back
 
@@ -194,12 +182,6 @@ class GPUMemMagics(MagicsPart):
             return True
         return not widget and not shows_widgets(self.shell)
 
-    def _live_records(self) -> Any:
-        """``r = %gpumem -o``: the running ``%gpumem``'s records themselves, which keep filling as cells
-        run (and stay as they were when it stops); a copy of the last ones when per-cell accounting is
-        off."""
-        return self._cells.records if self._cells is not None else self.records()
-
     def records(self) -> Any:
         """A copy of the per-cell records of the running (or last) ``%gpumem``; empty before one ran."""
         from ..gpumem.records import CellRecords
@@ -218,7 +200,7 @@ class GPUMemMagics(MagicsPart):
 
         if interval is not None:
             raise MagicInputError("--interval sets the panel's sampling: text mode samples per cell")
-        self._add_closer()
+        self.add_closer(self._stop)
         if self._panel is not None:
             self._stop()
         display(gpumem.collect(self._targets()))
@@ -228,17 +210,12 @@ class GPUMemMagics(MagicsPart):
             print("%gpumem: one line after each cell from now on; `%gpumem stop` ends it")
 
     # ---- the panel --------------------------------------------------------------------------------
-    def _add_closer(self) -> None:
-        if not self._closer_added:
-            self.add_closer(self._stop)
-            self._closer_added = True
-
     def _start_panel(self, interval: Optional[float], refresh: Optional[str], cells: Optional[str]) -> Any:
         """The running panel (made and started on first use) with the options applied."""
         from .. import gpumem
         from ..gpumem import panel
 
-        self._add_closer()
+        self.add_closer(self._stop)
         if self._text:
             self._stop()
         live = self._panel
@@ -248,7 +225,9 @@ class GPUMemMagics(MagicsPart):
             live = panel.MemoryPanel(sampler, on_close=self._on_panel_closed)
             self._panel = live
             self._cells_wanted = True
-            self._cell_refresh = in_colab() if refresh is None else refresh == "cell"
+            # Colab (its kernel imports google.colab) shows no widget update made from a thread
+            # (googlecolab/colabtools #3373): refreshed after each cell there
+            self._cell_refresh = "google.colab" in sys.modules if refresh is None else refresh == "cell"
             live.refresh()  # figures from the start: the output's snapshot is taken when shown
             if not self._cell_refresh:
                 sampler.start()
@@ -348,9 +327,7 @@ class GPUMemMagics(MagicsPart):
         sampler.on_update = view.update
         self._cluster_live = (sampler, view)
         self.shell.events.register("post_run_cell", self._cluster_cell)
-        if not self._cluster_closer:
-            self._cluster_closer = True
-            self.add_closer(self._stop_cluster)
+        self.add_closer(self._stop_cluster)
         sampler.start()
         display(view.widget)
         return first if args.output else None

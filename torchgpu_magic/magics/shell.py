@@ -92,14 +92,9 @@ def ipython_tracebacks(shell: Any) -> list:
     """What IPython keeps of the last error it showed, beyond ``sys.last_*``: the traceback its formatter
     remembers (``InteractiveTB.tb``) and the exception in the last cell's ``ExecutionResult``. Each keeps
     the failed cell's frames, and their locals, alive."""
-    found = []
-    tb = getattr(getattr(shell, "InteractiveTB", None), "tb", None)
-    if tb is not None:
-        found.append(tb)
-    error = getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None)
-    if error is not None:
-        found.append(error)
-    return found
+    found = (getattr(getattr(shell, "InteractiveTB", None), "tb", None),
+             getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None))
+    return [kept for kept in found if kept is not None]
 
 
 def release_traceback(shell: Any) -> list:
@@ -133,20 +128,20 @@ def release_outputs(shell: Any) -> list:
     from ..holders.holdings import holds_tensors
 
     ns = shell.user_ns
+    hidden = getattr(shell, "user_ns_hidden", {})  # IPython pushes _N, _, __, ___ there too
     released = []
     out = ns.get("Out")
     if isinstance(out, dict):
         for key in [k for k, v in list(out.items()) if holds_tensors(v)]:
             del out[key]
             released.append(f"Out[{key}]")
-            for table in (ns, getattr(shell, "user_ns_hidden", {})):
+            for table in (ns, hidden):
                 table.pop(f"_{key}", None)
     last = getattr(shell, "last_execution_result", None)
     if holds_tensors(getattr(last, "result", None)):  # the last cell's value, until this cell ends
         last.result = None
         released.append("last_execution_result.result")
     hook = getattr(shell, "displayhook", None)
-    hidden = getattr(shell, "user_ns_hidden", {})  # IPython pushes _, __, ___ there too
     for name in ("_", "__", "___"):
         if holds_tensors(ns.get(name)):
             ns[name] = ""

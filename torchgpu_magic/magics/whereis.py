@@ -25,7 +25,6 @@ class WhereIsMagics(MagicsPart):
         self._snapshot: Optional[dict] = None  # the namespace as of the last cell, while --watch is on
         self._snapshot_cache: Any = None  # --watch's own placement.SnapshotCache, while it is on
         self._saved_printers: Optional[list] = None  # the display printers --repr on replaced, to put back
-        self._closer_added = False
 
     @magic_arguments()
     @argument("names", nargs="*", metavar="NAME",
@@ -111,15 +110,8 @@ class WhereIsMagics(MagicsPart):
         return cluster.placement_report(bridge, names,
                                         cluster.DEFAULT_TIMEOUT if args.timeout is None else args.timeout)
 
-    def _add_closer_once(self) -> None:
-        """Have unload undo --watch and --repr (:meth:`_close`), registered on their first use only."""
-        if not self._closer_added:
-            self._closer_added = True
-            self.add_closer(self._close)
-
     def _close(self) -> None:
         """Unload: stop --watch and put back the printers --repr replaced."""
-        self._closer_added = False
         try:
             self._watch(False)
         finally:
@@ -136,7 +128,7 @@ class WhereIsMagics(MagicsPart):
             self._snapshot = placement.namespace_snapshot(self.shell.user_ns, self._snapshot_cache)
             if not registered:
                 self.shell.events.register("post_run_cell", self._watch_cell)
-            self._add_closer_once()
+            self.add_closer(self._close)
         else:
             self._snapshot = self._snapshot_cache = None
             if registered:
@@ -186,7 +178,7 @@ class WhereIsMagics(MagicsPart):
                 printer = _plain_printer(previous) if mime == "text/plain" else _html_printer(previous)
                 fmt.type_printers[cls] = printer
         self._saved_printers = saved
-        self._add_closer_once()
+        self.add_closer(self._close)
 
 
 def _plain_printer(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:

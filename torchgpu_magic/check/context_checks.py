@@ -156,13 +156,9 @@ def no_context(probe: Probe) -> Outcome:
             output, _ = process.communicate()
             output += f"\n(killed after {FRESH_TIMEOUT_S} s)"
         probe.say(f"---- {name} (exit status {process.returncode})\n{output.rstrip()}")
-        found[name] = (process.returncode, _last_marker(output))
+        marker = next((line for line in reversed(output.splitlines()) if line.startswith("CONTEXTS ")), None)
+        found[name] = (process.returncode, marker)
     return judge_no_context(found)
-
-
-def _last_marker(output: str) -> Optional[str]:
-    lines = [line for line in output.splitlines() if line.startswith("CONTEXTS ")]
-    return lines[-1] if lines else None
 
 
 def judge_no_context(found: dict) -> Outcome:

@@ -132,12 +132,10 @@ class GPUMemory:
 
     def to_dict(self) -> dict:
         """Plain figures (None for N/A), derived ones included."""
-        out = {k: _plain(v) for k, v in asdict(self).items() if k not in ("target", "problems")}
-        out.update(asdict(self.target))
-        out["cache"] = self.cache
-        out["other"] = self.other
-        out["problems"] = list(self.problems)
-        return out
+        figures = {k: None if is_na(v) else v for k, v in asdict(self).items()
+                   if k not in ("target", "problems")}
+        return {**figures, **asdict(self.target), "cache": self.cache, "other": self.other,
+                "problems": list(self.problems)}
 
 
 @dataclass(frozen=True, repr=False)
@@ -224,10 +222,6 @@ _CUDA_NOTES = {
 MPS_NOTE = ("mps: unified memory; the GPU may use up to its working-set limit (Metal's "
             "recommendedMaxWorkingSetSize). torch keeps no peak on MPS: the peak shown is the highest "
             "allocated of the samples and of each cell's start and end")
-
-
-def _plain(value: Any) -> Any:
-    return None if is_na(value) else value
 
 
 def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySnapshot:

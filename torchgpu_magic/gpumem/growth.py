@@ -84,13 +84,9 @@ class GrowthWatch:
     def _line(self, record: Any, now: dict) -> str:
         cell = "" if record.number is None else f"In[{record.number}] "
         devices = ", ".join(f"{d} +{fmt_bytes(b)}" for d, b in self._devices.items())
-        grown = []
-        for name, by_device in now.items():
-            before = self._first.get(name, {})
-            delta = sum(by_device.values()) - sum(before.values())
-            if delta > 0:
-                grown.append((delta, name))
-        grown.sort(reverse=True)
+        deltas = ((sum(by_device.values()) - sum(self._first.get(name, {}).values()), name)
+                  for name, by_device in now.items())
+        grown = sorted((pair for pair in deltas if pair[0] > 0), reverse=True)
         runs = f"{self._streak} runs in a row"
         if not grown:
             names = ("no name grew: something else keeps a reference each run (%gpumem holders shows who "

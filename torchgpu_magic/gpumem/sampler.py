@@ -11,6 +11,7 @@ Standard library only; no IPython, no ipywidgets (the view is :mod:`torchgpu_mag
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import threading
@@ -66,13 +67,6 @@ def _in_use() -> list:
     before: that would initialise it)."""
     return [(kind, index) for kind in accelerators.initialised_kinds()
             for index in range(accelerators.device_count(kind))]
-
-
-def _first_line(source: str) -> str:
-    for line in source.splitlines():
-        if line.strip():
-            return line.strip()[:80]
-    return ""
 
 
 class CellLog:
@@ -154,8 +148,8 @@ class CellLog:
                                             device[0]))
             except Exception:  # noqa: BLE001
                 gpus = []
-        record = CellRecord(number, _first_line(source), begin.wall, seconds, rss_delta, rss_peak,
-                            tuple(gpus))
+        first_line = next((line.strip()[:80] for line in source.splitlines() if line.strip()), "")
+        record = CellRecord(number, first_line, begin.wall, seconds, rss_delta, rss_peak, tuple(gpus))
         self.records.append(record)
         return record
 
@@ -361,9 +355,7 @@ class Sampler:
             self._peaks.clear()
             self._peak_rss = 0
             reset_peak_rss()
-            try:
+            with contextlib.suppress(Exception):  # a lost GPU: the figures start again all the same
                 for device in _in_use():
                     accelerators.reset_peak(device)
-            except Exception:  # noqa: BLE001
-                pass
         self.sample_now()

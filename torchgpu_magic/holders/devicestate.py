@@ -73,13 +73,8 @@ class DeviceState:
         return self.total - self.free - self.reserved - sum(size for _, _, size in self.others)
 
     def to_dict(self) -> dict:
-        out = asdict(self)
-        out["others"] = [list(o) for o in self.others]
-        out["foreign"] = [list(o) for o in self.foreign]
-        out["unmeasured"] = [list(o) for o in self.unmeasured]
-        out["notes"] = list(self.notes)
-        out["cache"] = self.cache
-        return out
+        rows = {name: [list(o) for o in getattr(self, name)] for name in ("others", "foreign", "unmeasured")}
+        return {**asdict(self), **rows, "notes": list(self.notes), "cache": self.cache}
 
 
 def read(device: str) -> DeviceState:
@@ -132,10 +127,7 @@ def _cuda(device: str, index: Optional[int]) -> DeviceState:
         free, total = None, int(cuda.get_device_properties(index).total_memory)
         notes.append(f"no CUDA context on {device} yet: what is free there is not asked (asking would create "
                      "one)")
-    process = None
-    others: tuple = ()
-    foreign: tuple = ()
-    unmeasured: tuple = ()
+    process, others, foreign, unmeasured = None, (), (), ()
     target = gpumap.nvml_target(index)
     if target is not None:
         nvml_index, mig = target

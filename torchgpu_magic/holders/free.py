@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
 
 from .. import accelerators
 from ..gpus import gpumap, processes
@@ -42,8 +42,7 @@ class FreeStep:
     held: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "released": list(self.released), "freed": dict(self.freed),
-                "held": dict(self.held)}
+        return asdict(self)
 
 
 @dataclass(repr=False)
@@ -103,10 +102,6 @@ class FreeReport(Reportable):
                 "kept": [{"name": n, "device": d, "bytes": b, "fix": f} for n, d, b, f in self.kept]}
 
 
-def _cuda_indices() -> list:
-    return [index for kind, index in _used_devices() if kind == "cuda"]
-
-
 def _used_devices() -> list:
     """``(kind, index)`` of every accelerator device this process has used (never initialises one; MPS
     once its driver has allocated anything)."""
@@ -121,10 +116,9 @@ def _used_devices() -> list:
     return found
 
 
-def measure(host: Optional[HostCounters] = None) -> dict:
+def measure(host: HostCounters) -> dict:
     """{device: (in use, reserved or the process's figure)} now: cpu (RSS, RSS), each initialised
     accelerator device (torch allocated, torch reserved; MPS's driver-allocated memory)."""
-    host = host or HostCounters()
     out: dict = {"cpu": (host.rss(), host.rss())}
     for kind, index in _used_devices():
         label = "mps" if kind == "mps" else f"{kind}:{index}"
@@ -155,7 +149,7 @@ def empty_caches() -> list:
 def _nvml_process() -> dict:
     """This process's NVML figure per initialised CUDA GPU (for the cache step); {} where NVML cannot say."""
     out = {}
-    for index in _cuda_indices():
+    for index in (index for kind, index in _used_devices() if kind == "cuda"):
         try:
             target = gpumap.nvml_target(index)
             if target is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
@@ -337,16 +338,12 @@ def _workspaces(holdings: Any, device: str, state: devicestate.DeviceState) -> i
 
     cuda = initialised_cuda()
     index = int(device.partition(":")[2] or 0)
-    blocks: dict = {}
-    for block in (devicestate.allocator_blocks(cuda, index) if cuda is not None else None) or ():
-        size = block.get("requested_size")
-        if block.get("state") == "active_allocated" and size in sizes:
-            blocks[size] = blocks.get(size, 0) + 1
-    counted: dict = {}
-    for where, size, _, _ in holdings.storages.values():
-        if where == device and size in blocks:
-            counted[size] = counted.get(size, 0) + 1
-    return sum(size * max(0, n - counted.get(size, 0)) for size, n in blocks.items())
+    found = (devicestate.allocator_blocks(cuda, index) if cuda is not None else None) or ()
+    blocks = Counter(block.get("requested_size") for block in found
+                     if block.get("state") == "active_allocated" and block.get("requested_size") in sizes)
+    counted = Counter(size for where, size, _, _ in holdings.storages.values()
+                      if where == device and size in blocks)
+    return sum(size * max(0, n - counted[size]) for size, n in blocks.items())
 
 
 def _unreached(state: devicestate.DeviceState, counted: int, workspaces: int) -> list:

@@ -23,7 +23,7 @@ from .. import accelerators
 from ..errors import MagicInputError
 from ..host import HostCounters, reset_peak_rss
 from ..render import is_na
-from .figures import GPUTarget, MemorySnapshot, amdsmi_figures, collect, driver_figures
+from .figures import GPUTarget, MemorySnapshot, collect, driver_view
 from .records import DEFAULT_KEEP, CellGPU, CellRecord, CellRecords
 
 MIN_INTERVAL = 0.05
@@ -89,18 +89,11 @@ class CellLog:
     def _driver_usage(self) -> dict:
         """This process's usage as its driver sees it, per ``(kind, torch index)``: NVML's figure, AMD
         SMI's, or MPS's driver-allocated memory, for the targets torch sees."""
-        from ..gpus.processes import process_figures
-
         usage: dict = {}
         for target in self.targets:
             if target.torch_index is None:
                 continue
-            if target.nvml_index is not None:
-                process = process_figures(target.nvml_index, os.getpid(), target.mig_uuid)[2]
-            elif target.amdsmi_index is not None:
-                process = amdsmi_figures(target.amdsmi_index, os.getpid())[2]
-            else:
-                process = driver_figures(target)[2]
+            process = driver_view(target, os.getpid())[2]
             if process is not None and not is_na(process):
                 usage[(target.kind, target.torch_index)] = int(process)
         return usage

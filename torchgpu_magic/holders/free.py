@@ -81,8 +81,7 @@ class FreeReport(Reportable):
             if host:
                 result = f"gave back {freed or 'nothing measurable'}"
             else:  # a GPU's tensors go to torch's cache: the cache step gives them back
-                result = "; ".join(part for part in (f"gave back {back}" if back else "",
-                                                      f"released {released} into torch's cache") if part)
+                result = (f"gave back {back}; " if back else "") + f"released {released} into torch's cache"
             steps.append(f"{step.source}{what}: " + (f"held {held}; " if held else "") + result)
             kept_by_c = kept_by_c or (step.held.get("cpu", 0) > step.freed.get("cpu", 0))
         if kept_by_c:
@@ -176,11 +175,9 @@ def give_back(steps: Sequence[tuple], ns: Mapping[str, Any], tracebacks: Sequenc
     holdings = None
     host = HostCounters()
     try:
-        measured = {"cpu": "RSS"}
         first = before = measure(host)
-        for device in before:
-            if device != "cpu":
-                measured[device] = "torch reserved before and after (steps: torch allocated)"
+        gpu = "torch reserved before and after (steps: torch allocated)"
+        measured = {device: "RSS" if device == "cpu" else gpu for device in before}
         nvml_first = _nvml_process()
         done = []
         for source, group, release in steps:

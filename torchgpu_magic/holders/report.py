@@ -133,11 +133,11 @@ class DeviceHolders(Reportable):
     top: int = TOP
 
     def headline(self) -> str:
-        named = [r for r in self.rows if r.source in _NAMED]
-        n = len(named)
+        n = sum(r.source in _NAMED for r in self.rows)
+        live = self.live()
         head = (f"{self.device}: {fmt_bytes(self.counted)} held by {n} holder{'s' if n != 1 else ''} "
                 "(each storage counted once)")
-        return head + (f"; {self.live()}" if self.live() else "")
+        return head + (f"; {live}" if live else "")
 
     def live(self) -> str:
         """The device now: 'this process 3.1 GiB RSS, 12.4 GiB of 15.6 GiB available' on cpu; 'allocated
@@ -289,37 +289,30 @@ def _device_rows(state: devicestate.DeviceState) -> list:
         rows.append(Row("torch's cache", "cache", cache, what, {}))
     for pid, name, size in state.others:
         rows.append(Row(f"pid {pid}" + (f" {name}" if name else ""), "process", size, "NVML", {}))
-    outside = _outside(state)
-    if outside is not None:
-        rows.append(outside)
+    if (state.outside or 0) > 0:
+        source, what = _outside(state)
+        rows.append(Row("outside torch's allocator", source, state.outside, what, {}))
     return rows
 
 
-def _outside(state: devicestate.DeviceState) -> Optional[Row]:
-    """What the GPU holds beyond torch's reserved memory and the other processes NVML names: this
-    process's CUDA context and libraries' own allocations; in a container (NVML listing the host's PIDs)
-    also whatever other processes hold, which NVML cannot tell apart from this one there."""
-    beyond = state.outside
-    if (beyond or 0) <= 0:
-        return None
+def _outside(state: devicestate.DeviceState) -> tuple:
+    """(held by, what) of what the GPU holds beyond torch's reserved memory and the other processes NVML
+    names: this process's CUDA context and libraries' own allocations; in a container (NVML listing the
+    host's PIDs) also whatever other processes hold, which NVML cannot tell apart from this one there."""
     if state.unmeasured and len(state.foreign) != 1:
         pids = ", ".join(str(pid) for pid, _ in state.unmeasured[:4])
         many = len(state.unmeasured)
-        return Row("outside torch's allocator", "unknown", beyond,
-                   f"this process's CUDA context, and {many} other process{'es' if many != 1 else ''} "
-                   f"({pids}) NVML lists here without their memory (MIG mode gives none to a user without "
-                   "privileges)", {})
+        return "unknown", (f"this process's CUDA context, and {many} other process{'es' if many != 1 else ''}"
+                           f" ({pids}) NVML lists here without their memory (MIG mode gives none to a user "
+                           "without privileges)")
     if not state.foreign:
-        return Row("outside torch's allocator", "outside", beyond,
-                   "this process's CUDA context and libraries' own allocations (NCCL, cuDNN, ...)", {})
+        return "outside", "this process's CUDA context and libraries' own allocations (NCCL, cuDNN, ...)"
     if len(state.foreign) == 1:
-        return Row("outside torch's allocator", "outside", beyond,
-                   f"this process's CUDA context and libraries' own allocations: NVML lists one process, "
-                   f"under the host's PID {state.foreign[0][0]}: this one", {})
+        return "outside", (f"this process's CUDA context and libraries' own allocations: NVML lists one "
+                           f"process, under the host's PID {state.foreign[0][0]}: this one")
     pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])
-    return Row("outside torch's allocator", "unknown", beyond,
-               f"this process's CUDA context, and other processes: NVML lists {len(state.foreign)} under the "
-               f"host's PIDs ({pids}) and cannot tell which is this one", {})
+    return "unknown", (f"this process's CUDA context, and other processes: NVML lists {len(state.foreign)} "
+                       f"under the host's PIDs ({pids}) and cannot tell which is this one")
 
 
 def _workspaces(holdings: Any, device: str, state: devicestate.DeviceState) -> int:

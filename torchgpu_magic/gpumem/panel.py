@@ -1,4 +1,4 @@
-"""The ``%gpumem`` panel: an ipywidgets view over :class:`torchgpu_magic.memory.Sampler`.
+"""The ``%gpumem`` panel: an ipywidgets view over :class:`torchgpu_magic.gpumem.Sampler`.
 
 This is the only module that imports ipywidgets. The sampler thread calls :meth:`MemoryPanel.update`,
 which only sets trait values (HTML strings), batched per widget with ``hold_sync()``: it never prints and
@@ -56,24 +56,20 @@ class _PanelBox(widgets.VBox):
     """The panel's root widget: closing it (from code, or ``Widget.close_all()``) closes the panel.
 
     Its mimebundle carries, beside the live view, ``text/plain`` and ``text/html`` snapshots of the
-    panel (``static``), so a saved or converted notebook (nbconvert, GitHub's viewer) shows the figures
-    instead of a blank where no widget can render."""
+    panel (:meth:`MemoryPanel.static_bundle`), so a saved or converted notebook (nbconvert, GitHub's
+    viewer) shows the figures instead of a blank where no widget can render."""
 
-    def __init__(self, on_close: Callable[[], None], describe: Callable[[], str],
-                 static: Callable[[], dict], **kwargs: Any) -> None:
+    def __init__(self, panel: MemoryPanel, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._on_close = on_close
-        self._describe = describe
-        self._static = static
+        self._panel = panel
+        self._on_close: Optional[Callable[[], None]] = panel.close
 
     def __repr__(self) -> str:
         """One line naming the panel (ipywidgets' own ``text/plain``, cut at 110 characters)."""
-        return self._describe()
+        return self._panel.describe()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
-        bundle = super()._repr_mimebundle_(**kwargs)
-        bundle.update(self._static())
-        return bundle
+        return {**super()._repr_mimebundle_(**kwargs), **self._panel.static_bundle()}
 
     def close(self) -> None:
         """Stop the sampler and close every widget of the panel, then this one."""
@@ -84,7 +80,7 @@ class _PanelBox(widgets.VBox):
 
 
 class MemoryPanel:
-    """A live view of one :class:`~torchgpu_magic.memory.Sampler`: per GPU a stacked bar (NVML used of
+    """A live view of one :class:`~torchgpu_magic.gpumem.Sampler`: per GPU a stacked bar (NVML used of
     total, with this process's share split into torch allocated, cache and other, then other processes),
     peak allocated since reset and a sparkline of the last minutes; host RSS and available memory; the
     last cells' memory; buttons to empty torch's cache, reset the peak and pause sampling.
@@ -101,11 +97,7 @@ class MemoryPanel:
         self._records: Any = ()  # the cell log's records (read when drawn, the newest CELLS_SHOWN)
         self._cells_drawn = False  # the cells widget shows _records as they are now
         self._warning = ""  # the last growing-cell warning (gpumem.growth), shown above the cells
-        self.title = widgets.HTML()
-        self.host = widgets.HTML()
-        self.gpus = widgets.HTML()
-        self.cells = widgets.HTML()
-        self.status = widgets.HTML()
+        self.title, self.host, self.gpus, self.cells, self.status = (widgets.HTML() for _ in range(5))
         self.empty_button = widgets.Button(description="Empty cache", icon="trash",
                                            tooltip="empty_cache(): give torch's cached memory back")
         self.reset_button = widgets.Button(description="Reset peak", icon="undo",
@@ -116,12 +108,8 @@ class MemoryPanel:
         self.reset_button.on_click(lambda _: self.sampler.reset_peaks())
         self.pause_button.on_click(lambda _: self.toggle_pause())
         self.buttons = widgets.HBox([self.empty_button, self.reset_button, self.pause_button])
-        self.widget = _PanelBox(
-            self.close,
-            self.describe,
-            self.static_bundle,
-            children=[self.title, self.host, self.gpus, self.cells, self.buttons, self.status],
-        )
+        self.widget = _PanelBox(self, children=[self.title, self.host, self.gpus, self.cells, self.buttons,
+                                                self.status])
         self.widget.add_class("torchgpu-magic-gpumem")
         self.empty_button.disabled = not sampler.targets
         self.cells.value = self._cells_html()
@@ -178,8 +166,7 @@ class MemoryPanel:
         self._cells_drawn = False
 
     def _newest(self) -> list:
-        records = self._records
-        return records.last(CELLS_SHOWN) if hasattr(records, "last") else list(records)[-CELLS_SHOWN:]
+        return list(self._records)[-CELLS_SHOWN:]
 
     def _cells_html(self) -> str:
         table = _cells_html(self._newest(), self._cells_on, bool(self.sampler.targets))
@@ -194,9 +181,8 @@ class MemoryPanel:
         render (exports, viewers, terminals); self-contained HTML, no script, no network."""
         latest = self.sampler.latest
         history = self.sampler.history
-        parts = ""
-        if latest is not None:
-            parts = (self._title_html(latest) + _host_html(latest, history) + _gpus_html(latest, history))
+        parts = "" if latest is None else (self._title_html(latest) + _host_html(latest, history)
+                                           + _gpus_html(latest, history))
         note = ("panel closed: the figures as they were last" if self.closed
                 else "a snapshot: the live panel needs a running kernel with ipywidgets")
         markup = (f'<div class="tgm-snapshot">{parts}{self._cells_html()}'
@@ -250,9 +236,8 @@ class MemoryPanel:
         self.sampler.callback = None
         self.sampler.stop()
         for w in self._all_widgets():
-            if w is self.widget:
-                continue
-            w.close()
+            if w is not self.widget:
+                w.close()
         if self.widget._on_close is not None:  # closed through close(), not through the widget
             self.widget._on_close = None
             self.widget.close()

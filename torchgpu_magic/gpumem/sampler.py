@@ -89,14 +89,8 @@ class CellLog:
     def _driver_usage(self) -> dict:
         """This process's usage as its driver sees it, per ``(kind, torch index)``: NVML's figure, AMD
         SMI's, or MPS's driver-allocated memory, for the targets torch sees."""
-        usage: dict = {}
-        for target in self.targets:
-            if target.torch_index is None:
-                continue
-            process = driver_view(target, os.getpid())[2]
-            if process is not None and not is_na(process):
-                usage[(target.kind, target.torch_index)] = int(process)
-        return usage
+        seen = ((t, driver_view(t, os.getpid())[2]) for t in self.targets if t.torch_index is not None)
+        return {(t.kind, t.torch_index): int(process) for t, process in seen if not is_na(process)}
 
     def start(self) -> None:
         """Record the figures before a cell and reset the peak counters."""
@@ -319,7 +313,7 @@ class Sampler:
         gpus = []
         for g in snapshot.gpus:
             index = g.target.torch_index
-            seen = [v for v in (g.allocated, g.peak) if v is not None and not is_na(v)]
+            seen = [v for v in (g.allocated, g.peak) if not is_na(v)]
             if index is None or not seen:
                 gpus.append(replace(g, peak=None) if index is None else g)
                 continue

@@ -15,9 +15,10 @@ error on it means it is).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .. import accelerators
 from ..accelerators import initialised_cuda
@@ -90,6 +91,17 @@ def read(device: str) -> DeviceState:
     except Exception as exc:  # noqa: BLE001 - a device that cannot be read is a note, never an error
         return DeviceState(device, notes=(f"{device} could not be read ({type(exc).__name__}: {exc})",))
     return DeviceState(device, notes=(f"torch keeps no memory figures for {device}",))
+
+
+def used_devices(used: Callable[[tuple], Any]) -> list:
+    """``(kind, index)`` of every device of an accelerator initialised in this process (none is initialised
+    to ask) for which ``used((kind, index))`` is true; a backend that fails to answer (a lost GPU) adds
+    only what it answered before."""
+    found: list = []
+    for kind in accelerators.initialised_kinds():
+        with contextlib.suppress(Exception):
+            found.extend((kind, i) for i in range(accelerators.device_count(kind)) if used((kind, i)))
+    return found
 
 
 def _cpu(device: str) -> DeviceState:

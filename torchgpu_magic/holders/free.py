@@ -25,6 +25,7 @@ from .. import accelerators
 from ..gpus import gpumap, processes
 from ..host import HostCounters
 from ..render import Lines, Report, Reportable, fmt_bytes
+from . import devicestate
 from .holdings import Released, collect
 
 KEPT_SHOWN = 10  # names listed as still holding memory
@@ -103,16 +104,8 @@ class FreeReport(Reportable):
 
 def _used_devices() -> list:
     """``(kind, index)`` of every accelerator device this process has used (never initialises one; MPS
-    once its driver has allocated anything)."""
-    found = []
-    for kind in accelerators.initialised_kinds():
-        try:
-            for index in range(accelerators.device_count(kind)):
-                if kind != "mps" or accelerators.reserved((kind, index)):
-                    found.append((kind, index))
-        except Exception:  # noqa: BLE001 - a lost GPU: the cpu is still measured
-            continue
-    return found
+    once its driver has allocated anything; a lost GPU's left out: the cpu is still measured)."""
+    return devicestate.used_devices(lambda device: device[0] != "mps" or accelerators.reserved(device))
 
 
 def measure(host: HostCounters) -> dict:

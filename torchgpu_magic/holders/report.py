@@ -20,8 +20,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
+from .. import accelerators
+from ..accelerators import initialised_cuda
 from ..host import gc_paused
+from ..placement.kinds import device_order
 from ..render import Lines, Report, Reportable, Table, fmt_bytes
+from ..torchapi import cublas_workspace_sizes
 from . import devicestate
 from .holdings import collect
 
@@ -220,17 +224,10 @@ def holders_report(ns: Mapping[str, Any], device: Optional[str] = None, tracebac
 
 
 def _devices_in_use(holdings: Any) -> list:
-    """The devices the holders reach, and every accelerator device where torch has memory allocated."""
-    from .. import accelerators
-    from ..placement.kinds import device_order
-
-    found = set(holdings.devices())
-    for kind in accelerators.initialised_kinds():
-        try:
-            found.update(("mps" if kind == "mps" else f"{kind}:{i}")
-                         for i in range(accelerators.device_count(kind)) if accelerators.allocated((kind, i)))
-        except Exception:  # noqa: BLE001 - a lost GPU: the ones the holders reach are still listed
-            pass
+    """The devices the holders reach, and every accelerator device where torch has memory allocated (a lost
+    GPU's left out: the ones the holders reach are still listed)."""
+    allocated = devicestate.used_devices(accelerators.allocated)
+    found = set(holdings.devices()) | {"mps" if kind == "mps" else f"{kind}:{i}" for kind, i in allocated}
     return sorted(found, key=device_order)
 
 
@@ -322,13 +319,9 @@ def _workspaces(holdings: Any, device: str, state: devicestate.DeviceState) -> i
     say (a CPU build, another allocator backend)."""
     if state.kind != "cuda" or not state.allocated:
         return 0
-    from ..torchapi import cublas_workspace_sizes
-
     sizes = cublas_workspace_sizes()
     if not sizes:
         return 0
-    from ..accelerators import initialised_cuda
-
     cuda = initialised_cuda()
     index = int(device.partition(":")[2] or 0)
     found = (devicestate.allocator_blocks(cuda, index) if cuda is not None else None) or ()

@@ -132,23 +132,17 @@ def nvidia_smi(*args: str) -> str:
 def smi_gpus() -> dict:
     """``{nvml index: (memory.used MiB, utilization.gpu %)}`` from one ``nvidia-smi`` call."""
     text = nvidia_smi("--query-gpu=index,memory.used,utilization.gpu", "--format=csv,noheader,nounits")
-    out = {}
-    for line in text.strip().splitlines():
-        index, used, util = (part.strip() for part in line.split(","))
-        out[int(index)] = (_number(used), _number(util))
-    return out
+    rows = (map(str.strip, line.split(",")) for line in text.strip().splitlines())
+    return {int(index): (_number(used), _number(util)) for index, used, util in rows}
 
 
 def smi_process_mib(pid: int) -> dict:
     """``{gpu uuid: MiB}`` NVML's compute process list gives ``pid`` (through ``nvidia-smi``); empty when it
     lists the pid nowhere (a container with its own PID namespace)."""
     text = nvidia_smi("--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits")
-    out = {}
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and parts[0].isdigit() and int(parts[0]) == pid:
-            out[parts[1]] = _number(parts[2])
-    return out
+    rows = ([part.strip() for part in line.split(",")] for line in text.strip().splitlines())
+    return {row[1]: _number(row[2]) for row in rows
+            if len(row) == 3 and row[0].isdigit() and int(row[0]) == pid}
 
 
 def _number(text: str) -> Optional[float]:

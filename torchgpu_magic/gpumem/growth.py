@@ -60,13 +60,10 @@ class GrowthWatch:
         cell = hash(source.strip())
         grew = {d: b for d, b in _growth(record).items() if b is not None and b >= MIN_GROWTH}
         if cell != self._cell or not grew:
-            repeated = cell == self._cell
             self._cell, self._streak, self._devices, self._first, self._warned = cell, 0, {}, None, False
-            if not grew or not source.strip():
-                return None
-            if not repeated:  # a first run: count it, snapshot from the next one on
+            if grew and source.strip():  # a first run: count it, snapshot from the next one on
                 self._streak, self._devices = 1, dict(grew)
-                return None
+            return None
         self._streak += 1
         for device, size in grew.items():
             self._devices[device] = self._devices.get(device, 0) + size

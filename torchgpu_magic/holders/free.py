@@ -70,7 +70,6 @@ class FreeReport(Reportable):
         how = [f"{d} {how}" for d, how in self.measured.items()]
         how += [f"NVML: this process's {d} figure fell {fmt_bytes(b)}" for d, b in self.nvml.items()]
         steps = []
-        kept_by_c = False
         for step in self.steps:
             host = step.source == "torch's cache" or all(d == "cpu" for d in step.freed if step.freed[d])
             freed = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in step.freed.items() if b)
@@ -84,8 +83,7 @@ class FreeReport(Reportable):
             else:  # a GPU's tensors go to torch's cache: the cache step gives them back
                 result = (f"gave back {back}; " if back else "") + f"released {released} into torch's cache"
             steps.append(f"{step.source}{what}: " + (f"held {held}; " if held else "") + result)
-            kept_by_c = kept_by_c or (step.held.get("cpu", 0) > step.freed.get("cpu", 0))
-        if kept_by_c:
+        if any(step.held.get("cpu", 0) > step.freed.get("cpu", 0) for step in self.steps):
             steps.append("(on the cpu, freed memory the C allocator keeps for reuse does not leave the RSS)")
         kept = [f"{name}: {fmt_bytes(size)} on {device}; {fix}"
                 for name, device, size, fix in self.kept[:KEPT_SHOWN]]

@@ -252,11 +252,6 @@ def _figure(key: str, value: Any, signed: bool = False) -> str:
     return f'<span class="tgm-{key}">{html.escape(fmt_bytes(value, signed=signed))}</span>'
 
 
-def _swatch(colour: str) -> str:
-    return (f'<span style="display:inline-block;width:9px;height:9px;background:{colour};'
-            f'margin:0 3px 0 8px;border-radius:2px"></span>')
-
-
 def _bar(parts: Sequence[tuple], scale: float) -> str:
     """A stacked horizontal bar: ``parts`` are (key, bytes); the rest of ``scale`` shows as free."""
     segments = []
@@ -272,7 +267,9 @@ def _bar(parts: Sequence[tuple], scale: float) -> str:
 
 def _legend(items: Sequence[tuple]) -> str:
     """Swatch, label and figure for each (key, bytes) pair."""
-    return "".join(f'{_swatch(COLOURS[k])}{html.escape(LABELS[k])} {_figure(k, v)}' for k, v in items)
+    return "".join(f'<span style="display:inline-block;width:9px;height:9px;background:{COLOURS[k]};'
+                   f'margin:0 3px 0 8px;border-radius:2px"></span>{html.escape(LABELS[k])} {_figure(k, v)}'
+                   for k, v in items)
 
 
 def sparkline(series: Sequence[tuple], scale: Optional[float] = None, width: int = 240,

@@ -106,8 +106,8 @@ def _flat(record: CellRecord, devices: list) -> dict:
     return row
 
 
-def _number(text: str, kind: type) -> Any:
-    return None if text == "" else kind(text)
+def _int(text: str) -> Optional[int]:
+    return None if text == "" else int(text)
 
 
 class CellRecords(Reportable):
@@ -231,10 +231,10 @@ class CellRecords(Reportable):
                     if row[f"{label} delta"] == "":
                         continue
                     gpus.append(CellGPU(index, int(row[f"{label} delta"]), int(row[f"{label} peak"]),
-                                        _number(row[f"{label} nvml_delta"], int), kind))
+                                        _int(row[f"{label} nvml_delta"]), kind))
                 records.append(CellRecord(
-                    _number(row["number"], int), row["first_line"], float(row["start"]),
-                    float(row["seconds"]), _number(row["rss_delta"], int), _number(row["rss_peak"], int),
+                    _int(row["number"]), row["first_line"], float(row["start"]),
+                    float(row["seconds"]), _int(row["rss_delta"]), _int(row["rss_peak"]),
                     tuple(gpus)))
         return cls(records, keep)
 

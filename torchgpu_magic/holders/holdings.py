@@ -6,10 +6,8 @@ that reaches it, in this order:
 2. IPython's output history (``Out[n]``, with ``_``, ``__``, ``___`` and ``_n`` as its other names);
 3. the frames of a failed cell's traceback, by function and local name (``forward: attn``), which the
    traceback keeps alive through ``sys.last_traceback`` and IPython's own references; and those of every
-   earlier failed cell still alive: IPython's ``run_code`` frame holds the cell's ``ExecutionResult``,
-   which holds the error, whose traceback holds that frame, a reference cycle only the garbage collector
-   breaks, so a failed cell's frames outlive the next error (:mod:`.failed` keeps a weak reference to
-   each failed cell's result);
+   earlier failed cell a reference cycle through IPython's ``run_code`` frame still keeps alive (see
+   :mod:`.failed`);
 4. the autograd graphs those hold (``graph of total_loss``: the tensors saved for backward that a
    ``grad_fn`` reaches, see :mod:`.graphs`).
 

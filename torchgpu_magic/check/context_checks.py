@@ -74,12 +74,10 @@ def versions(probe: Probe) -> Outcome:
     from ..gpus import nvml
 
     driver, cuda_driver = nvml.driver_version(), nvml.cuda_driver_version()
-    gpus = []
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(i)
-            gpus.append(f"cuda:{i} {props.name}, {props.total_memory / 2**30:.1f} GiB, "
-                        f"sm_{props.major}{props.minor}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    props = [torch.cuda.get_device_properties(i) for i in range(count)]
+    gpus = [f"cuda:{i} {p.name}, {p.total_memory / 2**30:.1f} GiB, sm_{p.major}{p.minor}"
+            for i, p in enumerate(props)]
     build = f"CUDA {torch.version.cuda}" if torch.backends.cuda.is_built() else (
         f"a CPU build (torch.version.cuda says {torch.version.cuda})")
     figure = (f"torch {torch.__version__}, {build}, driver {driver} (supports CUDA {cuda_driver}), "
@@ -101,13 +99,9 @@ def gpuinfo_vs_smi(probe: Probe) -> Outcome:
     with probe.displayed():
         report = probe.shell.run_line_magic("gpuinfo", "-o")
     after = smi_gpus()
-    rows = []
-    for entry in report.gpus:
-        if entry.nvml_index is None or (entry.mapping is not None and entry.mapping.mig):
-            continue
-        snap = entry.snapshot
-        rows.append((entry.nvml_index, _plain(snap.memory_used), _plain(snap.utilization_gpu),
-                     before.get(entry.nvml_index), after.get(entry.nvml_index)))
+    whole = [e for e in report.gpus if e.nvml_index is not None and not getattr(e.mapping, "mig", False)]
+    rows = [(e.nvml_index, _plain(e.snapshot.memory_used), _plain(e.snapshot.utilization_gpu),
+             before.get(e.nvml_index), after.get(e.nvml_index)) for e in whole]
     probe.say(f"%gpuinfo: {rows}")
     if not rows:
         raise Skip("%gpuinfo shows no whole GPU from NVML to compare (none, or MIG slices only)")
@@ -156,13 +150,9 @@ def no_context(probe: Probe) -> Outcome:
             output, _ = process.communicate()
             output += f"\n(killed after {FRESH_TIMEOUT_S} s)"
         probe.say(f"---- {name} (exit status {process.returncode})\n{output.rstrip()}")
-        found[name] = (process.returncode, _last_marker(output))
+        marker = next((line for line in reversed(output.splitlines()) if line.startswith("CONTEXTS ")), None)
+        found[name] = (process.returncode, marker)
     return judge_no_context(found)
-
-
-def _last_marker(output: str) -> Optional[str]:
-    lines = [line for line in output.splitlines() if line.startswith("CONTEXTS ")]
-    return lines[-1] if lines else None
 
 
 def judge_no_context(found: dict) -> Outcome:

@@ -224,14 +224,10 @@ def judge_prediction(rows: list, built: str) -> Outcome:
     """``rows``: (precision, predicted peak, measured peak); each within 5 %."""
     parts = []
     for precision, predicted, measured in rows:
-        if not measured:
-            parts.append(judged(False, f"{precision}: predicted {fmt_bytes(predicted)}, nothing measured",
-                                "within 5 %"))
-            continue
-        parts.append(judged(within(predicted / measured, 1, PREDICT_TOLERANCE),
-                            f"{precision}: predicted {fmt_bytes(predicted)} vs measured "
-                            f"{fmt_bytes(measured)} ({(predicted / measured - 1) * 100:+.1f} %)",
-                            "within 5 %"))
+        against = (f" vs measured {fmt_bytes(measured)} ({(predicted / measured - 1) * 100:+.1f} %)"
+                   if measured else ", nothing measured")
+        parts.append(judged(bool(measured) and within(predicted / measured, 1, PREDICT_TOLERANCE),
+                            f"{precision}: predicted {fmt_bytes(predicted)}{against}", "within 5 %"))
     outcome = worst(parts)
     outcome.figure = f"{built}, AdamW, batch 8 x 512: {outcome.figure}"
     return outcome

@@ -57,9 +57,8 @@ class Outcome:
 
 def judged(ok: bool, figure: str, target: str, why_not: str = "", details: Optional[list] = None) -> Outcome:
     """``pass`` when ``ok``, else ``fail`` with ``why_not`` (default: the figure missed the target)."""
-    if ok:
-        return Outcome(PASS, figure, target, details=list(details or []))
-    return Outcome(FAIL, figure, target, why_not or "outside the target", list(details or []))
+    why = "" if ok else why_not or "outside the target"
+    return Outcome(PASS if ok else FAIL, figure, target, why, list(details or []))
 
 
 def within(measured: float, reference: float, tolerance: float) -> bool:

@@ -76,10 +76,8 @@ def judge_junit(xml: str, returncode: Optional[int]) -> Outcome:
     """The verdict of a pytest run from its JUnit XML text and exit status."""
     root = ElementTree.fromstring(xml)
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    total = sum(int(s.get("tests", 0)) for s in suites)
-    failed = sum(int(s.get("failures", 0)) for s in suites)
-    errors = sum(int(s.get("errors", 0)) for s in suites)
-    skipped = sum(int(s.get("skipped", 0)) for s in suites)
+    total, failed, errors, skipped = (sum(int(s.get(field, 0)) for s in suites)
+                                      for field in ("tests", "failures", "errors", "skipped"))
     passed = total - failed - errors - skipped
     counted = ((passed, "passed"), (failed, "failed"), (errors, "errors"), (skipped, "skipped"))
     figure = ", ".join(f"{n} {word}" for n, word in counted if n)

@@ -10,6 +10,7 @@ never a pass that measured nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import re
 import shutil
@@ -25,25 +26,20 @@ SMI_TIMEOUT_S = 30
 class Probe:
     """The shell and the gates of one check's process. ``say`` writes a line to the step's log."""
 
-    def __init__(self) -> None:
-        self._shell: Any = None
-
     @staticmethod
     def say(text: str) -> None:
         print(text, flush=True)
 
-    @property
+    @functools.cached_property
     def shell(self) -> Any:
         """An ``InteractiveShell`` with torchgpu_magic loaded and ``torch`` imported in its namespace."""
-        if self._shell is None:
-            from IPython.core.interactiveshell import InteractiveShell
+        from IPython.core.interactiveshell import InteractiveShell
 
-            shell = InteractiveShell.instance()
-            shell.run_line_magic("colors", "nocolor")
-            shell.run_line_magic("load_ext", "torchgpu_magic")
-            shell.run_cell("import torch").raise_error()
-            self._shell = shell
-        return self._shell
+        shell = InteractiveShell.instance()
+        shell.run_line_magic("colors", "nocolor")
+        shell.run_line_magic("load_ext", "torchgpu_magic")
+        shell.run_cell("import torch").raise_error()
+        return shell
 
     def cell(self, code: str) -> Any:
         """Run ``code`` as a cell, raise what it raised, return its value."""
@@ -84,10 +80,7 @@ class Probe:
         """The current CUDA device's index, once a kernel has run on it; else :class:`Skip` with why."""
         import torch
 
-        if not torch.backends.cuda.is_built():
-            raise Skip(f"this torch ({torch.__version__}) is not built with CUDA: nothing here runs on a GPU")
-        if not torch.cuda.is_available():
-            raise Skip(f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)")
+        self.cuda_build("nothing here runs on a GPU")
         try:
             value = (torch.ones(1, device="cuda") + 1).item()
         except Exception as exc:  # noqa: BLE001 - any failure means no kernel runs here
@@ -97,13 +90,13 @@ class Probe:
         return torch.cuda.current_device()
 
     @staticmethod
-    def cuda_build() -> None:
-        """:class:`Skip` unless torch is a CUDA build that sees a GPU (no kernel is run, no context made)."""
+    def cuda_build(cpu_build: str = "it has no CUDA contexts to look at") -> None:
+        """:class:`Skip` unless torch is a CUDA build that sees a GPU (no kernel is run, no context made);
+        ``cpu_build`` says what a CPU build means for the check."""
         import torch
 
         if not torch.backends.cuda.is_built():
-            raise Skip(f"this torch ({torch.__version__}) is not built with CUDA: it has no CUDA contexts to "
-                       "look at")
+            raise Skip(f"this torch ({torch.__version__}) is not built with CUDA: {cpu_build}")
         if not torch.cuda.is_available():
             raise Skip(f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)")
 
@@ -139,23 +132,17 @@ def nvidia_smi(*args: str) -> str:
 def smi_gpus() -> dict:
     """``{nvml index: (memory.used MiB, utilization.gpu %)}`` from one ``nvidia-smi`` call."""
     text = nvidia_smi("--query-gpu=index,memory.used,utilization.gpu", "--format=csv,noheader,nounits")
-    out = {}
-    for line in text.strip().splitlines():
-        index, used, util = (part.strip() for part in line.split(","))
-        out[int(index)] = (_number(used), _number(util))
-    return out
+    rows = (map(str.strip, line.split(",")) for line in text.strip().splitlines())
+    return {int(index): (_number(used), _number(util)) for index, used, util in rows}
 
 
 def smi_process_mib(pid: int) -> dict:
     """``{gpu uuid: MiB}`` NVML's compute process list gives ``pid`` (through ``nvidia-smi``); empty when it
     lists the pid nowhere (a container with its own PID namespace)."""
     text = nvidia_smi("--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits")
-    out = {}
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and parts[0].isdigit() and int(parts[0]) == pid:
-            out[parts[1]] = _number(parts[2])
-    return out
+    rows = ([part.strip() for part in line.split(",")] for line in text.strip().splitlines())
+    return {row[1]: _number(row[2]) for row in rows
+            if len(row) == 3 and row[0].isdigit() and int(row[0]) == pid}
 
 
 def _number(text: str) -> Optional[float]:

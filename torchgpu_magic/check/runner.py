@@ -11,6 +11,7 @@ Standard library only.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -103,16 +104,11 @@ def run_step(step: Step, out: Path, index: int, timeout: float, env: Optional[Ma
 def _kill_group(process: subprocess.Popen) -> None:
     """SIGTERM to the step's whole process group; after a grace period, SIGKILL to whatever of the group
     is left (children that outlived their leader or ignored SIGTERM)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        if sig == signal.SIGTERM:
-            try:
-                process.wait(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
+    with contextlib.suppress(ProcessLookupError):  # the whole group has gone
+        os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=KILL_GRACE_S)
+        os.killpg(process.pid, signal.SIGKILL)
     process.wait()
 
 

@@ -5,6 +5,7 @@ plain text (a terminal prints it at the end of the run). Standard library only.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
@@ -19,12 +20,8 @@ def _cell(text: str) -> str:
 
 def counts(results: list) -> dict:
     """How many steps ended with each verdict, in a fixed order, verdicts that did not occur left out."""
-    out = {}
-    for verdict in (PASS, FAIL, TIMEOUT, SKIPPED, INFO):
-        n = sum(r.outcome.verdict == verdict for r in results)
-        if n:
-            out[verdict] = n
-    return out
+    tally = Counter(r.outcome.verdict for r in results)
+    return {verdict: tally[verdict] for verdict in (PASS, FAIL, TIMEOUT, SKIPPED, INFO) if tally[verdict]}
 
 
 def _verdict(results: list, failing: list) -> str:

@@ -132,12 +132,10 @@ class GPUMemory:
 
     def to_dict(self) -> dict:
         """Plain figures (None for N/A), derived ones included."""
-        out = {k: _plain(v) for k, v in asdict(self).items() if k not in ("target", "problems")}
-        out.update(asdict(self.target))
-        out["cache"] = self.cache
-        out["other"] = self.other
-        out["problems"] = list(self.problems)
-        return out
+        figures = {k: None if is_na(v) else v for k, v in asdict(self).items()
+                   if k not in ("target", "problems")}
+        return {**figures, **asdict(self.target), "cache": self.cache, "other": self.other,
+                "problems": list(self.problems)}
 
 
 @dataclass(frozen=True, repr=False)
@@ -226,10 +224,6 @@ MPS_NOTE = ("mps: unified memory; the GPU may use up to its working-set limit (M
             "allocated of the samples and of each cell's start and end")
 
 
-def _plain(value: Any) -> Any:
-    return None if is_na(value) else value
-
-
 def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySnapshot:
     """Take one sample of host memory and every target GPU. Never raises for a lost GPU or a broken
     NVML: those become ``problems`` / ``status`` lines."""
@@ -240,23 +234,14 @@ def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySn
         from ..gpus import nvml, processes
 
         problem = nvml.status()  # never raises: a missing or broken NVML is a problem it returns
-        if problem is None:
-            nvml_ok = True
-        else:
+        nvml_ok = problem is None
+        if problem is not None:
             status.append(processes.problem_text(problem))
     kind = next((t.kind for t in targets), accelerators.current_kind() or "cuda")
     state = cuda_state() if kind == "cuda" else accelerators.state(kind)
     gpus = []
     for target in targets:
-        used = total = process = others = None
-        problems: tuple = ()
-        if nvml_ok and target.nvml_index is not None:
-            used, total, process, others, problems = processes.process_figures(
-                target.nvml_index, pid, target.mig_uuid)
-        elif target.amdsmi_index is not None:
-            used, total, process, others, problems = amdsmi_figures(target.amdsmi_index, pid)
-        elif target.kind != "cuda" and target.torch_index is not None:
-            used, total, process = driver_figures(target)
+        used, total, process, others, problems = driver_view(target, pid, nvml_ok)
         allocated = reserved = peak = None
         if target.torch_index is not None:
             allocated, reserved, peak = torch_figures(target.torch_index, target.kind)
@@ -281,18 +266,28 @@ def amdsmi_figures(index: int, pid: int) -> tuple:
     return gpu.memory_used, gpu.memory_total, mine, sum(by_pid.values()), tuple(gpu.problems)
 
 
-def driver_figures(target: GPUTarget) -> tuple:
-    """(used, total, this process) from torch's device layer, for a backend NVML does not see: MPS's
-    driver-allocated memory against its working-set limit (both this process's); elsewhere the device's
-    free and total memory (all processes), asked only once the backend is initialised."""
+def driver_view(target: GPUTarget, pid: int, nvml_ok: bool = True) -> tuple:
+    """(used, total, this process, other processes, problems) of ``target`` as its driver sees them:
+    NVML's (unless ``nvml_ok`` is False: NVML is broken), AMD SMI's, or for a backend neither sees torch's
+    device layer's: MPS's driver-allocated memory against its working-set limit (both this process's),
+    elsewhere the device's free and total memory (all processes), asked only once the backend is
+    initialised. Nones where none of them can say."""
+    if nvml_ok and target.nvml_index is not None:
+        from ..gpus import processes
+
+        return processes.process_figures(target.nvml_index, pid, target.mig_uuid)
+    if target.amdsmi_index is not None:
+        return amdsmi_figures(target.amdsmi_index, pid)
+    if target.kind == "cuda" or target.torch_index is None:
+        return None, None, None, None, ()
     device = (target.kind, target.torch_index)
     try:
         if target.kind == "mps":
             driver = accelerators.reserved(device)
-            return driver, accelerators.working_set_limit(), driver
+            return driver, accelerators.working_set_limit(), driver, None, ()
         info = accelerators.memory_info(device)
     except Exception:  # noqa: BLE001 - a backend that cannot say shows N/A
-        return None, None, None
-    return (None, None, None) if info is None else (info[1] - info[0], info[1], None)
+        info = None
+    return (None, None, None, None, ()) if info is None else (info[1] - info[0], info[1], None, None, ())
 
 

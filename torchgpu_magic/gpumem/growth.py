@@ -60,13 +60,10 @@ class GrowthWatch:
         cell = hash(source.strip())
         grew = {d: b for d, b in _growth(record).items() if b is not None and b >= MIN_GROWTH}
         if cell != self._cell or not grew:
-            repeated = cell == self._cell
             self._cell, self._streak, self._devices, self._first, self._warned = cell, 0, {}, None, False
-            if not grew or not source.strip():
-                return None
-            if not repeated:  # a first run: count it, snapshot from the next one on
+            if grew and source.strip():  # a first run: count it, snapshot from the next one on
                 self._streak, self._devices = 1, dict(grew)
-                return None
+            return None
         self._streak += 1
         for device, size in grew.items():
             self._devices[device] = self._devices.get(device, 0) + size
@@ -84,13 +81,9 @@ class GrowthWatch:
     def _line(self, record: Any, now: dict) -> str:
         cell = "" if record.number is None else f"In[{record.number}] "
         devices = ", ".join(f"{d} +{fmt_bytes(b)}" for d, b in self._devices.items())
-        grown = []
-        for name, by_device in now.items():
-            before = self._first.get(name, {})
-            delta = sum(by_device.values()) - sum(before.values())
-            if delta > 0:
-                grown.append((delta, name))
-        grown.sort(reverse=True)
+        deltas = ((sum(by_device.values()) - sum(self._first.get(name, {}).values()), name)
+                  for name, by_device in now.items())
+        grown = sorted((pair for pair in deltas if pair[0] > 0), reverse=True)
         runs = f"{self._streak} runs in a row"
         if not grown:
             names = ("no name grew: something else keeps a reference each run (%gpumem holders shows who "

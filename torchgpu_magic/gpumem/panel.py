@@ -1,4 +1,4 @@
-"""The ``%gpumem`` panel: an ipywidgets view over :class:`torchgpu_magic.memory.Sampler`.
+"""The ``%gpumem`` panel: an ipywidgets view over :class:`torchgpu_magic.gpumem.Sampler`.
 
 This is the only module that imports ipywidgets. The sampler thread calls :meth:`MemoryPanel.update`,
 which only sets trait values (HTML strings), batched per widget with ``hold_sync()``: it never prints and
@@ -56,24 +56,20 @@ class _PanelBox(widgets.VBox):
     """The panel's root widget: closing it (from code, or ``Widget.close_all()``) closes the panel.
 
     Its mimebundle carries, beside the live view, ``text/plain`` and ``text/html`` snapshots of the
-    panel (``static``), so a saved or converted notebook (nbconvert, GitHub's viewer) shows the figures
-    instead of a blank where no widget can render."""
+    panel (:meth:`MemoryPanel.static_bundle`), so a saved or converted notebook (nbconvert, GitHub's
+    viewer) shows the figures instead of a blank where no widget can render."""
 
-    def __init__(self, on_close: Callable[[], None], describe: Callable[[], str],
-                 static: Callable[[], dict], **kwargs: Any) -> None:
+    def __init__(self, panel: MemoryPanel, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._on_close = on_close
-        self._describe = describe
-        self._static = static
+        self._panel = panel
+        self._on_close: Optional[Callable[[], None]] = panel.close
 
     def __repr__(self) -> str:
         """One line naming the panel (ipywidgets' own ``text/plain``, cut at 110 characters)."""
-        return self._describe()
+        return self._panel.describe()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
-        bundle = super()._repr_mimebundle_(**kwargs)
-        bundle.update(self._static())
-        return bundle
+        return {**super()._repr_mimebundle_(**kwargs), **self._panel.static_bundle()}
 
     def close(self) -> None:
         """Stop the sampler and close every widget of the panel, then this one."""
@@ -84,7 +80,7 @@ class _PanelBox(widgets.VBox):
 
 
 class MemoryPanel:
-    """A live view of one :class:`~torchgpu_magic.memory.Sampler`: per GPU a stacked bar (NVML used of
+    """A live view of one :class:`~torchgpu_magic.gpumem.Sampler`: per GPU a stacked bar (NVML used of
     total, with this process's share split into torch allocated, cache and other, then other processes),
     peak allocated since reset and a sparkline of the last minutes; host RSS and available memory; the
     last cells' memory; buttons to empty torch's cache, reset the peak and pause sampling.
@@ -96,16 +92,12 @@ class MemoryPanel:
         self.sampler = sampler
         self._on_close = on_close
         self._lock = threading.Lock()
-        self._closed = False
+        self.closed = False  # True once close() ran
         self._cells_on = True
         self._records: Any = ()  # the cell log's records (read when drawn, the newest CELLS_SHOWN)
         self._cells_drawn = False  # the cells widget shows _records as they are now
         self._warning = ""  # the last growing-cell warning (gpumem.growth), shown above the cells
-        self.title = widgets.HTML()
-        self.host = widgets.HTML()
-        self.gpus = widgets.HTML()
-        self.cells = widgets.HTML()
-        self.status = widgets.HTML()
+        self.title, self.host, self.gpus, self.cells, self.status = (widgets.HTML() for _ in range(5))
         self.empty_button = widgets.Button(description="Empty cache", icon="trash",
                                            tooltip="empty_cache(): give torch's cached memory back")
         self.reset_button = widgets.Button(description="Reset peak", icon="undo",
@@ -113,15 +105,11 @@ class MemoryPanel:
         self.pause_button = widgets.Button(description="Pause", icon="pause",
                                            tooltip="stop or restart sampling")
         self.empty_button.on_click(lambda _: self.empty_cache())
-        self.reset_button.on_click(lambda _: self.reset_peak())
+        self.reset_button.on_click(lambda _: self.sampler.reset_peaks())
         self.pause_button.on_click(lambda _: self.toggle_pause())
         self.buttons = widgets.HBox([self.empty_button, self.reset_button, self.pause_button])
-        self.widget = _PanelBox(
-            self.close,
-            self.describe,
-            self.static_bundle,
-            children=[self.title, self.host, self.gpus, self.cells, self.buttons, self.status],
-        )
+        self.widget = _PanelBox(self, children=[self.title, self.host, self.gpus, self.cells, self.buttons,
+                                                self.status])
         self.widget.add_class("torchgpu-magic-gpumem")
         self.empty_button.disabled = not sampler.targets
         self.cells.value = self._cells_html()
@@ -129,31 +117,21 @@ class MemoryPanel:
         sampler.callback = self.update
 
     # ---- state ------------------------------------------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` ran."""
-        return self._closed
-
     def model_ids(self) -> set:
         """The comm ids of every widget this panel made (for tests of 'nothing left behind')."""
         return {w.model_id for w in self._all_widgets() if w.comm is not None}
 
     def _all_widgets(self) -> list:
-        found = []
-        for w in (self.widget, self.buttons, self.title, self.host, self.gpus, self.cells, self.status,
-                  self.empty_button, self.reset_button, self.pause_button):
-            found.append(w)
-            for part in ("layout", "style"):
-                sub = getattr(w, part, None)
-                if isinstance(sub, widgets.Widget):
-                    found.append(sub)
-        return found
+        return [part for w in (self.widget, self.buttons, self.title, self.host, self.gpus, self.cells,
+                               self.status, self.empty_button, self.reset_button, self.pause_button)
+                for part in (w, getattr(w, "layout", None), getattr(w, "style", None))
+                if isinstance(part, widgets.Widget)]
 
     def describe(self) -> str:
         """One line of text for where the widget cannot render."""
         latest = self.sampler.latest
         figures = f" · {latest.host_line()}" if latest is not None else ""
-        return f"%gpumem {'closed' if self._closed else 'live'} panel{figures}"
+        return f"%gpumem {'closed' if self.closed else 'live'} panel{figures}"
 
     # ---- updates (any thread) ---------------------------------------------------------------------
     def update(self, snapshot: MemorySnapshot) -> None:
@@ -164,23 +142,17 @@ class MemoryPanel:
         gpus = _gpus_html(snapshot, history)
         status = _status_html(snapshot, self.sampler.last_error)
         with self._lock:
-            if self._closed:
+            if self.closed:
                 return
-            changed = [self.title, self.host, self.gpus, self.status, self.empty_button]
-            cells = None
+            values = {self.title: title, self.host: host, self.gpus: gpus, self.status: status}
             if not self._cells_drawn:
-                cells, self._cells_drawn = self._cells_html(), True
-                changed.append(self.cells)
+                values[self.cells], self._cells_drawn = self._cells_html(), True
             with contextlib.ExitStack() as stack:
-                for w in changed:
+                for w in (*values, self.empty_button):
                     stack.enter_context(w.hold_sync())
                 self.empty_button.disabled = not snapshot.gpus
-                self.title.value = title
-                self.host.value = host
-                self.gpus.value = gpus
-                self.status.value = status
-                if cells is not None:
-                    self.cells.value = cells
+                for w, value in values.items():
+                    w.value = value
 
     def show_cells(self, records: Any, on: bool = True, warning: Optional[str] = None) -> None:
         """Show the newest cells of ``records`` (a sequence, read again whenever drawn); ``on`` False
@@ -194,8 +166,7 @@ class MemoryPanel:
         self._cells_drawn = False
 
     def _newest(self) -> list:
-        records = self._records
-        return records.last(CELLS_SHOWN) if hasattr(records, "last") else list(records)[-CELLS_SHOWN:]
+        return list(self._records)[-CELLS_SHOWN:]
 
     def _cells_html(self) -> str:
         table = _cells_html(self._newest(), self._cells_on, bool(self.sampler.targets))
@@ -210,10 +181,9 @@ class MemoryPanel:
         render (exports, viewers, terminals); self-contained HTML, no script, no network."""
         latest = self.sampler.latest
         history = self.sampler.history
-        parts = ""
-        if latest is not None:
-            parts = (self._title_html(latest) + _host_html(latest, history) + _gpus_html(latest, history))
-        note = ("panel closed: the figures as they were last" if self._closed
+        parts = "" if latest is None else (self._title_html(latest) + _host_html(latest, history)
+                                           + _gpus_html(latest, history))
+        note = ("panel closed: the figures as they were last" if self.closed
                 else "a snapshot: the live panel needs a running kernel with ipywidgets")
         markup = (f'<div class="tgm-snapshot">{parts}{self._cells_html()}'
                   + ("" if latest is None else _status_html(latest, None))
@@ -226,11 +196,6 @@ class MemoryPanel:
         lines.extend(r.line() for r in self._newest())
         return {"text/plain": "\n".join(lines), "text/html": markup}
 
-    def refresh(self) -> None:
-        """Sample and draw now, from the calling thread (the mode for frontends that drop updates made
-        from a background thread); draws the last figures again while paused."""
-        self._refresh()
-
     def _title_html(self, snapshot: MemorySnapshot) -> str:
         state = "paused" if self.sampler.paused else f"every {fmt_seconds(self.sampler.interval)}"
         stamp = time.strftime("%H:%M:%S", time.localtime(snapshot.wall_time))
@@ -241,11 +206,7 @@ class MemoryPanel:
     def empty_cache(self) -> None:
         """torch's ``empty_cache()`` on every initialised accelerator, and show the result at once."""
         empty_cache()
-        self._refresh()
-
-    def reset_peak(self) -> None:
-        """Start the peak figures again from now."""
-        self.sampler.reset_peaks()
+        self.refresh()
 
     def toggle_pause(self) -> None:
         """Pause or resume sampling; the button says which comes next."""
@@ -255,9 +216,11 @@ class MemoryPanel:
         else:
             self.sampler.pause()
             self.pause_button.description, self.pause_button.icon = "Resume", "play"
-        self._refresh()
+        self.refresh()
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
+        """Sample and draw now, from the calling thread (the mode for frontends that drop updates made
+        from a background thread); draws the last figures again while paused."""
         if self.sampler.paused and self.sampler.latest is not None:
             self.update(self.sampler.latest)
         else:
@@ -267,15 +230,14 @@ class MemoryPanel:
     def close(self) -> None:
         """Stop the sampler (within one interval) and close every widget of the panel; idempotent."""
         with self._lock:
-            if self._closed:
+            if self.closed:
                 return
-            self._closed = True  # an update already running finishes first; later ones return
+            self.closed = True  # an update already running finishes first; later ones return
         self.sampler.callback = None
         self.sampler.stop()
         for w in self._all_widgets():
-            if w is self.widget:
-                continue
-            w.close()
+            if w is not self.widget:
+                w.close()
         if self.widget._on_close is not None:  # closed through close(), not through the widget
             self.widget._on_close = None
             self.widget.close()
@@ -288,11 +250,6 @@ class MemoryPanel:
 def _figure(key: str, value: Any, signed: bool = False) -> str:
     """A figure with a stable class name (the browser test and users' CSS can find it)."""
     return f'<span class="tgm-{key}">{html.escape(fmt_bytes(value, signed=signed))}</span>'
-
-
-def _swatch(colour: str) -> str:
-    return (f'<span style="display:inline-block;width:9px;height:9px;background:{colour};'
-            f'margin:0 3px 0 8px;border-radius:2px"></span>')
 
 
 def _bar(parts: Sequence[tuple], scale: float) -> str:
@@ -310,7 +267,9 @@ def _bar(parts: Sequence[tuple], scale: float) -> str:
 
 def _legend(items: Sequence[tuple]) -> str:
     """Swatch, label and figure for each (key, bytes) pair."""
-    return "".join(f'{_swatch(COLOURS[k])}{html.escape(LABELS[k])} {_figure(k, v)}' for k, v in items)
+    return "".join(f'<span style="display:inline-block;width:9px;height:9px;background:{COLOURS[k]};'
+                   f'margin:0 3px 0 8px;border-radius:2px"></span>{html.escape(LABELS[k])} {_figure(k, v)}'
+                   for k, v in items)
 
 
 def sparkline(series: Sequence[tuple], scale: Optional[float] = None, width: int = 240,
@@ -414,11 +373,9 @@ def _cells_html(records: Sequence[CellRecord], on: bool, has_gpu: bool) -> str:
     cell = "padding:1px 8px;text-align:right;white-space:nowrap"
     rows = []
     for r in reversed(records):
-        gpu_delta = sum(g.delta for g in r.gpus) if r.gpus else 0
-        gpu_peak = max((g.peak for g in r.gpus), default=0)
         figures = [fmt_bytes(r.rss_delta, signed=True), fmt_bytes(r.rss_peak)]
         if has_gpu:
-            figures += [fmt_bytes(gpu_delta, signed=True), fmt_bytes(gpu_peak)]
+            figures += [fmt_bytes(sum(g.delta for g in r.gpus), signed=True), fmt_bytes(r.gpu_peak)]
         rows.append(
             f'<tr class="tgm-cell"><td style="{cell}">[{"" if r.number is None else r.number}]</td>'
             f'<td style="padding:1px 8px;text-align:left"><code>{html.escape(r.first_line[:60])}</code></td>'
@@ -449,9 +406,7 @@ class ClusterPanel:
     :class:`~torchgpu_magic.cluster.memory.ClusterMemory`'s tables."""
 
     def __init__(self, first_html: str) -> None:
-        import ipywidgets
-
-        self.widget = ipywidgets.HTML(value=first_html)
+        self.widget = widgets.HTML(value=first_html)
 
     def update(self, report: Any) -> None:
         """Show ``report`` (anything with ``_repr_html_``); called from the sampler thread."""

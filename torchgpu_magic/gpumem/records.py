@@ -88,14 +88,10 @@ class CellRecord(NamedTuple):
         ``[gpumem] In[3] 1.23 s · host +512 MiB (peak 1.10 GiB) · cuda:0 +2.00 GiB (peak 3.10 GiB)``
         (a cell run without a number, from code, has none)."""
         cell = "" if self.number is None else f"In[{self.number}] "
-        parts = [f"[gpumem] {cell}{fmt_seconds(self.seconds)}"]
-        host = f"host {fmt_bytes(self.rss_delta, signed=True)}"
-        if self.rss_peak is not None:
-            host += f" (peak {fmt_bytes(self.rss_peak)})"
-        parts.append(host)
-        for g in self.gpus:
-            parts.append(f"{g.label} {fmt_bytes(g.delta, signed=True)} (peak {fmt_bytes(g.peak)})")
-        return " · ".join(parts)
+        peak = "" if self.rss_peak is None else f" (peak {fmt_bytes(self.rss_peak)})"
+        gpus = [f"{g.label} {fmt_bytes(g.delta, signed=True)} (peak {fmt_bytes(g.peak)})" for g in self.gpus]
+        return " · ".join([f"[gpumem] {cell}{fmt_seconds(self.seconds)}",
+                           f"host {fmt_bytes(self.rss_delta, signed=True)}{peak}", *gpus])
 
 
 def _flat(record: CellRecord, devices: list) -> dict:
@@ -110,8 +106,8 @@ def _flat(record: CellRecord, devices: list) -> dict:
     return row
 
 
-def _number(text: str, kind: type) -> Any:
-    return None if text == "" else kind(text)
+def _int(text: str) -> Optional[int]:
+    return None if text == "" else int(text)
 
 
 class CellRecords(Reportable):
@@ -176,13 +172,12 @@ class CellRecords(Reportable):
                 total = gpus.setdefault(g.label, {"delta": 0, "peak": 0})
                 total["delta"] += g.delta
                 total["peak"] = max(total["peak"], g.peak)
-        peaks = [r.rss_peak for r in records if r.rss_peak is not None]
         return {
             "cells": len(records),
             "dropped": self.dropped,
             "seconds": sum(r.seconds for r in records),
             "rss_delta": sum(r.rss_delta for r in records if r.rss_delta is not None),
-            "rss_peak": max(peaks) if peaks else None,
+            "rss_peak": max((r.rss_peak for r in records if r.rss_peak is not None), default=None),
             "gpus": gpus,
         }
 
@@ -236,10 +231,10 @@ class CellRecords(Reportable):
                     if row[f"{label} delta"] == "":
                         continue
                     gpus.append(CellGPU(index, int(row[f"{label} delta"]), int(row[f"{label} peak"]),
-                                        _number(row[f"{label} nvml_delta"], int), kind))
+                                        _int(row[f"{label} nvml_delta"]), kind))
                 records.append(CellRecord(
-                    _number(row["number"], int), row["first_line"], float(row["start"]),
-                    float(row["seconds"]), _number(row["rss_delta"], int), _number(row["rss_peak"], int),
+                    _int(row["number"]), row["first_line"], float(row["start"]),
+                    float(row["seconds"]), _int(row["rss_delta"]), _int(row["rss_peak"]),
                     tuple(gpus)))
         return cls(records, keep)
 

@@ -11,6 +11,7 @@ Standard library only; no IPython, no ipywidgets (the view is :mod:`torchgpu_mag
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import threading
@@ -22,7 +23,7 @@ from .. import accelerators
 from ..errors import MagicInputError
 from ..host import HostCounters, reset_peak_rss
 from ..render import is_na
-from .figures import GPUTarget, MemorySnapshot, amdsmi_figures, collect, driver_figures
+from .figures import GPUTarget, MemorySnapshot, collect, driver_view
 from .records import DEFAULT_KEEP, CellGPU, CellRecord, CellRecords
 
 MIN_INTERVAL = 0.05
@@ -68,13 +69,6 @@ def _in_use() -> list:
             for index in range(accelerators.device_count(kind))]
 
 
-def _first_line(source: str) -> str:
-    for line in source.splitlines():
-        if line.strip():
-            return line.strip()[:80]
-    return ""
-
-
 class CellLog:
     """Per-cell memory accounting: :meth:`start` before a cell, :meth:`finish` after it; the
     :class:`~torchgpu_magic.gpumem.records.CellRecords` of the last ``keep`` cells are :attr:`records`.
@@ -95,21 +89,8 @@ class CellLog:
     def _driver_usage(self) -> dict:
         """This process's usage as its driver sees it, per ``(kind, torch index)``: NVML's figure, AMD
         SMI's, or MPS's driver-allocated memory, for the targets torch sees."""
-        from ..gpus.processes import process_figures
-
-        usage: dict = {}
-        for target in self.targets:
-            if target.torch_index is None:
-                continue
-            if target.nvml_index is not None:
-                process = process_figures(target.nvml_index, os.getpid(), target.mig_uuid)[2]
-            elif target.amdsmi_index is not None:
-                process = amdsmi_figures(target.amdsmi_index, os.getpid())[2]
-            else:
-                process = driver_figures(target)[2]
-            if process is not None and not is_na(process):
-                usage[(target.kind, target.torch_index)] = int(process)
-        return usage
+        seen = ((t, driver_view(t, os.getpid())[2]) for t in self.targets if t.torch_index is not None)
+        return {(t.kind, t.torch_index): int(process) for t, process in seen if not is_na(process)}
 
     def start(self) -> None:
         """Record the figures before a cell and reset the peak counters."""
@@ -154,8 +135,8 @@ class CellLog:
                                             device[0]))
             except Exception:  # noqa: BLE001
                 gpus = []
-        record = CellRecord(number, _first_line(source), begin.wall, seconds, rss_delta, rss_peak,
-                            tuple(gpus))
+        first_line = next((line.strip()[:80] for line in source.splitlines() if line.strip()), "")
+        record = CellRecord(number, first_line, begin.wall, seconds, rss_delta, rss_peak, tuple(gpus))
         self.records.append(record)
         return record
 
@@ -332,7 +313,7 @@ class Sampler:
         gpus = []
         for g in snapshot.gpus:
             index = g.target.torch_index
-            seen = [v for v in (g.allocated, g.peak) if v is not None and not is_na(v)]
+            seen = [v for v in (g.allocated, g.peak) if not is_na(v)]
             if index is None or not seen:
                 gpus.append(replace(g, peak=None) if index is None else g)
                 continue
@@ -361,9 +342,7 @@ class Sampler:
             self._peaks.clear()
             self._peak_rss = 0
             reset_peak_rss()
-            try:
+            with contextlib.suppress(Exception):  # a lost GPU: the figures start again all the same
                 for device in _in_use():
                     accelerators.reset_peak(device)
-            except Exception:  # noqa: BLE001
-                pass
         self.sample_now()

@@ -15,9 +15,10 @@ error on it means it is).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .. import accelerators
 from ..accelerators import initialised_cuda
@@ -73,13 +74,8 @@ class DeviceState:
         return self.total - self.free - self.reserved - sum(size for _, _, size in self.others)
 
     def to_dict(self) -> dict:
-        out = asdict(self)
-        out["others"] = [list(o) for o in self.others]
-        out["foreign"] = [list(o) for o in self.foreign]
-        out["unmeasured"] = [list(o) for o in self.unmeasured]
-        out["notes"] = list(self.notes)
-        out["cache"] = self.cache
-        return out
+        rows = {name: [list(o) for o in getattr(self, name)] for name in ("others", "foreign", "unmeasured")}
+        return {**asdict(self), **rows, "notes": list(self.notes), "cache": self.cache}
 
 
 def read(device: str) -> DeviceState:
@@ -95,6 +91,17 @@ def read(device: str) -> DeviceState:
     except Exception as exc:  # noqa: BLE001 - a device that cannot be read is a note, never an error
         return DeviceState(device, notes=(f"{device} could not be read ({type(exc).__name__}: {exc})",))
     return DeviceState(device, notes=(f"torch keeps no memory figures for {device}",))
+
+
+def used_devices(used: Callable[[tuple], Any]) -> list:
+    """``(kind, index)`` of every device of an accelerator initialised in this process (none is initialised
+    to ask) for which ``used((kind, index))`` is true; a backend that fails to answer (a lost GPU) adds
+    only what it answered before."""
+    found: list = []
+    for kind in accelerators.initialised_kinds():
+        with contextlib.suppress(Exception):
+            found.extend((kind, i) for i in range(accelerators.device_count(kind)) if used((kind, i)))
+    return found
 
 
 def _cpu(device: str) -> DeviceState:
@@ -132,10 +139,7 @@ def _cuda(device: str, index: Optional[int]) -> DeviceState:
         free, total = None, int(cuda.get_device_properties(index).total_memory)
         notes.append(f"no CUDA context on {device} yet: what is free there is not asked (asking would create "
                      "one)")
-    process = None
-    others: tuple = ()
-    foreign: tuple = ()
-    unmeasured: tuple = ()
+    process, others, foreign, unmeasured = None, (), (), ()
     target = gpumap.nvml_target(index)
     if target is not None:
         nvml_index, mig = target

@@ -43,13 +43,8 @@ def note_failed(result: Any) -> None:
 
 def earlier_errors() -> list:
     """The errors of the failed cells :func:`note_failed` saw whose results are still alive."""
-    found = []
-    for ref in list(_FAILED):
-        result = ref()
-        error = getattr(result, "error_in_exec", None) if result is not None else None
-        if error is not None:
-            found.append(error)
-    return found
+    errors = (getattr(ref(), "error_in_exec", None) for ref in list(_FAILED))
+    return [error for error in errors if error is not None]
 
 
 def release_earlier() -> list:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
 
 from .. import accelerators
 from ..gpus import gpumap, processes
 from ..host import HostCounters
 from ..render import Lines, Report, Reportable, fmt_bytes
+from . import devicestate
 from .holdings import Released, collect
 
 KEPT_SHOWN = 10  # names listed as still holding memory
@@ -42,8 +43,7 @@ class FreeStep:
     held: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "released": list(self.released), "freed": dict(self.freed),
-                "held": dict(self.held)}
+        return asdict(self)
 
 
 @dataclass(repr=False)
@@ -70,7 +70,6 @@ class FreeReport(Reportable):
         how = [f"{d} {how}" for d, how in self.measured.items()]
         how += [f"NVML: this process's {d} figure fell {fmt_bytes(b)}" for d, b in self.nvml.items()]
         steps = []
-        kept_by_c = False
         for step in self.steps:
             host = step.source == "torch's cache" or all(d == "cpu" for d in step.freed if step.freed[d])
             freed = ", ".join(f"{fmt_bytes(b)} on {d}" for d, b in step.freed.items() if b)
@@ -82,11 +81,9 @@ class FreeReport(Reportable):
             if host:
                 result = f"gave back {freed or 'nothing measurable'}"
             else:  # a GPU's tensors go to torch's cache: the cache step gives them back
-                result = "; ".join(part for part in (f"gave back {back}" if back else "",
-                                                      f"released {released} into torch's cache") if part)
+                result = (f"gave back {back}; " if back else "") + f"released {released} into torch's cache"
             steps.append(f"{step.source}{what}: " + (f"held {held}; " if held else "") + result)
-            kept_by_c = kept_by_c or (step.held.get("cpu", 0) > step.freed.get("cpu", 0))
-        if kept_by_c:
+        if any(step.held.get("cpu", 0) > step.freed.get("cpu", 0) for step in self.steps):
             steps.append("(on the cpu, freed memory the C allocator keeps for reuse does not leave the RSS)")
         kept = [f"{name}: {fmt_bytes(size)} on {device}; {fix}"
                 for name, device, size, fix in self.kept[:KEPT_SHOWN]]
@@ -103,28 +100,15 @@ class FreeReport(Reportable):
                 "kept": [{"name": n, "device": d, "bytes": b, "fix": f} for n, d, b, f in self.kept]}
 
 
-def _cuda_indices() -> list:
-    return [index for kind, index in _used_devices() if kind == "cuda"]
-
-
 def _used_devices() -> list:
     """``(kind, index)`` of every accelerator device this process has used (never initialises one; MPS
-    once its driver has allocated anything)."""
-    found = []
-    for kind in accelerators.initialised_kinds():
-        try:
-            for index in range(accelerators.device_count(kind)):
-                if kind != "mps" or accelerators.reserved((kind, index)):
-                    found.append((kind, index))
-        except Exception:  # noqa: BLE001 - a lost GPU: the cpu is still measured
-            continue
-    return found
+    once its driver has allocated anything; a lost GPU's left out: the cpu is still measured)."""
+    return devicestate.used_devices(lambda device: device[0] != "mps" or accelerators.reserved(device))
 
 
-def measure(host: Optional[HostCounters] = None) -> dict:
+def measure(host: HostCounters) -> dict:
     """{device: (in use, reserved or the process's figure)} now: cpu (RSS, RSS), each initialised
     accelerator device (torch allocated, torch reserved; MPS's driver-allocated memory)."""
-    host = host or HostCounters()
     out: dict = {"cpu": (host.rss(), host.rss())}
     for kind, index in _used_devices():
         label = "mps" if kind == "mps" else f"{kind}:{index}"
@@ -155,7 +139,7 @@ def empty_caches() -> list:
 def _nvml_process() -> dict:
     """This process's NVML figure per initialised CUDA GPU (for the cache step); {} where NVML cannot say."""
     out = {}
-    for index in _cuda_indices():
+    for index in (index for kind, index in _used_devices() if kind == "cuda"):
         try:
             target = gpumap.nvml_target(index)
             if target is not None:
@@ -182,11 +166,9 @@ def give_back(steps: Sequence[tuple], ns: Mapping[str, Any], tracebacks: Sequenc
     holdings = None
     host = HostCounters()
     try:
-        measured = {"cpu": "RSS"}
         first = before = measure(host)
-        for device in before:
-            if device != "cpu":
-                measured[device] = "torch reserved before and after (steps: torch allocated)"
+        gpu = "torch reserved before and after (steps: torch allocated)"
+        measured = {device: "RSS" if device == "cpu" else gpu for device in before}
         nvml_first = _nvml_process()
         done = []
         for source, group, release in steps:

@@ -6,10 +6,8 @@ that reaches it, in this order:
 2. IPython's output history (``Out[n]``, with ``_``, ``__``, ``___`` and ``_n`` as its other names);
 3. the frames of a failed cell's traceback, by function and local name (``forward: attn``), which the
    traceback keeps alive through ``sys.last_traceback`` and IPython's own references; and those of every
-   earlier failed cell still alive: IPython's ``run_code`` frame holds the cell's ``ExecutionResult``,
-   which holds the error, whose traceback holds that frame, a reference cycle only the garbage collector
-   breaks, so a failed cell's frames outlive the next error (:mod:`.failed` keeps a weak reference to
-   each failed cell's result);
+   earlier failed cell a reference cycle through IPython's ``run_code`` frame still keeps alive (see
+   :mod:`.failed`);
 4. the autograd graphs those hold (``graph of total_loss``: the tensors saved for backward that a
    ``grad_fn`` reaches, see :mod:`.graphs`).
 
@@ -20,6 +18,7 @@ report for one device, with torch's cache and other processes beside the names.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from ..host import gc_paused
@@ -222,9 +221,7 @@ def _describe(found: list, root: str, value: Any) -> Any:
     if len(found) == 1 and found[0][0] == root:
         name, obj, kind = found[0]
         return (obj.dtype, obj.shape) if kind == "tensor" else type(obj).__name__
-    counts: dict = {}
-    for _, _, kind in found:
-        counts[kind] = counts.get(kind, 0) + 1
+    counts = Counter(kind for _, _, kind in found)
     parts = [f"{n:,} {kind}{'s' if n != 1 else ''}" for kind, n in counts.items()]
     return f"{type(value).__name__}: " + ", ".join(parts)
 
@@ -332,13 +329,8 @@ def _placeables(name: str, value: Any, depth: int = 2) -> list:
         return [(name, value, kind)]
     if depth == 0 or type(value) not in (list, tuple, dict):
         return []
-    items = value.items() if isinstance(value, dict) else enumerate(value)
-    found: list = []
-    for count, (key, item) in enumerate(list(items)):
-        if count >= 1_000:
-            break
-        found.extend(_placeables(f"{name}[{key!r}]", item, depth - 1))
-    return found
+    items = list(value.items() if isinstance(value, dict) else enumerate(value))[:1_000]
+    return [found for key, item in items for found in _placeables(f"{name}[{key!r}]", item, depth - 1)]
 
 
 def holds_tensors(value: Any) -> bool:
@@ -351,14 +343,10 @@ def _frames(tracebacks: Iterable[Any]) -> Iterator[tuple]:
     """(frame, whether it is torch's) for the frames of each traceback (or exception: its own, and those
     of its ``__cause__`` and ``__context__`` chain), each once, skipping IPython's and this package's, and
     any that hides itself from tracebacks (a ``__tracebackhide__`` local)."""
+    items = [item for item in tracebacks if item is not None]
+    exceptions = [item for item in items if isinstance(item, BaseException)]
+    tbs = [item for item in items if not isinstance(item, BaseException)]
     seen: set = set()
-    exceptions: list = []
-    tbs: list = []
-    for item in tracebacks:
-        if isinstance(item, BaseException):
-            exceptions.append(item)
-        elif item is not None:
-            tbs.append(item)
     done: set = set()
     while exceptions:
         exc = exceptions.pop(0)
@@ -390,8 +378,6 @@ def _frames(tracebacks: Iterable[Any]) -> Iterator[tuple]:
         yield frame, False
     for frame in reversed(torch_frames):
         yield frame, True
-    mine.clear()
-    torch_frames.clear()
 
 
 def _traceback(tracebacks: Iterable[Any], holdings: Holdings, graph_roots: list, held: set) -> None:
@@ -402,9 +388,7 @@ def _traceback(tracebacks: Iterable[Any], holdings: Holdings, graph_roots: list,
         local_vars = frame.f_locals
         if not in_torch and kind_of(local_vars.get("self")) == "module":
             holdings.module_frames.append(f"{type(local_vars['self']).__name__}.{function}")
-        for count, (local, value) in enumerate(list(local_vars.items())):
-            if count >= LOCALS_LIMIT:
-                break
+        for local, value in list(local_vars.items())[:LOCALS_LIMIT]:
             found = [(n, o, k) for n, o, k in _placeables(local, value)
                      if not (k != "tensor" and id(o) in held)]
             if not found:

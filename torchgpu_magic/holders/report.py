@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
+from .. import accelerators
+from ..accelerators import initialised_cuda
 from ..host import gc_paused
+from ..placement.kinds import device_order
 from ..render import Lines, Report, Reportable, Table, fmt_bytes
+from ..torchapi import cublas_workspace_sizes
 from . import devicestate
 from .holdings import collect
 
@@ -132,11 +137,11 @@ class DeviceHolders(Reportable):
     top: int = TOP
 
     def headline(self) -> str:
-        named = [r for r in self.rows if r.source in _NAMED]
-        n = len(named)
+        n = sum(r.source in _NAMED for r in self.rows)
+        live = self.live()
         head = (f"{self.device}: {fmt_bytes(self.counted)} held by {n} holder{'s' if n != 1 else ''} "
                 "(each storage counted once)")
-        return head + (f"; {self.live()}" if self.live() else "")
+        return head + (f"; {live}" if live else "")
 
     def live(self) -> str:
         """The device now: 'this process 3.1 GiB RSS, 12.4 GiB of 15.6 GiB available' on cpu; 'allocated
@@ -219,17 +224,10 @@ def holders_report(ns: Mapping[str, Any], device: Optional[str] = None, tracebac
 
 
 def _devices_in_use(holdings: Any) -> list:
-    """The devices the holders reach, and every accelerator device where torch has memory allocated."""
-    from .. import accelerators
-    from ..placement.kinds import device_order
-
-    found = set(holdings.devices())
-    for kind in accelerators.initialised_kinds():
-        try:
-            found.update(("mps" if kind == "mps" else f"{kind}:{i}")
-                         for i in range(accelerators.device_count(kind)) if accelerators.allocated((kind, i)))
-        except Exception:  # noqa: BLE001 - a lost GPU: the ones the holders reach are still listed
-            pass
+    """The devices the holders reach, and every accelerator device where torch has memory allocated (a lost
+    GPU's left out: the ones the holders reach are still listed)."""
+    allocated = devicestate.used_devices(accelerators.allocated)
+    found = set(holdings.devices()) | {"mps" if kind == "mps" else f"{kind}:{i}" for kind, i in allocated}
     return sorted(found, key=device_order)
 
 
@@ -288,37 +286,30 @@ def _device_rows(state: devicestate.DeviceState) -> list:
         rows.append(Row("torch's cache", "cache", cache, what, {}))
     for pid, name, size in state.others:
         rows.append(Row(f"pid {pid}" + (f" {name}" if name else ""), "process", size, "NVML", {}))
-    outside = _outside(state)
-    if outside is not None:
-        rows.append(outside)
+    if (state.outside or 0) > 0:
+        source, what = _outside(state)
+        rows.append(Row("outside torch's allocator", source, state.outside, what, {}))
     return rows
 
 
-def _outside(state: devicestate.DeviceState) -> Optional[Row]:
-    """What the GPU holds beyond torch's reserved memory and the other processes NVML names: this
-    process's CUDA context and libraries' own allocations; in a container (NVML listing the host's PIDs)
-    also whatever other processes hold, which NVML cannot tell apart from this one there."""
-    beyond = state.outside
-    if (beyond or 0) <= 0:
-        return None
+def _outside(state: devicestate.DeviceState) -> tuple:
+    """(held by, what) of what the GPU holds beyond torch's reserved memory and the other processes NVML
+    names: this process's CUDA context and libraries' own allocations; in a container (NVML listing the
+    host's PIDs) also whatever other processes hold, which NVML cannot tell apart from this one there."""
     if state.unmeasured and len(state.foreign) != 1:
         pids = ", ".join(str(pid) for pid, _ in state.unmeasured[:4])
         many = len(state.unmeasured)
-        return Row("outside torch's allocator", "unknown", beyond,
-                   f"this process's CUDA context, and {many} other process{'es' if many != 1 else ''} "
-                   f"({pids}) NVML lists here without their memory (MIG mode gives none to a user without "
-                   "privileges)", {})
+        return "unknown", (f"this process's CUDA context, and {many} other process{'es' if many != 1 else ''}"
+                           f" ({pids}) NVML lists here without their memory (MIG mode gives none to a user "
+                           "without privileges)")
     if not state.foreign:
-        return Row("outside torch's allocator", "outside", beyond,
-                   "this process's CUDA context and libraries' own allocations (NCCL, cuDNN, ...)", {})
+        return "outside", "this process's CUDA context and libraries' own allocations (NCCL, cuDNN, ...)"
     if len(state.foreign) == 1:
-        return Row("outside torch's allocator", "outside", beyond,
-                   f"this process's CUDA context and libraries' own allocations: NVML lists one process, "
-                   f"under the host's PID {state.foreign[0][0]}: this one", {})
+        return "outside", (f"this process's CUDA context and libraries' own allocations: NVML lists one "
+                           f"process, under the host's PID {state.foreign[0][0]}: this one")
     pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])
-    return Row("outside torch's allocator", "unknown", beyond,
-               f"this process's CUDA context, and other processes: NVML lists {len(state.foreign)} under the "
-               f"host's PIDs ({pids}) and cannot tell which is this one", {})
+    return "unknown", (f"this process's CUDA context, and other processes: NVML lists {len(state.foreign)} "
+                       f"under the host's PIDs ({pids}) and cannot tell which is this one")
 
 
 def _workspaces(holdings: Any, device: str, state: devicestate.DeviceState) -> int:
@@ -328,25 +319,17 @@ def _workspaces(holdings: Any, device: str, state: devicestate.DeviceState) -> i
     say (a CPU build, another allocator backend)."""
     if state.kind != "cuda" or not state.allocated:
         return 0
-    from ..torchapi import cublas_workspace_sizes
-
     sizes = cublas_workspace_sizes()
     if not sizes:
         return 0
-    from ..accelerators import initialised_cuda
-
     cuda = initialised_cuda()
     index = int(device.partition(":")[2] or 0)
-    blocks: dict = {}
-    for block in (devicestate.allocator_blocks(cuda, index) if cuda is not None else None) or ():
-        size = block.get("requested_size")
-        if block.get("state") == "active_allocated" and size in sizes:
-            blocks[size] = blocks.get(size, 0) + 1
-    counted: dict = {}
-    for where, size, _, _ in holdings.storages.values():
-        if where == device and size in blocks:
-            counted[size] = counted.get(size, 0) + 1
-    return sum(size * max(0, n - counted.get(size, 0)) for size, n in blocks.items())
+    found = (devicestate.allocator_blocks(cuda, index) if cuda is not None else None) or ()
+    blocks = Counter(block.get("requested_size") for block in found
+                     if block.get("state") == "active_allocated" and block.get("requested_size") in sizes)
+    counted = Counter(size for where, size, _, _ in holdings.storages.values()
+                      if where == device and size in blocks)
+    return sum(size * max(0, n - counted[size]) for size, n in blocks.items())
 
 
 def _unreached(state: devicestate.DeviceState, counted: int, workspaces: int) -> list:

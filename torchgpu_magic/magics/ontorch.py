@@ -49,7 +49,6 @@ class OnTorchMagics(MagicsPart):
         self._saved: Any = None  # devices.DeviceState from before the line form's first change
         self._setting = ""  # what the line form set, for `%ontorch` with no argument
         self._depth = 0  # how many %%ontorch cells are running (nested ones included)
-        self._closer_added = False
         self._shapes: dict = {}  # cell source -> line of its shown last expression, or 0: see _compile
         self._footer_caches: Any = None  # (before, after) placement.SnapshotCache of the footer
 
@@ -225,9 +224,7 @@ class OnTorchMagics(MagicsPart):
 
         if self._saved is None:
             self._saved = devices.current_state()
-        if not self._closer_added:
-            self.add_closer(self._reset)
-            self._closer_added = True
+        self.add_closer(self._reset)  # once: a closer already waiting is not added again
         devices.apply(device, dtype, self._saved)
         self._setting = f"set by %ontorch {' '.join(line.split())}"
 

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from ..render import Report, Reportable, Table, fmt_bytes, fmt_value
@@ -325,7 +325,7 @@ class ClusterSampler:
     def gone(self, exc: BaseException) -> ClusterMemory:
         """The last tick's figures with one line saying why there is no new one (the cluster gone)."""
         last = self.latest or ClusterMemory([], [])
-        self.latest = ClusterMemory(last.gpus, last.rows, last.cells, [("cluster", str(exc))], time.time())
+        self.latest = replace(last, failed=[("cluster", str(exc))], time=time.time())
         return self.latest
 
     def start(self) -> None:

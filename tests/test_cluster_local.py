@@ -106,3 +106,56 @@ def test_two_engines_on_the_one_gpu_are_both_flagged(ip):
     finally:
         os.environ["PYTHONPATH"] = saved
         cluster.stop_cluster_sync()
+
+
+# ---- the cluster report from the engines' answers (what remote.gpuinfo sends, scripted) ----------------
+
+def _gpu_entry(nvml_index, torch_index, uuid, processes=(), reserved=None):
+    snapshot = {"uuid": uuid, "name": "NVIDIA H100 80GB HBM3", "memory_used": 2 << 30,
+                "memory_total": 80 << 30, "utilization_gpu": 0} if nvml_index is not None else None
+    return {"nvml_index": nvml_index, "torch_index": torch_index, "snapshot": snapshot, "mapping": None,
+            "processes": [{"pid": pid, "name": "python", "used_memory": used} for pid, used in processes],
+            "torch": {"name": "NVIDIA H100 80GB HBM3", "reserved": reserved}}
+
+
+def _answer(label, host, pid, gpus, current=0):
+    """An engine's answer: this process's own ``remote.gpuinfo()`` with the GPUs replaced."""
+    from torchgpu_magic.cluster import remote
+    from torchgpu_magic.cluster.bridge import Reply
+
+    value = remote.gpuinfo()
+    value.update(gpus=gpus, current_device=current)
+    return Reply(label, label, True, value=value, host=host, pid=pid)
+
+
+def test_stray_contexts_are_summed_per_host():
+    """Each host's stray-context flag counts the contexts on that host's GPU 0 only: an engine on another
+    host with a stray context on its own GPU 0 is not in this host's sum."""
+    from torchgpu_magic.cluster import gpus
+
+    replies = []
+    for host, used in (("node-a", 500 << 20), ("node-b", 300 << 20)):
+        for rank, pid in enumerate((100, 101)):
+            held = [(pid, 4 << 30)] if rank == 0 else [(pid, used)]  # rank 1 also works on GPU 1
+            entries = [_gpu_entry(0, 0, f"GPU-{host}-0", held, reserved=(4 << 30) if rank == 0 else 0),
+                       _gpu_entry(1, 1, f"GPU-{host}-1", [(pid, 4 << 30)] if rank == 1 else [],
+                                  reserved=(4 << 30) if rank == 1 else 0)]
+            replies.append(_answer(f"engine {len(replies)}", host, pid, entries, current=rank))
+    report = gpus.build("rc", "ipyparallel", replies)
+    flags = [f for f in report.flags if f.cause == "stray_contexts"]
+    assert len(flags) == 2, report.to_text()
+    by_host = {("node-a" if "node-a" in f.message else "node-b"): f.message for f in flags}
+    assert "500 MiB in all" in by_host["node-a"], by_host["node-a"]
+    assert "300 MiB in all" in by_host["node-b"], by_host["node-b"]
+
+
+def test_without_nvml_an_engine_is_on_its_current_gpu():
+    """With no NVML (every NVML index None), an engine seeing two GPUs is placed on torch's current one,
+    cuda:1 here, not on whichever GPU came last in its answer."""
+    from torchgpu_magic.cluster import gpus
+
+    entries = [_gpu_entry(None, 0, None), _gpu_entry(None, 1, None)]
+    report = gpus.build("rc", "ipyparallel", [_answer("engine 0", "node-a", 100, entries, current=0),
+                                              _answer("engine 1", "node-a", 101, entries, current=1)])
+    on = {row["label"]: row["on"] for row in report.engines}
+    assert on == {"engine 0": ["cuda:0"], "engine 1": ["cuda:1"]}, on

@@ -198,7 +198,8 @@ def _flags(report: ClusterGPUReport) -> list:
     flags = []
     for gpu in report.gpus:
         if gpu.get("stray"):
-            holders = [e for e in report.engines if any(i == gpu["index"] for i, _ in e.get("stray", []))]
+            holders = [e for e in report.engines
+                       if e["host"] == gpu["host"] and any(i == gpu["index"] for i, _ in e.get("stray", []))]
             amounts = [used for e in holders for i, used in e["stray"] if i == gpu["index"]]
             one = len(holders) == 1
             default = ", the default GPU," if gpu["index"] == 0 else ""

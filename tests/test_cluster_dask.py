@@ -273,6 +273,21 @@ def identities(monkeypatch):
     return asked
 
 
+def test_the_default_client_s_workers_are_kept_too(sh, client, identities):
+    """With no cluster object in the namespace, --cluster finds distributed's default client; its list
+    of workers is kept between magics as a named client's is (the empty store was taken for none)."""
+    from distributed import default_client
+
+    assert default_client() is client
+    saved = {name: sh.user_ns.pop(name) for name in list(sh.user_ns) if sh.user_ns[name] is client}
+    try:
+        for _ in range(2):
+            assert len(run(sh, "%gpuinfo --cluster -o").engines) == 2
+    finally:
+        sh.user_ns.update(saved)
+    assert len(identities) == 1
+
+
 def test_one_magic_after_another_asks_the_scheduler_once_and_unload_forgets(sh, client, identities):
     """The scheduler's list of workers, fetched by one magic, serves the next ones (for REFRESH seconds);
     %unload_ext drops it, and it holds no reference to the client."""

@@ -97,7 +97,7 @@ def connect(ns: dict, name: Optional[str], px_view: Any = None, kept: Optional[K
     if not found:
         default = _dask_default()
         if default is not None:
-            return DaskBridge("default_client()", default, kept=kept.workers(default) if kept else None)
+            return _bridge("default_client()", default, ns, kept)
         raise MagicInputError(f"--cluster: no ipyparallel Client/view/Cluster or Dask Client/cluster in the "
                               f"namespace; {HOW}")
     groups: dict = {}

@@ -46,12 +46,6 @@ class _Filler(ast.NodeTransformer):
         return node
 
 
-def _as_module(code: Union[str, ast.Module], filename: str) -> ast.Module:
-    if isinstance(code, ast.Module):
-        return code
-    return ast.parse(code or "pass", filename, "exec")
-
-
 class CompiledCell:
     """A cell compiled once into a generator that runs ``loops`` iterations per :meth:`run`.
 
@@ -97,10 +91,10 @@ def compile_cell(stmt: Union[str, ast.Module], namespace: dict, setup: Union[str
     as text or as parsed modules (after ``transform_ast``). Each is compiled on its own first, so a
     ``return`` or ``yield`` that would become legal inside the loop function is still a SyntaxError.
     """
-    setup_ast = _as_module(setup, filename)
-    stmt_ast = _as_module(stmt, filename)
-    compile(setup_ast, filename, "exec", dont_inherit=True)
-    compile(stmt_ast, filename, "exec", dont_inherit=True)
+    setup_ast, stmt_ast = (code if isinstance(code, ast.Module) else ast.parse(code or "pass", filename)
+                           for code in (setup, stmt))
+    for module in (setup_ast, stmt_ast):
+        compile(module, filename, "exec", dont_inherit=True)
     template = ast.parse(_TEMPLATE)
     filled = _Filler(setup_ast.body or [ast.Pass()], stmt_ast.body or [ast.Pass()]).visit(template)
     code = compile(ast.fix_missing_locations(filled), filename, "exec", dont_inherit=True)

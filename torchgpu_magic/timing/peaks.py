@@ -151,9 +151,7 @@ class Peak:
     def scale_for(self, precision: str) -> float:
         """clock / the clock ``precision``'s figure assumes, when the GPU ran below it; else 1."""
         reference = self.reference_for(precision)
-        if not self.clock_mhz or not reference or self.clock_mhz >= reference:
-            return 1.0
-        return self.clock_mhz / reference
+        return min(1.0, self.clock_mhz / reference) if self.clock_mhz and reference else 1.0
 
     def flops_for(self, precision: str, clocked: bool = True) -> Optional[float]:
         """Peak FLOP/s for ``precision`` (scaled to the clock unless ``clocked`` is False); None if the

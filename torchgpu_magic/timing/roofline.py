@@ -87,9 +87,7 @@ class Roofline:
     @property
     def intensity(self) -> Optional[float]:
         """FLOPs per byte moved (None when nothing was moved, or some matrix work was not counted)."""
-        if self.unknown:
-            return None
-        return self.flops / self.bytes if self.flops is not None and self.bytes else None
+        return self.flops / self.bytes if self.flops is not None and self.bytes and not self.unknown else None
 
     @property
     def compute_time(self) -> Optional[float]:

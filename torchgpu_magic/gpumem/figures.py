@@ -224,10 +224,10 @@ MPS_NOTE = ("mps: unified memory; the GPU may use up to its working-set limit (M
             "allocated of the samples and of each cell's start and end")
 
 
-def collect(targets: Sequence[GPUTarget], pid: Optional[int] = None) -> MemorySnapshot:
+def collect(targets: Sequence[GPUTarget]) -> MemorySnapshot:
     """Take one sample of host memory and every target GPU. Never raises for a lost GPU or a broken
     NVML: those become ``problems`` / ``status`` lines."""
-    pid = os.getpid() if pid is None else pid
+    pid = os.getpid()
     status = []
     nvml_ok = False
     if any(t.nvml_index is not None for t in targets):

@@ -251,9 +251,8 @@ class CellRecords(Reportable):
     # ---- reprs ------------------------------------------------------------------------------------
     def _summary(self) -> list:
         t = self.totals()
-        since = ""
-        if self._records:
-            since = " since " + time.strftime("%H:%M:%S", time.localtime(self._records[0].start))
+        first = self._records[0].start if self._records else None
+        since = "" if first is None else " since " + time.strftime("%H:%M:%S", time.localtime(first))
         cells = f"{t['cells']} cell{'' if t['cells'] == 1 else 's'}{since}"
         lines = [f"{cells} ({t['dropped']} older dropped)" if t["dropped"] else cells,
                  f"total time {fmt_seconds(t['seconds'])} · host RSS {fmt_bytes(t['rss_delta'], signed=True)}"
@@ -263,8 +262,8 @@ class CellRecords(Reportable):
                          f"(highest peak {fmt_bytes(g['peak'])})")
         return lines
 
-    def _top_table(self, n: int = 5) -> Optional[Table]:
-        top = self.top(n)
+    def _top_table(self) -> Optional[Table]:
+        top = self.top()
         if not top:
             return None
         has_gpu = bool(self.gpu_devices())

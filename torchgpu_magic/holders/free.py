@@ -158,11 +158,9 @@ def give_back(steps: Sequence[tuple], ns: Mapping[str, Any], tracebacks: Sequenc
     what keeps the last error's frames (beside ``sys.last_*``), to count what each step held before."""
     holdings = collect(ns, tracebacks)
     tracebacks = ()  # the caller's list would keep the very frames the first step lets go of
-    held = {}
-    for device in holdings.devices():
-        released = Released(holdings, device)
-        for group in ("traceback", "output"):
-            held.setdefault(group, {})[device] = getattr(released, group)
+    by_device = {device: Released(holdings, device) for device in holdings.devices()}
+    held = {group: {device: getattr(released, group) for device, released in by_device.items()}
+            for group in ("traceback", "output")}
     holdings = None
     host = HostCounters()
     try:

@@ -14,6 +14,7 @@ The walk is bounded (:data:`NODE_LIMIT` nodes per call) and keeps the nodes it v
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterable, Iterator
 
 from ..caches import cache
@@ -62,11 +63,8 @@ class GraphWalk:
             if extra:
                 for value in list(extra.values()):
                     yield from _tensors_in(value, tensor_type)
-            try:
+            with contextlib.suppress(AttributeError, RuntimeError):
                 stack.extend(fn for fn, _ in node.next_functions)
-            except (AttributeError, RuntimeError):
-                continue
-        seen.clear()
 
 
 def _tensors_in(value: Any, tensor_type: type) -> Iterator[Any]:

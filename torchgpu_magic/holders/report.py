@@ -134,7 +134,6 @@ class DeviceHolders(Reportable):
     counted: int
     state: devicestate.DeviceState
     cut: list = field(default_factory=list)
-    top: int = TOP
 
     def headline(self) -> str:
         n = sum(r.source in _NAMED for r in self.rows)
@@ -160,9 +159,9 @@ class DeviceHolders(Reportable):
         return ", ".join(parts)
 
     def table(self) -> HolderTable:
-        """The rows, largest first, cut to :attr:`top` (the rest in one line); "what" last."""
+        """The rows, largest first, cut to :data:`TOP` (the rest in one line); "what" last."""
         table = HolderTable(["holder", "bytes", "held by", "what"], align="lrll")
-        shown = self.rows if self.top is None else self.rows[: self.top]
+        shown = self.rows[:TOP]
         for row in shown:
             label = row.label()
             if len(label) > HOLDER_WIDTH:
@@ -213,14 +212,14 @@ class HoldersReport(Reportable):
 _NAMED = ("name", "output", "traceback", "graph")
 
 
-def holders_report(ns: Mapping[str, Any], device: Optional[str] = None, tracebacks: Iterable[Any] = (),
-                   top: Optional[int] = TOP) -> HoldersReport:
+def holders_report(ns: Mapping[str, Any], device: Optional[str] = None,
+                   tracebacks: Iterable[Any] = ()) -> HoldersReport:
     """``%gpumem holders [DEVICE]``: who holds memory on ``device``, or on every device where the holders
     reach memory or torch has allocated some (CUDA GPUs, once CUDA is initialised). Reads only."""
     with gc_paused():
         holdings = collect(ns, tracebacks)
         devices = [device] if device is not None else _devices_in_use(holdings)
-        return HoldersReport([device_holders(holdings, d, top=top) for d in devices])
+        return HoldersReport([device_holders(holdings, d) for d in devices])
 
 
 def _devices_in_use(holdings: Any) -> list:
@@ -231,8 +230,8 @@ def _devices_in_use(holdings: Any) -> list:
     return sorted(found, key=device_order)
 
 
-def device_holders(holdings: Any, device: str, state: Optional[devicestate.DeviceState] = None,
-                   top: Optional[int] = TOP) -> DeviceHolders:
+def device_holders(holdings: Any, device: str,
+                   state: Optional[devicestate.DeviceState] = None) -> DeviceHolders:
     """The :class:`DeviceHolders` of ``device`` from :func:`~.holders.collect`'s holdings; ``state`` is
     read live when not given."""
     state = devicestate.read(device) if state is None else state
@@ -258,7 +257,7 @@ def device_holders(holdings: Any, device: str, state: Optional[devicestate.Devic
     rows.extend(_device_rows(state))
     rows.extend(_unreached(state, counted, _workspaces(holdings, device, state)))
     rows.sort(key=lambda r: -r.nbytes)  # after every row is in: the largest is never folded away
-    return DeviceHolders(state.device, rows, counted, state, list(holdings.cut), top)
+    return DeviceHolders(state.device, rows, counted, state, list(holdings.cut))
 
 
 def fragmented(state: devicestate.DeviceState, asked: Optional[int] = None) -> bool:

@@ -56,8 +56,7 @@ class MemoryPicture:
     ``columns`` is the width of the text chart (a report that indents it draws it narrower)."""
 
     def __init__(self, series: StepSeries, title: str, capacity: Optional[int] = None,
-                 capacity_source: Optional[str] = None, scale: Optional[int] = None,
-                 columns: int = TEXT_COLUMNS) -> None:
+                 capacity_source: Optional[str] = None, columns: int = TEXT_COLUMNS) -> None:
         self.series = series
         self.title = title
         self.capacity = capacity
@@ -65,7 +64,7 @@ class MemoryPicture:
         self.columns = columns
         self._totals = series.totals()
         self.peak = self._totals[series.peak_row]
-        self.scale = scale if scale is not None else self.natural_scale()
+        self.scale = self.natural_scale()
 
     def natural_scale(self) -> int:
         """The top of the chart on its own: the peak, or the capacity when it is drawn."""

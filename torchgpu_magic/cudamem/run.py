@@ -418,10 +418,6 @@ def _reset_peaks() -> dict:
 
 def _match_device(wanted: str, ledgers: dict) -> str:
     """``'cuda'`` matches ``'cuda:0'``; a device the run never used gets an empty ledger."""
-    if wanted in ledgers:
-        return wanted
-    for name in ledgers:
-        if name.split(":")[0] == wanted:
-            return name
-    ledgers[wanted] = Ledger()
-    return wanted
+    found = wanted if wanted in ledgers else next((n for n in ledgers if n.split(":")[0] == wanted), wanted)
+    ledgers.setdefault(found, Ledger())
+    return found

@@ -93,13 +93,13 @@ class Allowance:
     in_allocator: bool
 
 
-def parse_device(spec: str, option: str = "DEVICE") -> tuple:
+def parse_device(spec: str) -> tuple:
     """``'cuda:1'`` -> ``('cuda', 1)``; ``'cpu'`` -> ``('cpu', None)``. Only the kinds of
     :data:`TARGET_KINDS`; anything else is a one-line :class:`MagicInputError`."""
     text = str(spec).strip().strip("'\"").lower()
     found = re.fullmatch(r"([a-z]+)(?::(\d+))?", text)
     if found is None or found.group(1) not in TARGET_KINDS or (found.group(1) == "cpu" and found.group(2)):
-        raise MagicInputError(f"{option} {spec!r} is not a device this can predict for; it takes cpu, cuda, "
+        raise MagicInputError(f"DEVICE {spec!r} is not a device this can predict for; it takes cpu, cuda, "
                               f"cuda:N, mps, xpu or xpu:N (a GPU you need not have)")
     return found.group(1), (int(found.group(2)) if found.group(2) is not None else None)
 
@@ -125,13 +125,13 @@ def _has_context(index: int) -> bool:
         return False
 
 
-def resolve_target(spec: str, option: str = "DEVICE") -> Target:
+def resolve_target(spec: str) -> Target:
     """The :class:`Target` for a device spec: fake tensors on the target itself where this torch can
     run autograd on them and doing so creates no CUDA context (this process already holds one on that
     GPU), else on cpu standing in (never fake ``cuda`` on a build without CUDA)."""
     import torch
 
-    kind, index = parse_device(spec, option)
+    kind, index = parse_device(spec)
     device = kind if index is None else f"{kind}:{index}"
     if kind == "cpu":
         return Target(device, kind, None, "cpu", True)

@@ -86,7 +86,9 @@ class AcceleratorReport(GPUInfoLayout, Reportable):
         here = "; ".join(f"{k} {v}" for k, v in self.machine[:2]) or ", ".join(named) or "no GPU found"
         return f"{use} | torch {self.torch_version} ({self.build}) | {here}"
 
-    def _tables(self) -> list:
+    def report(self) -> Report:
+        """The headline; why torch cannot use a GPU; the GPUs, their processes; the machine and
+        environment; the notes."""
         gpus = Table(["device", "name", "arch", "units", "capacity", "torch alloc / reserved / peak",
                       "driver used / total", "util", "temp", "power"], align="lllrrrrrrr", title="GPUs")
         for d in self.devices:
@@ -109,12 +111,8 @@ class AcceleratorReport(GPUInfoLayout, Reportable):
                                           for k, v in self.environment.items()]:
             machine.add(key, fmt_value(value))
         machine.add("this process's PID", self.pid)
-        return tables + [machine]
-
-    def report(self) -> Report:
-        """The headline; why torch cannot use a GPU; the GPUs, their processes; the machine and
-        environment; the notes."""
-        return self._layout(self._tables(), [f"! {w.message} ({w.fix})" for w in self.warnings] + self.notes)
+        notes = [f"! {w.message} ({w.fix})" for w in self.warnings] + self.notes
+        return self._layout(tables + [machine], notes)
 
 
 # ---- which report ------------------------------------------------------------------------------------

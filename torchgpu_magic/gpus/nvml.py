@@ -9,6 +9,7 @@ there and call :func:`reset`.
 from __future__ import annotations
 
 import atexit
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .library import Library
@@ -59,14 +60,14 @@ atexit.register(reset)
 # ---- queries ------------------------------------------------------------------------------------
 
 
+@dataclass
 class _Querier:
     """Runs queries against one GPU, collecting problems; stops asking once the GPU is lost."""
 
-    def __init__(self, module: Any, problems: list, not_supported: list) -> None:
-        self.module = module
-        self.problems = problems
-        self.not_supported = not_supported
-        self.lost = False
+    module: Any
+    problems: list
+    not_supported: list
+    lost: bool = False
 
     def __call__(self, what: str, fn_name: Any, *args: Any, convert: Optional[Callable] = None) -> Any:
         """``fn_name`` names a pynvml function, or is a callable taking (module, *args)."""
@@ -265,9 +266,7 @@ def clock_reader(nvml_index: int) -> Optional[tuple]:
     are asked once, so a read costs two NVML calls (``%%cudatime`` reads around every sample). The reasons
     come from ``nvmlDeviceGetCurrentClocksEventReasons``, or its older name (drivers before R535)."""
     module = _nvml()
-    if module is None:
-        return None
-    handle = _handle(module, nvml_index, [])
+    handle = None if module is None else _handle(module, nvml_index, [])
     if handle is None:
         return None
     q = _Querier(module, [], [])
@@ -291,14 +290,12 @@ def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
     """``(used, total)`` bytes of GPU ``nvml_index``, or of its MIG instance ``mig_uuid`` (NA each when
     unknown): the cheap call for samplers."""
     module = _nvml()
-    if module is None:
+    handle = None if module is None else _handle(module, nvml_index, [], mig_uuid)
+    if handle is None:
         return NA, NA
     try:
-        handle = _handle(module, nvml_index, [], mig_uuid)
-        info = memory_info(module, handle) if handle is not None else None
+        info = memory_info(module, handle)
     except Exception:  # noqa: BLE001 - a sampler wants a figure or NA, never an exception
-        info = None
-    if info is None:
         return NA, NA
     return int(info.used), int(info.total)
 

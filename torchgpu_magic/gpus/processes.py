@@ -51,13 +51,12 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
     return used, total, mine, others, tuple(problems)
 
 
-def foreign_pids(procs: Sequence[Any], pid: Optional[int] = None) -> bool:
+def foreign_pids(procs: Sequence[Any], pid: int) -> bool:
     """Whether NVML's process list ``procs`` names processes of another PID namespace: this process
-    (``pid``, default this one's) is not in it and some PID in it does not exist here. That is a container
+    (``pid``) is not in it and some PID in it does not exist here. That is a container
     started without ``--pid=host``: NVML lists the host's PIDs, so this process is not found by its own
     PID and nobody in the list can be told apart from it. The one check every report that reads NVML's
     process list makes before it names "other processes" or "this process"."""
-    pid = os.getpid() if pid is None else pid
     return (bool(procs) and not any(proc.pid == pid for proc in procs)
             and not all(_pid_exists(proc.pid) for proc in procs))
 

@@ -335,22 +335,14 @@ def build_report(index: Optional[int] = None, show_processes: bool = True,
 
 def _entries(view: TorchView, mapping: list, count: int) -> list:
     """One entry per NVML GPU (with torch's index where torch sees it), then torch GPUs NVML lacks."""
-    by_nvml: dict = {}
-    unmatched = []
-    for m in mapping:
-        if m.nvml_index is None or m.nvml_index in by_nvml:
-            unmatched.append(m)
-        else:
-            by_nvml[m.nvml_index] = m
     devices = {d.index: d for d in view.devices}
-    entries = []
-    for i in range(count):
-        m = by_nvml.get(i)
-        entries.append(GPUEntry(nvml_index=i, torch_index=m.torch_index if m else None,
-                                torch=devices.get(m.torch_index) if m else None, mapping=m))
-    for m in unmatched:
-        entries.append(GPUEntry(nvml_index=None, torch_index=m.torch_index, torch=devices.get(m.torch_index),
-                                mapping=m))
+    entries = [GPUEntry(nvml_index=i, torch_index=None) for i in range(count)]
+    for m in mapping:  # the NVML indices matched are those of the ``count`` GPUs
+        entry = entries[m.nvml_index] if m.nvml_index is not None else None
+        if entry is None or entry.mapping is not None:  # unmatched, or a second torch GPU on one NVML GPU
+            entry = GPUEntry(nvml_index=None, torch_index=None)
+            entries.append(entry)
+        entry.torch_index, entry.torch, entry.mapping = m.torch_index, devices.get(m.torch_index), m
     entries.sort(key=lambda e: (e.torch_index is None, e.torch_index or 0, e.nvml_index or 0))
     return entries
 

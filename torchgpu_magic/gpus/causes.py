@@ -119,8 +119,7 @@ def _run_elsewhere(view: Any, place: Place) -> str:
     runtime, or a machine with a GPU."""
     accelerators = list(view.other_accelerators)
     if place.hosted is not None:
-        service = place.hosted
-        return f"for a GPU, {service.gpu}; {service.switching}"
+        return f"for a GPU, {place.hosted.gpu}; {place.hosted.switching}"
     if accelerators:
         first = accelerators[0]
         return (f"nothing to install: run on {' or '.join(repr(a) for a in accelerators)} here "

@@ -13,6 +13,7 @@ Used by %gpuinfo's report (:mod:`torchgpu_magic.gpus.inventory`) and by %gpumem 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import warnings
@@ -85,11 +86,9 @@ def torch_view() -> TorchView:
     view = TorchView(version=str(torch.__version__), cuda=torch.version.cuda,
                      hip=getattr(torch.version, "hip", None))
     if view.cuda or view.hip:
-        try:
+        with contextlib.suppress(Exception):  # a missing cuDNN library leaves it N/A
             version = torch.backends.cudnn.version()
             view.cudnn = NA if version is None else version
-        except Exception:  # noqa: BLE001 - a missing cuDNN library is reported as N/A
-            view.cudnn = NA
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             view.is_available = bool(torch.cuda.is_available())
@@ -299,8 +298,6 @@ def nvml_target(index: int) -> Optional[tuple]:
 
 
 def _mig_at(gpu: Any, slot: Optional[int]) -> Any:
-    if slot is None:
-        return None
     return next((m for m in gpu.mig_devices if m.index == slot), None)
 
 

@@ -118,10 +118,8 @@ class GPUReport(GPUInfoLayout, Reportable):
             nvml_part = (f"{count} NVIDIA GPU{'s' if count != 1 else ''}, driver {env['driver_version']} "
                          f"(CUDA {env['cuda_driver_version']})")
         n_torch = len(self.torch.devices)
-        if self.torch_can_use_gpu:
-            use = f"torch can use {n_torch} GPU{'s' if n_torch != 1 else ''}"
-        else:
-            use = "torch cannot use a GPU"
+        use = (f"torch can use {n_torch} GPU{'s' if n_torch != 1 else ''}" if self.torch_can_use_gpu
+               else "torch cannot use a GPU")
         return f"{use} | {torch_part} | {nvml_part}"
 
     def _environment_table(self) -> Table:
@@ -215,9 +213,7 @@ class GPUReport(GPUInfoLayout, Reportable):
             notes.append("CUDA is not initialised in this process: torch's GPUs are named from NVML in "
                          "CUDA_VISIBLE_DEVICES order, and torch holds no GPU memory yet (asking torch would "
                          "initialise CUDA).")
-        for text in self.torch.warnings:
-            notes.append(f"torch warned: {text}")
-        return notes
+        return notes + [f"torch warned: {text}" for text in self.torch.warnings]
 
     def _hint(self, problem: Any) -> str:
         """NVML's hint, in the words for where this runs: the permission hint names containers only in one."""

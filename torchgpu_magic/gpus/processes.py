@@ -37,18 +37,14 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
     if foreign_pids(procs, pid):
         problems.append(foreign_note(procs))
         return used, total, None, None, tuple(problems)
-    mine = by_pid.pop(pid, None)
+    mine = by_pid.pop(pid, 0)
     if unmeasured:
         problems.append(f"NVML lists {len(unmeasured)} process{'es' if len(unmeasured) != 1 else ''} here "
                         "without their memory (MIG mode gives none to a user without privileges): "
                         + ("this process's share and " if pid in unmeasured else "")
                         + "what other processes hold are N/A")
-    if pid in unmeasured:
-        mine = None
-    elif mine is None:
-        mine = 0
     others = None if unmeasured - {pid} else sum(by_pid.values())
-    return used, total, mine, others, tuple(problems)
+    return used, total, None if pid in unmeasured else mine, others, tuple(problems)
 
 
 def foreign_pids(procs: Sequence[Any], pid: int) -> bool:

@@ -151,7 +151,7 @@ def build_report(index: Optional[int] = None, show_processes: bool = True) -> Ac
     kind = accelerators.current_kind()
     version = str(torch.__version__)
     if kind == "mps" or (kind is None and sys.platform == "darwin"):
-        report = _mac(version, kind == "mps")
+        report = _mac(version, torch, kind == "mps")
     elif kind in (None, "cuda"):
         report = _amd(version, torch)
     else:
@@ -172,16 +172,12 @@ def _torch_figures(row: DeviceRow, kind: str, index: int) -> None:
                                              for v in accelerators.torch_figures(index, kind))
 
 
-def _mac(version: str, usable: bool) -> AcceleratorReport:
-    import torch
-
+def _mac(version: str, torch: Any, usable: bool) -> AcceleratorReport:
     mps = torch.backends.mps
     mac = apple.mac_facts(torch_has_mps=mps.is_built())
-    rows = []
-    if mac is not None:
-        rows = [("chip", mac.chip or NA), ("unified memory", fmt_bytes(mac.memory)),
-                ("macOS", mac.macos or NA),
-                ("Rosetta (x86_64 on Apple silicon)", "yes" if mac.translated else "no")]
+    rows = [] if mac is None else [
+        ("chip", mac.chip or NA), ("unified memory", fmt_bytes(mac.memory)), ("macOS", mac.macos or NA),
+        ("Rosetta (x86_64 on Apple silicon)", "yes" if mac.translated else "no")]
     devices, notes = [], []
     if usable:
         facts = accelerators.facts("mps")

@@ -174,7 +174,7 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
     snap.compute_capability = q("compute capability", "nvmlDeviceGetCudaComputeCapability", handle,
                                 convert=lambda cc: f"{cc[0]}.{cc[1]}")
     if identity_only:
-        _mig_state(module, q, handle, snap)
+        _mig_state(q, handle, snap)
         return snap
     mem = q("memory", memory_info, handle)
     if mem is not NA:
@@ -198,25 +198,25 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
     enabled = getattr(module, "NVML_FEATURE_ENABLED", 1)
     snap.persistence_mode = q("persistence mode", "nvmlDeviceGetPersistenceMode", handle,
                               convert=lambda v: v == enabled)
-    _mig_state(module, q, handle, snap)
+    _mig_state(q, handle, snap)
     return snap
 
 
-def _mig_state(module: Any, q: _Querier, handle: Any, snap: GPUSnapshot) -> None:
+def _mig_state(q: _Querier, handle: Any, snap: GPUSnapshot) -> None:
     mig = q("MIG mode", "nvmlDeviceGetMigMode", handle)
     if mig is not NA:
         snap.mig_mode, snap.mig_mode_pending = bool(mig[0]), bool(mig[1])
         if snap.mig_mode:
-            snap.mig_devices = _mig_devices(module, q, handle)
+            snap.mig_devices = _mig_devices(q, handle)
 
 
-def _mig_devices(module: Any, q: _Querier, handle: Any) -> list:
+def _mig_devices(q: _Querier, handle: Any) -> list:
     """The MIG instances that exist on a GPU in MIG mode (empty slots are skipped)."""
     slots = q("MIG device count", "nvmlDeviceGetMaxMigDeviceCount", handle)
     found = []
     for slot in range(slots if isinstance(slots, int) else 0):
         try:
-            mig_handle = module.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            mig_handle = q.module.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
         except Exception as exc:  # noqa: BLE001 - NotFound marks an empty slot
             if problem_from_error(exc).code == "gpu_lost":
                 q.lost = True
@@ -273,15 +273,13 @@ def clock_reader(nvml_index: int) -> Optional[tuple]:
     sm = getattr(module, "NVML_CLOCK_SM", 1)
     top = q("max SM clock", "nvmlDeviceGetMaxClockInfo", handle, sm)
     names = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
-    bits = [(getattr(module, f"nvmlClocksEventReason{name}", None), words) for name, words in _REASONS]
-
-    def words(mask: int) -> tuple:
-        return tuple(text for bit, text in bits if bit is not None and mask & bit)
+    # each reason's bit; a name this pynvml lacks gets bit 0, never set
+    bits = [(getattr(module, f"nvmlClocksEventReason{name}", 0), words) for name, words in _REASONS]
 
     def read() -> tuple:
         clock = q("SM clock", "nvmlDeviceGetClockInfo", handle, sm)
         mask = q("clock reasons", lambda m, h: _first_of(m, names, h), handle)
-        return clock, NA if mask is NA else words(int(mask))
+        return clock, NA if mask is NA else tuple(text for bit, text in bits if int(mask) & bit)
 
     return top, read
 

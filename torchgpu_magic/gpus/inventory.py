@@ -351,9 +351,8 @@ def _select(entries: list, index: Optional[int], by_torch: bool) -> None:
     keep = [e for e in entries if getattr(e, key) == index]
     if not keep:
         kind = "torch GPU index (cuda:N)" if by_torch else "GPU index"
-        if not valid:
-            raise MagicInputError(f"no {kind} {index}: there is no GPU here")
-        raise MagicInputError(f"no {kind} {index}; valid: {', '.join(map(str, valid))}")
+        raise MagicInputError(f"no {kind} {index}" + (
+            f"; valid: {', '.join(map(str, valid))}" if valid else ": there is no GPU here"))
     entries[:] = keep
 
 

@@ -9,6 +9,7 @@ there and call :func:`reset`.
 from __future__ import annotations
 
 import atexit
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -73,10 +74,8 @@ class _Querier:
         """``fn_name`` names a pynvml function, or is a callable taking (module, *args)."""
         if self.lost:
             return NA
-        if callable(fn_name):
-            fn = lambda *a: fn_name(self.module, *a)  # noqa: E731
-        else:
-            fn = getattr(self.module, fn_name, None)
+        fn = (functools.partial(fn_name, self.module) if callable(fn_name)
+              else getattr(self.module, fn_name, None))
         if fn is None:
             self._note(what, NVMLProblem("function_not_found", f"{what}: pynvml has no {fn_name}",
                                          HINTS["function_not_found"]))

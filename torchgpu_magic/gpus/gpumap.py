@@ -121,7 +121,7 @@ def named_by_nvml(count: int) -> Optional[list]:
     if os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") != "PCI_BUS_ID" and \
             len({(gpu.name, gpu.compute_capability) for gpu, _ in chosen}) > 1:
         return None
-    return [TorchDevice(position, name=mig.name if mig else gpu.name, capability=gpu.compute_capability,
+    return [TorchDevice(position, name=(mig or gpu).name, capability=gpu.compute_capability,
                         total_memory=nvml.memory(gpu.index, mig.uuid if mig else None)[1],
                         allocated=0, reserved=0, peak=0)
             for position, (gpu, mig) in enumerate(chosen)]
@@ -280,8 +280,8 @@ def gpu_map(view: Optional[TorchView] = None, gpus: Optional[list] = None) -> li
         if mapping is None and positional:
             index, slot = visible[dev.index]
             mig = _mig_at(gpus[index], slot)
-            mapping = GPUMapping(dev.index, index, mig.uuid if mig else gpus[index].uuid,
-                                 mig.name if mig else gpus[index].name, "CUDA_VISIBLE_DEVICES",
+            named = mig or gpus[index]  # the MIG instance torch sees, else the whole GPU
+            mapping = GPUMapping(dev.index, index, named.uuid, named.name, "CUDA_VISIBLE_DEVICES",
                                  mig.uuid if mig else None)
         if mapping is None:
             mapping = GPUMapping(dev.index, None, dev.uuid, dev.name)

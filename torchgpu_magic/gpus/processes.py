@@ -21,12 +21,10 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
     problems = []
     used, total = nvml.memory(nvml_index, mig_uuid)  # neither raises: NA figures, a problem returned
     procs, problem = nvml.processes(nvml_index, mig_uuid)
-    if problem is not None:
-        if not procs:  # no list at all: this process's share and the others' are unknown
-            problems.append(problem_text(problem))
-            return used, total, None, None, tuple(problems)
-        if problem.code != "not_supported":  # one of two lists failed
-            problems.append(problem_text(problem))
+    if problem is not None and (not procs or problem.code != "not_supported"):  # none, or one of two lists
+        problems.append(problem_text(problem))
+    if problem is not None and not procs:  # no list at all: this process's share and the others' are unknown
+        return used, total, None, None, tuple(problems)
     by_pid: dict = {}
     unmeasured = set()  # listed without a figure: MIG mode gives none to a user without privileges
     for proc in procs:  # one process may appear as compute and graphics: count it once

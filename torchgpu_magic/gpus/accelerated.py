@@ -96,8 +96,7 @@ class AcceleratorReport(GPUInfoLayout, Reportable):
                 f"{fmt_bytes(d.allocated)} / {fmt_bytes(d.reserved)} / {fmt_bytes(d.peak)}")
             gpus.add(d.label or "-", fmt_value(d.name), fmt_value(d.arch), fmt_value(d.units),
                      fmt_bytes(d.capacity), torch_mem, f"{fmt_bytes(d.used)} / {fmt_bytes(d.total)}",
-                     "N/A" if is_na(d.utilization) else f"{d.utilization} %",
-                     "N/A" if is_na(d.temperature) else f"{d.temperature} C", fmt_value(d.power, "W"))
+                     fmt_value(d.utilization, "%"), fmt_value(d.temperature, "C"), fmt_value(d.power, "W"))
         tables = [gpus] if self.devices else []
         procs = Table(["device", "pid", "name", "GPU memory", ""], align="lrlrl", title="Processes")
         for d in self.devices:

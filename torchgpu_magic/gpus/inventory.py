@@ -165,15 +165,13 @@ class GPUReport(GPUInfoLayout, Reportable):
             ident.add(cuda, nvml_index, fmt_value(name), fmt_value(uuid), fmt_value(cc), mem, torch_mem)
             if s is None:
                 continue
-            util = "N/A" if is_na(s.utilization_gpu) else f"{s.utilization_gpu} %"
-            temp = "N/A" if is_na(s.temperature) else f"{s.temperature} {degrees}"
             power = f"{fmt_value(s.power_draw, 'W')} / {fmt_value(s.power_limit, 'W')}"
             clocks = f"{fmt_value(s.clock_sm)} / {fmt_value(s.clock_memory)} MHz"
             pcie = "N/A" if is_na(s.pcie_generation) else f"gen{s.pcie_generation} x{fmt_value(s.pcie_width)}"
-            mig = fmt_value(s.mig_mode)
-            if s.mig_mode is True:
-                mig = f"on ({len(s.mig_devices)} instance{'s' if len(s.mig_devices) != 1 else ''})"
-            state.add(cuda, nvml_index, util, temp, power, clocks, pcie, fmt_value(s.persistence_mode), mig)
+            mig = (f"on ({len(s.mig_devices)} instance{'s' if len(s.mig_devices) != 1 else ''})"
+                   if s.mig_mode is True else fmt_value(s.mig_mode))
+            state.add(cuda, nvml_index, fmt_value(s.utilization_gpu, "%"), fmt_value(s.temperature, degrees),
+                      power, clocks, pcie, fmt_value(s.persistence_mode), mig)
         return ident, state
 
     def _process_table(self) -> Table:

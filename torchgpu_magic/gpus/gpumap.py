@@ -239,11 +239,9 @@ def _match_uuid(entry: str, gpus: list) -> Optional[tuple]:
         parents = [g for g in gpus if not is_na(g.uuid) and _bare(g.uuid).startswith(legacy.group(1))]
         if len(parents) != 1:
             return None
-        gi, ci = int(legacy.group(2)), int(legacy.group(3))
-        for mig in parents[0].mig_devices:
-            if mig.gpu_instance_id == gi and mig.compute_instance_id == ci:
-                return (parents[0].index, mig.index)
-        return None
+        ids = (int(legacy.group(2)), int(legacy.group(3)))  # its GPU instance and compute instance
+        return next(((parents[0].index, mig.index) for mig in parents[0].mig_devices
+                     if (mig.gpu_instance_id, mig.compute_instance_id) == ids), None)
     if not re.fullmatch(r"(gpu|mig)-[0-9a-f-]+", text):
         return None
     prefix = _bare(text)

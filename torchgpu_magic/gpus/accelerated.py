@@ -128,9 +128,7 @@ def applies() -> bool:
     if kind not in (None, "cuda") or accelerators.is_rocm() or sys.platform == "darwin":
         return True
     bus = machine.survey()
-    if _nvidia_gpus(bus):
-        return False
-    return bool(bus.amd_gpus or amdsmi.gpus())
+    return not _nvidia_gpus(bus) and bool(bus.amd_gpus or amdsmi.gpus())
 
 
 def gpu_report(index: Optional[int] = None, show_processes: bool = True) -> Any:

@@ -22,7 +22,9 @@ from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, torch_view
 from .hosting import Place
 from .machine import Machine
 from .nvml import NA
+from .processes import foreign_pids
 from .snapshots import HINTS
+
 
 # ---- the report ---------------------------------------------------------------------------------
 
@@ -365,10 +367,6 @@ def _slice_memory(snap: Any, mig_uuid: str) -> None:
 def _mark_host_pids(entries: list, pid: int) -> None:
     """Say 'host PIDs' where NVML's process lists name another PID namespace's processes (the one check,
     :func:`~.processes.foreign_pids`, over every GPU's list: this process on any GPU settles it)."""
-    from .processes import foreign_pids
-
-    if not foreign_pids([p for e in entries for p in e.processes], pid):
-        return
-    for entry in entries:
-        if foreign_pids(entry.processes, pid):
-            entry.host_pids = True
+    if foreign_pids([p for e in entries for p in e.processes], pid):
+        for entry in entries:
+            entry.host_pids = foreign_pids(entry.processes, pid)

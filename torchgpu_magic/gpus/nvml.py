@@ -316,10 +316,7 @@ def _first_of(module: Any, names: tuple, *args: Any) -> Any:
     """Call the first of the pynvml functions ``names`` that the driver has (a driver without a symbol
     answers FUNCTION_NOT_FOUND); raises the last such error when none has it, anything else at once."""
     error: Optional[BaseException] = None
-    for name in names:
-        fn = getattr(module, name, None)
-        if fn is None:
-            continue
+    for fn in (getattr(module, name) for name in names if hasattr(module, name)):
         try:
             return fn(*args)
         except Exception as exc:  # noqa: BLE001

@@ -25,7 +25,6 @@ from .nvml import NA
 from .processes import foreign_pids
 from .snapshots import HINTS
 
-
 # ---- the report ---------------------------------------------------------------------------------
 
 @dataclass

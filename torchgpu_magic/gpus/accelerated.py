@@ -86,7 +86,9 @@ class AcceleratorReport(GPUInfoLayout, Reportable):
         here = "; ".join(f"{k} {v}" for k, v in self.machine[:2]) or ", ".join(named) or "no GPU found"
         return f"{use} | torch {self.torch_version} ({self.build}) | {here}"
 
-    def _tables(self) -> list:
+    def report(self) -> Report:
+        """The headline; why torch cannot use a GPU; the GPUs, their processes; the machine and
+        environment; the notes."""
         gpus = Table(["device", "name", "arch", "units", "capacity", "torch alloc / reserved / peak",
                       "driver used / total", "util", "temp", "power"], align="lllrrrrrrr", title="GPUs")
         for d in self.devices:
@@ -94,8 +96,7 @@ class AcceleratorReport(GPUInfoLayout, Reportable):
                 f"{fmt_bytes(d.allocated)} / {fmt_bytes(d.reserved)} / {fmt_bytes(d.peak)}")
             gpus.add(d.label or "-", fmt_value(d.name), fmt_value(d.arch), fmt_value(d.units),
                      fmt_bytes(d.capacity), torch_mem, f"{fmt_bytes(d.used)} / {fmt_bytes(d.total)}",
-                     "N/A" if is_na(d.utilization) else f"{d.utilization} %",
-                     "N/A" if is_na(d.temperature) else f"{d.temperature} C", fmt_value(d.power, "W"))
+                     fmt_value(d.utilization, "%"), fmt_value(d.temperature, "C"), fmt_value(d.power, "W"))
         tables = [gpus] if self.devices else []
         procs = Table(["device", "pid", "name", "GPU memory", ""], align="lrlrl", title="Processes")
         for d in self.devices:
@@ -109,12 +110,8 @@ class AcceleratorReport(GPUInfoLayout, Reportable):
                                           for k, v in self.environment.items()]:
             machine.add(key, fmt_value(value))
         machine.add("this process's PID", self.pid)
-        return tables + [machine]
-
-    def report(self) -> Report:
-        """The headline; why torch cannot use a GPU; the GPUs, their processes; the machine and
-        environment; the notes."""
-        return self._layout(self._tables(), [f"! {w.message} ({w.fix})" for w in self.warnings] + self.notes)
+        notes = [f"! {w.message} ({w.fix})" for w in self.warnings] + self.notes
+        return self._layout(tables + [machine], notes)
 
 
 # ---- which report ------------------------------------------------------------------------------------
@@ -131,9 +128,7 @@ def applies() -> bool:
     if kind not in (None, "cuda") or accelerators.is_rocm() or sys.platform == "darwin":
         return True
     bus = machine.survey()
-    if _nvidia_gpus(bus):
-        return False
-    return bool(bus.amd_gpus or amdsmi.gpus())
+    return not _nvidia_gpus(bus) and bool(bus.amd_gpus or amdsmi.gpus())
 
 
 def gpu_report(index: Optional[int] = None, show_processes: bool = True) -> Any:
@@ -153,7 +148,7 @@ def build_report(index: Optional[int] = None, show_processes: bool = True) -> Ac
     kind = accelerators.current_kind()
     version = str(torch.__version__)
     if kind == "mps" or (kind is None and sys.platform == "darwin"):
-        report = _mac(version, kind == "mps")
+        report = _mac(version, torch, kind == "mps")
     elif kind in (None, "cuda"):
         report = _amd(version, torch)
     else:
@@ -174,16 +169,12 @@ def _torch_figures(row: DeviceRow, kind: str, index: int) -> None:
                                              for v in accelerators.torch_figures(index, kind))
 
 
-def _mac(version: str, usable: bool) -> AcceleratorReport:
-    import torch
-
+def _mac(version: str, torch: Any, usable: bool) -> AcceleratorReport:
     mps = torch.backends.mps
     mac = apple.mac_facts(torch_has_mps=mps.is_built())
-    rows = []
-    if mac is not None:
-        rows = [("chip", mac.chip or NA), ("unified memory", fmt_bytes(mac.memory)),
-                ("macOS", mac.macos or NA),
-                ("Rosetta (x86_64 on Apple silicon)", "yes" if mac.translated else "no")]
+    rows = [] if mac is None else [
+        ("chip", mac.chip or NA), ("unified memory", fmt_bytes(mac.memory)), ("macOS", mac.macos or NA),
+        ("Rosetta (x86_64 on Apple silicon)", "yes" if mac.translated else "no")]
     devices, notes = [], []
     if usable:
         facts = accelerators.facts("mps")

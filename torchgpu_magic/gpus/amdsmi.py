@@ -107,11 +107,11 @@ def _gpu(module: Any, index: int, handle: Any) -> AMDGPU:
         gpu.temperature = _number(ask("temperature", "amdsmi_get_temp_metric", kinds.HOTSPOT,
                                       metrics.CURRENT))
     gpu.driver = (ask("driver", "amdsmi_get_gpu_driver_info") or {}).get("driver_version", NA)
-    gpu.processes = _processes(module, handle, ask)
+    gpu.processes = _processes(ask)
     return gpu
 
 
-def _processes(module: Any, handle: Any, ask: Any) -> list:
+def _processes(ask: Any) -> list:
     """The processes on a GPU: ROCm 6.4's list of dicts, or an older list of handles each asked with
     ``amdsmi_get_gpu_process_info``."""
     listed = ask("process list", "amdsmi_get_gpu_process_list") or []

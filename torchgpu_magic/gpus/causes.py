@@ -119,8 +119,7 @@ def _run_elsewhere(view: Any, place: Place) -> str:
     runtime, or a machine with a GPU."""
     accelerators = list(view.other_accelerators)
     if place.hosted is not None:
-        service = place.hosted
-        return f"for a GPU, {service.gpu}; {service.switching}"
+        return f"for a GPU, {place.hosted.gpu}; {place.hosted.switching}"
     if accelerators:
         first = accelerators[0]
         return (f"nothing to install: run on {' or '.join(repr(a) for a in accelerators)} here "
@@ -157,6 +156,7 @@ def _driver_cause(problem: Any, gpus: list, machine: Machine, place: Place) -> O
     the_gpu = f"an NVIDIA GPU ({names})" if names else "an NVIDIA GPU"
     unsure = "; if not, nothing to install: everything runs on the CPU"
     install = driver_install(machine.distribution)
+    version = f" {machine.kernel_driver}" if machine.kernel_driver else ""  # the loaded kernel module's
     if machine.system == "Windows":
         if code != "library_not_found":
             return Diagnosis("no_driver", "the NVIDIA driver does not answer", problem.hint, True)
@@ -188,7 +188,6 @@ def _driver_cause(problem: Any, gpus: list, machine: Machine, place: Place) -> O
         loaded = machine.kernel_driver is not None or \
             any(g.driver == "nvidia" for g in machine.nvidia_gpus or ())
         if loaded:
-            version = f" {machine.kernel_driver}" if machine.kernel_driver else ""
             return Diagnosis(
                 "driver_not_in_container", f"the host has {the_gpu} and its NVIDIA driver{version} loaded, "
                 f"but this {box} was started without them (no libnvidia-ml.so.1 here)", fix, True)
@@ -216,7 +215,6 @@ def _driver_cause(problem: Any, gpus: list, machine: Machine, place: Place) -> O
         return Diagnosis("nouveau", f"this machine's NVIDIA GPU ({names}) runs on nouveau, the open-source "
                          "driver, which CUDA cannot use", install, True)
     if machine.kernel_driver is not None:
-        version = f" {machine.kernel_driver}" if machine.kernel_driver else ""
         return Diagnosis(
             "driver_libraries_missing", f"the NVIDIA kernel driver{version} is loaded, but its libraries "
             "(libnvidia-ml.so.1, libcuda.so.1) are missing or not on the loader's path",

@@ -13,6 +13,7 @@ Used by %gpuinfo's report (:mod:`torchgpu_magic.gpus.inventory`) and by %gpumem 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import warnings
@@ -85,11 +86,9 @@ def torch_view() -> TorchView:
     view = TorchView(version=str(torch.__version__), cuda=torch.version.cuda,
                      hip=getattr(torch.version, "hip", None))
     if view.cuda or view.hip:
-        try:
+        with contextlib.suppress(Exception):  # a missing cuDNN library leaves it N/A
             version = torch.backends.cudnn.version()
             view.cudnn = NA if version is None else version
-        except Exception:  # noqa: BLE001 - a missing cuDNN library is reported as N/A
-            view.cudnn = NA
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             view.is_available = bool(torch.cuda.is_available())
@@ -122,7 +121,7 @@ def named_by_nvml(count: int) -> Optional[list]:
     if os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") != "PCI_BUS_ID" and \
             len({(gpu.name, gpu.compute_capability) for gpu, _ in chosen}) > 1:
         return None
-    return [TorchDevice(position, name=mig.name if mig else gpu.name, capability=gpu.compute_capability,
+    return [TorchDevice(position, name=(mig or gpu).name, capability=gpu.compute_capability,
                         total_memory=nvml.memory(gpu.index, mig.uuid if mig else None)[1],
                         allocated=0, reserved=0, peak=0)
             for position, (gpu, mig) in enumerate(chosen)]
@@ -240,11 +239,9 @@ def _match_uuid(entry: str, gpus: list) -> Optional[tuple]:
         parents = [g for g in gpus if not is_na(g.uuid) and _bare(g.uuid).startswith(legacy.group(1))]
         if len(parents) != 1:
             return None
-        gi, ci = int(legacy.group(2)), int(legacy.group(3))
-        for mig in parents[0].mig_devices:
-            if mig.gpu_instance_id == gi and mig.compute_instance_id == ci:
-                return (parents[0].index, mig.index)
-        return None
+        ids = (int(legacy.group(2)), int(legacy.group(3)))  # its GPU instance and compute instance
+        return next(((parents[0].index, mig.index) for mig in parents[0].mig_devices
+                     if (mig.gpu_instance_id, mig.compute_instance_id) == ids), None)
     if not re.fullmatch(r"(gpu|mig)-[0-9a-f-]+", text):
         return None
     prefix = _bare(text)
@@ -281,8 +278,8 @@ def gpu_map(view: Optional[TorchView] = None, gpus: Optional[list] = None) -> li
         if mapping is None and positional:
             index, slot = visible[dev.index]
             mig = _mig_at(gpus[index], slot)
-            mapping = GPUMapping(dev.index, index, mig.uuid if mig else gpus[index].uuid,
-                                 mig.name if mig else gpus[index].name, "CUDA_VISIBLE_DEVICES",
+            named = mig or gpus[index]  # the MIG instance torch sees, else the whole GPU
+            mapping = GPUMapping(dev.index, index, named.uuid, named.name, "CUDA_VISIBLE_DEVICES",
                                  mig.uuid if mig else None)
         if mapping is None:
             mapping = GPUMapping(dev.index, None, dev.uuid, dev.name)
@@ -299,8 +296,6 @@ def nvml_target(index: int) -> Optional[tuple]:
 
 
 def _mig_at(gpu: Any, slot: Optional[int]) -> Any:
-    if slot is None:
-        return None
     return next((m for m in gpu.mig_devices if m.index == slot), None)
 
 

@@ -129,19 +129,16 @@ def _read(root: str, path: str) -> str:
 
 def hosted_service(environ: Mapping[str, str], modules: Mapping[str, object]) -> Optional[str]:
     """The :data:`SERVICES` key of the hosted notebook this kernel runs on, or None."""
-    if environ.get("COLAB_RELEASE_TAG") or "google.colab" in modules:
-        return "colab"
-    if environ.get("KAGGLE_KERNEL_RUN_TYPE"):
-        return "kaggle"
-    if environ.get("HOME", "").rstrip("/") == "/home/studio-lab-user":
-        return "studiolab"
-    if environ.get("PAPERSPACE_NOTEBOOK_REPO_ID"):
-        return "paperspace"
-    if environ.get("LIGHTNING_CLOUD_SPACE_ID") and environ.get("LIGHTNING_INTERACTIVE", "").lower() == "true":
-        return "lightning"
-    if environ.get("DATABRICKS_RUNTIME_VERSION"):
-        return "databricks"
-    return None
+    markers = {  # in this order: the first service whose marker is there
+        "colab": environ.get("COLAB_RELEASE_TAG") or "google.colab" in modules,
+        "kaggle": environ.get("KAGGLE_KERNEL_RUN_TYPE"),
+        "studiolab": environ.get("HOME", "").rstrip("/") == "/home/studio-lab-user",
+        "paperspace": environ.get("PAPERSPACE_NOTEBOOK_REPO_ID"),
+        "lightning": (environ.get("LIGHTNING_CLOUD_SPACE_ID")
+                      and environ.get("LIGHTNING_INTERACTIVE", "").lower() == "true"),
+        "databricks": environ.get("DATABRICKS_RUNTIME_VERSION"),
+    }
+    return next((service for service, seen in markers.items() if seen), None)
 
 
 # Words in /proc/1/cgroup or /proc/self/mountinfo that name a container runtime, most specific first.

@@ -22,6 +22,7 @@ from .gpumap import GPUMapping, TorchDevice, TorchView, gpu_map, torch_view
 from .hosting import Place
 from .machine import Machine
 from .nvml import NA
+from .processes import foreign_pids
 from .snapshots import HINTS
 
 # ---- the report ---------------------------------------------------------------------------------
@@ -118,10 +119,8 @@ class GPUReport(GPUInfoLayout, Reportable):
             nvml_part = (f"{count} NVIDIA GPU{'s' if count != 1 else ''}, driver {env['driver_version']} "
                          f"(CUDA {env['cuda_driver_version']})")
         n_torch = len(self.torch.devices)
-        if self.torch_can_use_gpu:
-            use = f"torch can use {n_torch} GPU{'s' if n_torch != 1 else ''}"
-        else:
-            use = "torch cannot use a GPU"
+        use = (f"torch can use {n_torch} GPU{'s' if n_torch != 1 else ''}" if self.torch_can_use_gpu
+               else "torch cannot use a GPU")
         return f"{use} | {torch_part} | {nvml_part}"
 
     def _environment_table(self) -> Table:
@@ -167,15 +166,13 @@ class GPUReport(GPUInfoLayout, Reportable):
             ident.add(cuda, nvml_index, fmt_value(name), fmt_value(uuid), fmt_value(cc), mem, torch_mem)
             if s is None:
                 continue
-            util = "N/A" if is_na(s.utilization_gpu) else f"{s.utilization_gpu} %"
-            temp = "N/A" if is_na(s.temperature) else f"{s.temperature} {degrees}"
             power = f"{fmt_value(s.power_draw, 'W')} / {fmt_value(s.power_limit, 'W')}"
             clocks = f"{fmt_value(s.clock_sm)} / {fmt_value(s.clock_memory)} MHz"
             pcie = "N/A" if is_na(s.pcie_generation) else f"gen{s.pcie_generation} x{fmt_value(s.pcie_width)}"
-            mig = fmt_value(s.mig_mode)
-            if s.mig_mode is True:
-                mig = f"on ({len(s.mig_devices)} instance{'s' if len(s.mig_devices) != 1 else ''})"
-            state.add(cuda, nvml_index, util, temp, power, clocks, pcie, fmt_value(s.persistence_mode), mig)
+            mig = (f"on ({len(s.mig_devices)} instance{'s' if len(s.mig_devices) != 1 else ''})"
+                   if s.mig_mode is True else fmt_value(s.mig_mode))
+            state.add(cuda, nvml_index, fmt_value(s.utilization_gpu, "%"), fmt_value(s.temperature, degrees),
+                      power, clocks, pcie, fmt_value(s.persistence_mode), mig)
         return ident, state
 
     def _process_table(self) -> Table:
@@ -215,9 +212,7 @@ class GPUReport(GPUInfoLayout, Reportable):
             notes.append("CUDA is not initialised in this process: torch's GPUs are named from NVML in "
                          "CUDA_VISIBLE_DEVICES order, and torch holds no GPU memory yet (asking torch would "
                          "initialise CUDA).")
-        for text in self.torch.warnings:
-            notes.append(f"torch warned: {text}")
-        return notes
+        return notes + [f"torch warned: {text}" for text in self.torch.warnings]
 
     def _hint(self, problem: Any) -> str:
         """NVML's hint, in the words for where this runs: the permission hint names containers only in one."""
@@ -351,22 +346,14 @@ def build_report(index: Optional[int] = None, show_processes: bool = True,
 
 def _entries(view: TorchView, mapping: list, count: int) -> list:
     """One entry per NVML GPU (with torch's index where torch sees it), then torch GPUs NVML lacks."""
-    by_nvml: dict = {}
-    unmatched = []
-    for m in mapping:
-        if m.nvml_index is None or m.nvml_index in by_nvml:
-            unmatched.append(m)
-        else:
-            by_nvml[m.nvml_index] = m
     devices = {d.index: d for d in view.devices}
-    entries = []
-    for i in range(count):
-        m = by_nvml.get(i)
-        entries.append(GPUEntry(nvml_index=i, torch_index=m.torch_index if m else None,
-                                torch=devices.get(m.torch_index) if m else None, mapping=m))
-    for m in unmatched:
-        entries.append(GPUEntry(nvml_index=None, torch_index=m.torch_index, torch=devices.get(m.torch_index),
-                                mapping=m))
+    entries = [GPUEntry(nvml_index=i, torch_index=None) for i in range(count)]
+    for m in mapping:  # the NVML indices matched are those of the ``count`` GPUs
+        entry = entries[m.nvml_index] if m.nvml_index is not None else None
+        if entry is None or entry.mapping is not None:  # unmatched, or a second torch GPU on one NVML GPU
+            entry = GPUEntry(nvml_index=None, torch_index=None)
+            entries.append(entry)
+        entry.torch_index, entry.torch, entry.mapping = m.torch_index, devices.get(m.torch_index), m
     entries.sort(key=lambda e: (e.torch_index is None, e.torch_index or 0, e.nvml_index or 0))
     return entries
 
@@ -379,9 +366,8 @@ def _select(entries: list, index: Optional[int], by_torch: bool) -> None:
     keep = [e for e in entries if getattr(e, key) == index]
     if not keep:
         kind = "torch GPU index (cuda:N)" if by_torch else "GPU index"
-        if not valid:
-            raise MagicInputError(f"no {kind} {index}: there is no GPU here")
-        raise MagicInputError(f"no {kind} {index}; valid: {', '.join(map(str, valid))}")
+        raise MagicInputError(f"no {kind} {index}" + (
+            f"; valid: {', '.join(map(str, valid))}" if valid else ": there is no GPU here"))
     entries[:] = keep
 
 
@@ -396,10 +382,6 @@ def _slice_memory(snap: Any, mig_uuid: str) -> None:
 def _mark_host_pids(entries: list, pid: int) -> None:
     """Say 'host PIDs' where NVML's process lists name another PID namespace's processes (the one check,
     :func:`~.processes.foreign_pids`, over every GPU's list: this process on any GPU settles it)."""
-    from .processes import foreign_pids
-
-    if not foreign_pids([p for e in entries for p in e.processes], pid):
-        return
-    for entry in entries:
-        if foreign_pids(entry.processes, pid):
-            entry.host_pids = True
+    if foreign_pids([p for e in entries for p in e.processes], pid):
+        for entry in entries:
+            entry.host_pids = foreign_pids(entry.processes, pid)

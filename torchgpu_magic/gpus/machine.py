@@ -116,9 +116,7 @@ class Machine:
             return False
         if self.wsl:
             return True if self.wsl_nvidia else None
-        if self.nvidia_gpus is None:
-            return None
-        return bool(self.nvidia_gpus)
+        return None if self.nvidia_gpus is None else bool(self.nvidia_gpus)
 
     def gpu_names(self) -> str:
         """'NVIDIA H100 80GB HBM3' or '2 x ...' or 'NVIDIA device 10de:2330, ...' for a report."""

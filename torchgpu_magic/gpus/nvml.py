@@ -9,6 +9,8 @@ there and call :func:`reset`.
 from __future__ import annotations
 
 import atexit
+import functools
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .library import Library
@@ -59,23 +61,21 @@ atexit.register(reset)
 # ---- queries ------------------------------------------------------------------------------------
 
 
+@dataclass
 class _Querier:
     """Runs queries against one GPU, collecting problems; stops asking once the GPU is lost."""
 
-    def __init__(self, module: Any, problems: list, not_supported: list) -> None:
-        self.module = module
-        self.problems = problems
-        self.not_supported = not_supported
-        self.lost = False
+    module: Any
+    problems: list
+    not_supported: list
+    lost: bool = False
 
     def __call__(self, what: str, fn_name: Any, *args: Any, convert: Optional[Callable] = None) -> Any:
         """``fn_name`` names a pynvml function, or is a callable taking (module, *args)."""
         if self.lost:
             return NA
-        if callable(fn_name):
-            fn = lambda *a: fn_name(self.module, *a)  # noqa: E731
-        else:
-            fn = getattr(self.module, fn_name, None)
+        fn = (functools.partial(fn_name, self.module) if callable(fn_name)
+              else getattr(self.module, fn_name, None))
         if fn is None:
             self._note(what, NVMLProblem("function_not_found", f"{what}: pynvml has no {fn_name}",
                                          HINTS["function_not_found"]))
@@ -173,7 +173,7 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
     snap.compute_capability = q("compute capability", "nvmlDeviceGetCudaComputeCapability", handle,
                                 convert=lambda cc: f"{cc[0]}.{cc[1]}")
     if identity_only:
-        _mig_state(module, q, handle, snap)
+        _mig_state(q, handle, snap)
         return snap
     mem = q("memory", memory_info, handle)
     if mem is not NA:
@@ -197,25 +197,25 @@ def gpu_snapshot(nvml_index: int, identity_only: bool = False) -> GPUSnapshot:
     enabled = getattr(module, "NVML_FEATURE_ENABLED", 1)
     snap.persistence_mode = q("persistence mode", "nvmlDeviceGetPersistenceMode", handle,
                               convert=lambda v: v == enabled)
-    _mig_state(module, q, handle, snap)
+    _mig_state(q, handle, snap)
     return snap
 
 
-def _mig_state(module: Any, q: _Querier, handle: Any, snap: GPUSnapshot) -> None:
+def _mig_state(q: _Querier, handle: Any, snap: GPUSnapshot) -> None:
     mig = q("MIG mode", "nvmlDeviceGetMigMode", handle)
     if mig is not NA:
         snap.mig_mode, snap.mig_mode_pending = bool(mig[0]), bool(mig[1])
         if snap.mig_mode:
-            snap.mig_devices = _mig_devices(module, q, handle)
+            snap.mig_devices = _mig_devices(q, handle)
 
 
-def _mig_devices(module: Any, q: _Querier, handle: Any) -> list:
+def _mig_devices(q: _Querier, handle: Any) -> list:
     """The MIG instances that exist on a GPU in MIG mode (empty slots are skipped)."""
     slots = q("MIG device count", "nvmlDeviceGetMaxMigDeviceCount", handle)
     found = []
     for slot in range(slots if isinstance(slots, int) else 0):
         try:
-            mig_handle = module.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            mig_handle = q.module.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
         except Exception as exc:  # noqa: BLE001 - NotFound marks an empty slot
             if problem_from_error(exc).code == "gpu_lost":
                 q.lost = True
@@ -265,24 +265,20 @@ def clock_reader(nvml_index: int) -> Optional[tuple]:
     are asked once, so a read costs two NVML calls (``%%cudatime`` reads around every sample). The reasons
     come from ``nvmlDeviceGetCurrentClocksEventReasons``, or its older name (drivers before R535)."""
     module = _nvml()
-    if module is None:
-        return None
-    handle = _handle(module, nvml_index, [])
+    handle = None if module is None else _handle(module, nvml_index, [])
     if handle is None:
         return None
     q = _Querier(module, [], [])
     sm = getattr(module, "NVML_CLOCK_SM", 1)
     top = q("max SM clock", "nvmlDeviceGetMaxClockInfo", handle, sm)
     names = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
-    bits = [(getattr(module, f"nvmlClocksEventReason{name}", None), words) for name, words in _REASONS]
-
-    def words(mask: int) -> tuple:
-        return tuple(text for bit, text in bits if bit is not None and mask & bit)
+    # each reason's bit; a name this pynvml lacks gets bit 0, never set
+    bits = [(getattr(module, f"nvmlClocksEventReason{name}", 0), words) for name, words in _REASONS]
 
     def read() -> tuple:
         clock = q("SM clock", "nvmlDeviceGetClockInfo", handle, sm)
         mask = q("clock reasons", lambda m, h: _first_of(m, names, h), handle)
-        return clock, NA if mask is NA else words(int(mask))
+        return clock, NA if mask is NA else tuple(text for bit, text in bits if int(mask) & bit)
 
     return top, read
 
@@ -291,14 +287,12 @@ def memory(nvml_index: int, mig_uuid: Any = None) -> tuple:
     """``(used, total)`` bytes of GPU ``nvml_index``, or of its MIG instance ``mig_uuid`` (NA each when
     unknown): the cheap call for samplers."""
     module = _nvml()
-    if module is None:
+    handle = None if module is None else _handle(module, nvml_index, [], mig_uuid)
+    if handle is None:
         return NA, NA
     try:
-        handle = _handle(module, nvml_index, [], mig_uuid)
-        info = memory_info(module, handle) if handle is not None else None
+        info = memory_info(module, handle)
     except Exception:  # noqa: BLE001 - a sampler wants a figure or NA, never an exception
-        info = None
-    if info is None:
         return NA, NA
     return int(info.used), int(info.total)
 
@@ -322,10 +316,7 @@ def _first_of(module: Any, names: tuple, *args: Any) -> Any:
     """Call the first of the pynvml functions ``names`` that the driver has (a driver without a symbol
     answers FUNCTION_NOT_FOUND); raises the last such error when none has it, anything else at once."""
     error: Optional[BaseException] = None
-    for name in names:
-        fn = getattr(module, name, None)
-        if fn is None:
-            continue
+    for fn in (getattr(module, name) for name in names if hasattr(module, name)):
         try:
             return fn(*args)
         except Exception as exc:  # noqa: BLE001

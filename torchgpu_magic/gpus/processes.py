@@ -21,12 +21,10 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
     problems = []
     used, total = nvml.memory(nvml_index, mig_uuid)  # neither raises: NA figures, a problem returned
     procs, problem = nvml.processes(nvml_index, mig_uuid)
-    if problem is not None:
-        if not procs:  # no list at all: this process's share and the others' are unknown
-            problems.append(problem_text(problem))
-            return used, total, None, None, tuple(problems)
-        if problem.code != "not_supported":  # one of two lists failed
-            problems.append(problem_text(problem))
+    if problem is not None and (not procs or problem.code != "not_supported"):  # none, or one of two lists
+        problems.append(problem_text(problem))
+    if problem is not None and not procs:  # no list at all: this process's share and the others' are unknown
+        return used, total, None, None, tuple(problems)
     by_pid: dict = {}
     unmeasured = set()  # listed without a figure: MIG mode gives none to a user without privileges
     for proc in procs:  # one process may appear as compute and graphics: count it once
@@ -37,27 +35,22 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
     if foreign_pids(procs, pid):
         problems.append(foreign_note(procs))
         return used, total, None, None, tuple(problems)
-    mine = by_pid.pop(pid, None)
+    mine = by_pid.pop(pid, 0)
     if unmeasured:
         problems.append(f"NVML lists {len(unmeasured)} process{'es' if len(unmeasured) != 1 else ''} here "
                         "without their memory (MIG mode gives none to a user without privileges): "
                         + ("this process's share and " if pid in unmeasured else "")
                         + "what other processes hold are N/A")
-    if pid in unmeasured:
-        mine = None
-    elif mine is None:
-        mine = 0
     others = None if unmeasured - {pid} else sum(by_pid.values())
-    return used, total, mine, others, tuple(problems)
+    return used, total, None if pid in unmeasured else mine, others, tuple(problems)
 
 
-def foreign_pids(procs: Sequence[Any], pid: Optional[int] = None) -> bool:
+def foreign_pids(procs: Sequence[Any], pid: int) -> bool:
     """Whether NVML's process list ``procs`` names processes of another PID namespace: this process
-    (``pid``, default this one's) is not in it and some PID in it does not exist here. That is a container
+    (``pid``) is not in it and some PID in it does not exist here. That is a container
     started without ``--pid=host``: NVML lists the host's PIDs, so this process is not found by its own
     PID and nobody in the list can be told apart from it. The one check every report that reads NVML's
     process list makes before it names "other processes" or "this process"."""
-    pid = os.getpid() if pid is None else pid
     return (bool(procs) and not any(proc.pid == pid for proc in procs)
             and not all(_pid_exists(proc.pid) for proc in procs))
 

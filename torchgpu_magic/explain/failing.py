@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import linecache
 import re
+import traceback
 from typing import Any, Callable, NamedTuple, Optional
 
 _MAGIC_CALL = re.compile(r"\bget_ipython\(\)\.run_(?:cell|line)_magic\(")
@@ -62,12 +63,8 @@ class CellFrame(NamedTuple):
 def cell_frames(tb: Any, is_cell_file: Callable[[str], bool]) -> list:
     """(frame, line number) of each entry of ``tb`` whose file ``is_cell_file`` accepts, outermost first
     (the list holds the frames: its caller lets go of it when done)."""
-    frames = []
-    while tb is not None:
-        if is_cell_file(tb.tb_frame.f_code.co_filename):
-            frames.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
-    return frames
+    return [(frame, lineno) for frame, lineno in traceback.walk_tb(tb)
+            if is_cell_file(frame.f_code.co_filename)]
 
 
 def source_line(frame: Any, lineno: Optional[int]) -> str:

@@ -204,9 +204,7 @@ class Diagnosis(Reportable):
                 width = max(len(c.name) for c in group)
                 for c in group:
                     out.append(f"    {c.name.ljust(width)}  {'+'.join(c.devices) or '-':<10}  {c.summary}")
-        for fix in self.fixes:
-            out.append("Fix: " + fix)
-        return out
+        return out + ["Fix: " + fix for fix in self.fixes]
 
     def report(self) -> Report:
         """The lines, preformatted in HTML: the culprits' columns keep their alignment."""

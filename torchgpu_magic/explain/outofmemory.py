@@ -135,14 +135,12 @@ def _freeing(holdings: Holdings, device: str, state: Any, facts: Any, source: st
         listed = ", ".join(f"pid {pid} {name}".strip() for pid, name, _ in state.others[:3])
         advice.append((others, f"other processes hold {fmt_bytes(others)} of {device} ({listed}): stop them, "
                                "or use another GPU"))
-    unknown = _unknown_processes(state)
-    if unknown:
-        advice.append(unknown)
+    advice.extend(_unknown_processes(state))
     advice.sort(key=lambda a: -(a[0] or 0))
     return advice
 
 
-def _unknown_processes(state: Any) -> Optional[tuple]:
+def _unknown_processes(state: Any) -> list:
     """In a container without ``--pid=host`` NVML lists the host's PIDs, this process among them under a
     number it cannot recognise: where it lists more than one, what other processes hold is at most the
     device's memory in use beyond torch's reserved memory here (that also holds this process's CUDA
@@ -150,7 +148,7 @@ def _unknown_processes(state: Any) -> Optional[tuple]:
     unmeasured = [pid for pid, _ in state.unmeasured]
     beyond = state.outside
     if (len(state.foreign) < 2 and not unmeasured) or (beyond or 0) <= 0:
-        return None
+        return []
     if len(state.foreign) >= 2:
         pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])
         why = (f"NVML lists {len(state.foreign)} under the host's PIDs ({pids}) and cannot tell which is "
@@ -160,9 +158,9 @@ def _unknown_processes(state: Any) -> Optional[tuple]:
         plural = "es" if len(unmeasured) != 1 else ""
         why = (f"NVML lists {len(unmeasured)} other process{plural} here ({pids}) without their memory (MIG "
                "mode gives none to a user without privileges)")
-    return (beyond, f"up to {fmt_bytes(beyond)} of {state.device} is held outside torch here, by this "
-                    f"process's CUDA context and other processes: {why}. If another job holds the GPU, use "
-                    "another GPU or wait for it")
+    return [(beyond, f"up to {fmt_bytes(beyond)} of {state.device} is held outside torch here, by this "
+                     f"process's CUDA context and other processes: {why}. If another job holds the GPU, use "
+                     "another GPU or wait for it")]
 
 
 def _graph_advice(holdings: Holdings, device: str, source: str) -> list:

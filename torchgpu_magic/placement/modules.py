@@ -256,8 +256,7 @@ def optimizer_report(name: str, optimizer: Any) -> OptimizerReport:
     flags = []
     if not optimizer.state:
         flags.append("No state yet: it is created on the parameters' devices by the first step().")
-    for _, device, size, why in acc.kept_off:
-        flags.append(f"Step counters: {fmt_bytes(size)} on {device}, {why}.")
+    flags += [f"Step counters: {fmt_bytes(size)} on {where}, {why}." for _, where, size, why in acc.kept_off]
     if acc.misplaced:
         flags.append(
             f"{len(acc.misplaced)} state tensor(s) are not on their parameter's device (the model was moved "

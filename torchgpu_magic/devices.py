@@ -195,12 +195,9 @@ def parse_dtype(name: str) -> Any:
     return getattr(torch, text)
 
 
-def synchronize(device: Any) -> None:
-    """Wait for the work queued on ``device`` (no-op on cpu and meta, whose work is already done): the
-    device layer's synchronize (torch.accelerator's where torch has it)."""
-    import torch
-
-    accelerators.synchronize(torch.device(device))
+synchronize = accelerators.synchronize
+"""Wait for the work queued on a device (no-op on cpu and meta, whose work is already done): the device
+layer's synchronize (torch.accelerator's where torch has it)."""
 
 
 # ---- switching and restoring ---------------------------------------------------------------------

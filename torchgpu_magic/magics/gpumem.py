@@ -412,8 +412,7 @@ class GPUMemMagics(MagicsPart):
         log = self._cells
         if log is None:
             return
-        info = getattr(result, "info", None)
-        source = getattr(info, "raw_cell", "") or ""
+        source = getattr(getattr(result, "info", None), "raw_cell", "") or ""
         record = log.finish(getattr(result, "execution_count", None), source)
         self._retarget()
         if record is None:

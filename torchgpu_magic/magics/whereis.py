@@ -168,15 +168,13 @@ class WhereIsMagics(MagicsPart):
         saved = []
         for mime in ("text/plain", "text/html"):
             fmt = formatters[mime]
+            wrap = _plain_printer if mime == "text/plain" else _html_printer
             for cls in (torch.Tensor, torch.nn.Module):
-                key = (cls.__module__, cls.__name__)
-                deferred = fmt.deferred_printers.pop(key, None)
+                deferred = fmt.deferred_printers.pop((cls.__module__, cls.__name__), None)
                 had = cls in fmt.type_printers
                 old = fmt.type_printers.get(cls)
                 saved.append((mime, cls, had, old, deferred))
-                previous = old if had else deferred
-                printer = _plain_printer(previous) if mime == "text/plain" else _html_printer(previous)
-                fmt.type_printers[cls] = printer
+                fmt.type_printers[cls] = wrap(old if had else deferred)
         self._saved_printers = saved
         self.add_closer(self._close)
 

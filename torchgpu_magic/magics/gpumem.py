@@ -318,9 +318,7 @@ class GPUMemMagics(MagicsPart):
         sampler = ClusterSampler(bridge, interval or 1.0)
         first = sampler.tick(DEFAULT_TIMEOUT)  # the engines' first call imports torch and this package
         if self._wants_text(args.text, args.widget):
-            if not args.output:
-                display(first)
-            return first if args.output else None
+            return show(first, args.output)
         from ..gpumem import panel
 
         view = panel.ClusterPanel(first._repr_html_())

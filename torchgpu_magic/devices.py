@@ -162,12 +162,8 @@ def local_device() -> tuple:
     count, kind = _cuda_count(), "cuda"
     if not count:
         count, kind = _xpu_count(), "xpu"
-    for name in LOCAL_RANK_VARS + (ORDER_VAR,):
-        value = os.environ.get(name, "").strip()
-        if value:
-            break
-    else:
-        name = value = ""
+    name = next((name for name in LOCAL_RANK_VARS + (ORDER_VAR,) if os.environ.get(name, "").strip()), "")
+    value = os.environ.get(name, "").strip()
     if value and not value.isdigit():
         raise MagicInputError(f"local: {name}={shown(value)!r} is not a rank (a whole number >= 0)")
     if not count:

@@ -281,8 +281,7 @@ class Tracebacks:
 
         if not isinstance(value, Exception) or issubclass(etype, (SyntaxError, UsageError)):
             return None, False
-        shell = self.shell
-        itb = shell.InteractiveTB
+        itb = self.shell.InteractiveTB
         offset = itb.tb_offset if tb_offset is None else tb_offset
         for _ in range(offset or 0):
             tb = tb.tb_next if tb is not None else None

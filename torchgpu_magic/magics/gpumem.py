@@ -183,10 +183,8 @@ class GPUMemMagics(MagicsPart):
         """A copy of the per-cell records of the running (or last) ``%gpumem``; empty before one ran."""
         from ..gpumem.records import CellRecords
 
-        log = self._cells
-        if log is not None:
-            return log.records.copy()
-        return self._records.copy() if self._records is not None else CellRecords()
+        records = self._cells.records if self._cells is not None else self._records
+        return records.copy() if records is not None else CellRecords()
 
     # ---- text mode --------------------------------------------------------------------------------
     def _start_text(self, interval: Optional[float]) -> None:

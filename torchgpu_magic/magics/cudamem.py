@@ -116,8 +116,7 @@ class CUDAMemMagics(MagicsPart):
         if text is None:
             return None
         names = [n.strip() for n in text.split(",")]
-        bad = [n for n in names if not n.isidentifier()]
-        if bad or not names:
+        if not all(n.isidentifier() for n in names):
             raise UsageError(f"%cudamem: --fit takes names of tensors separated by commas (e.g. --fit x or "
                              f"--fit input_ids,labels); got {text!r}")
         return names

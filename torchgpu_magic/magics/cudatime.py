@@ -97,9 +97,8 @@ class CUDATimeMagics(MagicsPart):
                    if args.devices is not None else [timing.timing_device()])
         for device in targets:
             timing.check_device(device, args.flush_l2)
-        threads = [None]
-        if args.threads is not None:
-            threads = [self._thread_count(text) for text in self._items(args.threads, "--threads")]
+        threads = ([self._thread_count(text) for text in self._items(args.threads, "--threads")]
+                   if args.threads is not None else [None])
         compiled = self._compile(setup, body, cell is not None)
         rows = []
         try:

@@ -387,9 +387,8 @@ def empty_cache(kind: Optional[str] = None) -> bool:
     """Give torch's cached memory on ``kind`` (default: every initialised accelerator) back to the driver;
     False (and nothing done) when none is initialised."""
     kinds = initialised_kinds() if kind is None else [kind] if initialised(kind) is not None else []
+    generic = getattr(getattr(_torch(), "accelerator", None), "empty_cache", None)
     for each in kinds:
-        torch = _torch()
-        generic = getattr(getattr(torch, "accelerator", None), "empty_cache", None)
         try:
             if generic is None or each != current_kind():
                 raise AttributeError(each)

@@ -162,12 +162,8 @@ def local_device() -> tuple:
     count, kind = _cuda_count(), "cuda"
     if not count:
         count, kind = _xpu_count(), "xpu"
-    for name in LOCAL_RANK_VARS + (ORDER_VAR,):
-        value = os.environ.get(name, "").strip()
-        if value:
-            break
-    else:
-        name = value = ""
+    name = next((name for name in LOCAL_RANK_VARS + (ORDER_VAR,) if os.environ.get(name, "").strip()), "")
+    value = os.environ.get(name, "").strip()
     if value and not value.isdigit():
         raise MagicInputError(f"local: {name}={shown(value)!r} is not a rank (a whole number >= 0)")
     if not count:
@@ -195,12 +191,9 @@ def parse_dtype(name: str) -> Any:
     return getattr(torch, text)
 
 
-def synchronize(device: Any) -> None:
-    """Wait for the work queued on ``device`` (no-op on cpu and meta, whose work is already done): the
-    device layer's synchronize (torch.accelerator's where torch has it)."""
-    import torch
-
-    accelerators.synchronize(torch.device(device))
+synchronize = accelerators.synchronize
+"""Wait for the work queued on a device (no-op on cpu and meta, whose work is already done): the device
+layer's synchronize (torch.accelerator's where torch has it)."""
 
 
 # ---- switching and restoring ---------------------------------------------------------------------

@@ -185,9 +185,8 @@ class Table:
             + "</tr>"
             for row in self.rows
         )
-        caption = ""
-        if self.title:
-            caption = f'<caption style="text-align:left"><b>{html.escape(self.title)}</b></caption>'
+        caption = (f'<caption style="text-align:left"><b>{html.escape(self.title)}</b></caption>'
+                   if self.title else "")
         return (
             f'<table class="torchgpu-magic">{caption}<thead><tr>{head}</tr></thead>'
             f"<tbody>{body}</tbody></table>"

@@ -49,12 +49,9 @@ def cublas_workspace_sizes() -> frozenset:
     sizes = set()
     for name in ("_cuda_getCublasWorkspaceSize", "_cuda_getCublasLtWorkspaceSize"):
         getter = getattr(torch._C, name, None)
-        if getter is None:
-            continue
-        try:
-            sizes.add(int(getter()))
-        except (RuntimeError, TypeError, ValueError):
-            continue
+        if getter is not None:
+            with contextlib.suppress(RuntimeError, TypeError, ValueError):
+                sizes.add(int(getter()))
     return frozenset(size for size in sizes if size > 0)
 
 

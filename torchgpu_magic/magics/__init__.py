@@ -13,6 +13,7 @@ added.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Optional
 
 from .base import TorchGPUMagics
@@ -47,8 +48,6 @@ class FirstUse:
 
     def resolve(self) -> Any:
         """The real magic (its bound method), its class made and registered first if need be."""
-        import importlib
-
         cls = getattr(importlib.import_module(f"{__name__}.{self._module}"), self._class)
         return getattr(self.__self__.part(cls), self._name)
 

@@ -10,6 +10,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from .. import devices
+from ..errors import MagicInputError
 from .base import MagicsPart, parse_args, usage_errors
 from .shell import register_cell, show
 
@@ -114,8 +116,7 @@ class CUDAMemMagics(MagicsPart):
         if text is None:
             return None
         names = [n.strip() for n in text.split(",")]
-        bad = [n for n in names if not n.isidentifier()]
-        if bad or not names:
+        if not all(n.isidentifier() for n in names):
             raise UsageError(f"%cudamem: --fit takes names of tensors separated by commas (e.g. --fit x or "
                              f"--fit input_ids,labels); got {text!r}")
         return names
@@ -125,9 +126,6 @@ class CUDAMemMagics(MagicsPart):
         """DEVICE for a measured run: a device that exists here ('cuda' -> 'cuda:N', the current GPU),
         checked as every magic checks a device; for one absent here, the --predict that predicts for it
         (in the words --predict takes: 'cuda' for 'gpu')."""
-        from .. import devices
-        from ..errors import MagicInputError
-
         try:
             return str(devices.device_option(spec, DEVICES))
         except MagicInputError as exc:
@@ -144,9 +142,6 @@ class CUDAMemMagics(MagicsPart):
     def _predicted_device(spec: Optional[str]) -> str:
         """DEVICE for --predict / --fit (default cuda): any spelling of cpu, cuda, cuda:N, mps, xpu or
         xpu:N, checked as every magic checks a device, without needing one here."""
-        from .. import devices
-        from ..errors import MagicInputError
-
         try:
             return str(devices.device_option(spec or "cuda", DEVICES, exists=False))
         except MagicInputError as exc:

@@ -1,12 +1,18 @@
 """``%%cudatime``: time a cell, or one statement, correctly on a GPU."""
 from __future__ import annotations
 
+import ast
+import contextlib
+import re
 from typing import Any, Optional
 
+from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
 from IPython.core.magic import line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from .. import devices
+from ..errors import MagicInputError
 from .base import MagicsPart, parse_args, usage_errors
 from .shell import register_cell, show
 
@@ -91,9 +97,8 @@ class CUDATimeMagics(MagicsPart):
                    if args.devices is not None else [timing.timing_device()])
         for device in targets:
             timing.check_device(device, args.flush_l2)
-        threads = [None]
-        if args.threads is not None:
-            threads = [self._thread_count(text) for text in self._items(args.threads, "--threads")]
+        threads = ([self._thread_count(text) for text in self._items(args.threads, "--threads")]
+                   if args.threads is not None else [None])
         compiled = self._compile(setup, body, cell is not None)
         rows = []
         try:
@@ -140,8 +145,6 @@ class CUDATimeMagics(MagicsPart):
         """Split the magic's line into (options, statement): options are the leading tokens that look like
         options (with their values); the statement is the rest, verbatim (quotes and spacing kept, which
         ``parse_argstring`` would not do). ``--`` ends the options explicitly."""
-        import re
-
         actions = self.cudatime.parser._option_string_actions
         longs = [name for name in actions if name.startswith("--")]
         tokens = list(re.finditer(r"\S+", line))
@@ -170,8 +173,6 @@ class CUDATimeMagics(MagicsPart):
         """Whether the word after ``--cluster`` is its NAME rather than the setup statement's first word
         (``%%cudatime --cluster x = torch.ones(8)``): an identifier that holds a cluster object, or one
         followed by nothing or by an option."""
-        import re
-
         from ..cluster import kind_of
 
         word = tokens[index].group()
@@ -195,9 +196,6 @@ class CUDATimeMagics(MagicsPart):
         """One ``--devices`` item, checked by :func:`~torchgpu_magic.devices.device_option` (meta, which
         runs no kernels, is refused); with ``here`` False (``--cluster``: each engine resolves it on its
         own GPUs) only its spelling. A bad one is a UsageError naming the devices --devices takes."""
-        from .. import devices
-        from ..errors import MagicInputError
-
         try:
             return devices.device_option(spec, TIMED, here, {"meta": NOTHING_TO_TIME})
         except MagicInputError as exc:
@@ -214,8 +212,6 @@ class CUDATimeMagics(MagicsPart):
     def _compile(self, setup: str, body: str, is_cell: bool) -> Any:
         """Transform and compile once (as %timeit does), registering the source so tracebacks show the
         cell's lines: for the cell magic, line 1 is the setup (on the magic's line) and the body follows."""
-        import ast
-
         from .. import timing
 
         shell = self.shell
@@ -248,11 +244,9 @@ class CUDATimeMagics(MagicsPart):
                switch: bool, show_output: bool) -> Any:
         """One measurement: on ``device`` (switched to it when ``--devices`` named it) with ``threads``
         CPU threads (when ``--threads`` named them); torch's state is restored however it ends."""
-        import contextlib
-
         import torch
 
-        from .. import devices, timing
+        from .. import timing
 
         saved_threads = torch.get_num_threads()
         try:
@@ -268,10 +262,6 @@ class CUDATimeMagics(MagicsPart):
     def _silence(self) -> Any:
         """A context that discards what the cell prints or displays (every run after the first: a cell
         run a thousand times must not print a thousand times, nor keep the output in memory)."""
-        import contextlib
-
-        from IPython.core.displaypub import DisplayPublisher
-
         from .. import timing
 
         shell = self.shell

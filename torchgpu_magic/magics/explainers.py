@@ -186,9 +186,7 @@ class Tracebacks:
         self._previous: Any = None
 
     def install(self) -> None:
-        """Wrap the shell's ``showtraceback`` and hook :meth:`after_cell` (once)."""
-        if self._installed:
-            return
+        """Wrap the shell's ``showtraceback`` and hook :meth:`after_cell` (by ``load``, once per shell)."""
         shell = self.shell
         self._had_own = "showtraceback" in vars(shell)
         self._previous = shell.showtraceback
@@ -198,9 +196,7 @@ class Tracebacks:
 
     def uninstall(self) -> None:
         """Put the shell's ``showtraceback`` back as it was; when another extension wrapped it after us,
-        ours stays in its chain but only passes through."""
-        if not self._installed:
-            return
+        ours stays in its chain but only passes through. Run once, as the closer of :meth:`install`."""
         self._installed = False
         shell = self.shell
         shell.events.unregister("post_run_cell", self.after_cell)
@@ -285,8 +281,7 @@ class Tracebacks:
 
         if not isinstance(value, Exception) or issubclass(etype, (SyntaxError, UsageError)):
             return None, False
-        shell = self.shell
-        itb = shell.InteractiveTB
+        itb = self.shell.InteractiveTB
         offset = itb.tb_offset if tb_offset is None else tb_offset
         for _ in range(offset or 0):
             tb = tb.tb_next if tb is not None else None

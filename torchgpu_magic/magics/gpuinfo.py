@@ -1,11 +1,13 @@
 """``%gpuinfo``: what GPUs there are, what is using them, and whether torch can use them."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..errors import MagicInputError
 from .base import MagicsPart, parse_args, usage_errors
 from .shell import show
 
@@ -43,15 +45,12 @@ class GPUInfoMagics(MagicsPart):
 
             report = gpu_report(index=args.index, show_processes=not args.no_processes)
         if args.json:
-            import json
-
             print(json.dumps(report.to_dict(), indent=2))
         return show(report, args.return_report, quiet=args.json)
 
     def _cluster(self, args: Any) -> Any:
         """``--cluster``: the cluster-wide report (:func:`torchgpu_magic.cluster.gpu_report`)."""
         from .. import cluster
-        from ..errors import MagicInputError
 
         if args.index is not None:
             raise MagicInputError("-i does not go with --cluster: the cluster report shows every GPU")

@@ -8,7 +8,9 @@ from typing import Any, Optional
 
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import display
 
+from .. import devices, gpumem
 from ..errors import MagicInputError
 from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
 from .shell import ipython_tracebacks, release_outputs, release_traceback, show
@@ -95,8 +97,6 @@ class GPUMemMagics(MagicsPart):
 
         Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/gpumem.md
         """
-        from .. import gpumem
-
         args = parse_args(self.gpumem, line)
         if args.action is not None and args.action not in ACTIONS:
             raise MagicInputError(f"unknown action {args.action!r}: use 'stop', 'holders [DEVICE]', 'free', "
@@ -130,8 +130,6 @@ class GPUMemMagics(MagicsPart):
         text = self._wants_text(args.text, args.widget)
         if text and (args.refresh is not None or args.cells is not None):
             raise MagicInputError("--refresh and --cells are options of the panel, not of --text")
-        from IPython.display import display
-
         if text:
             self._start_text(interval)
         else:
@@ -152,7 +150,6 @@ class GPUMemMagics(MagicsPart):
             raise MagicInputError(f"'{args.action}' takes {takes}, not "
                                   + " ".join(w for w in options if w != "-o"))
         if args.action == "holders":
-            from .. import devices
             from ..holders.report import holders_report
 
             # DEVICE as torch names devices ('cuda' is the current GPU), checked as every magic checks one
@@ -186,18 +183,12 @@ class GPUMemMagics(MagicsPart):
         """A copy of the per-cell records of the running (or last) ``%gpumem``; empty before one ran."""
         from ..gpumem.records import CellRecords
 
-        log = self._cells
-        if log is not None:
-            return log.records.copy()
-        return self._records.copy() if self._records is not None else CellRecords()
+        records = self._cells.records if self._cells is not None else self._records
+        return records.copy() if records is not None else CellRecords()
 
     # ---- text mode --------------------------------------------------------------------------------
     def _start_text(self, interval: Optional[float]) -> None:
         """A snapshot now; a line after each cell from now on (the panel, if open, closes)."""
-        from IPython.display import display
-
-        from .. import gpumem
-
         if interval is not None:
             raise MagicInputError("--interval sets the panel's sampling: text mode samples per cell")
         self.add_closer(self._stop)
@@ -212,7 +203,6 @@ class GPUMemMagics(MagicsPart):
     # ---- the panel --------------------------------------------------------------------------------
     def _start_panel(self, interval: Optional[float], refresh: Optional[str], cells: Optional[str]) -> Any:
         """The running panel (made and started on first use) with the options applied."""
-        from .. import gpumem
         from ..gpumem import panel
 
         self.add_closer(self._stop)
@@ -259,7 +249,6 @@ class GPUMemMagics(MagicsPart):
         XPU, ROCm's AMD GPUs, a PrivateUse1 backend), torch's devices (gpumem.accelerator_targets).
         Called on the main thread only (at start, and after a cell that changed the accelerator's
         state): gpu_map asks torch under ``warnings.catch_warnings``, which is process-wide."""
-        from .. import gpumem
         from ..gpus import inventory
 
         self._targets_state = _watch_state()
@@ -306,8 +295,6 @@ class GPUMemMagics(MagicsPart):
         """``--cluster``: text mode prints one per-engine table; the panel is a widget the
         :class:`~torchgpu_magic.cluster.memory.ClusterSampler` thread updates, with each notebook cell's
         peaks per engine collected on its next tick (the notebook never waits for the engines)."""
-        from IPython.display import display
-
         from ..cluster import DEFAULT_TIMEOUT
         from ..cluster.memory import ClusterSampler
 
@@ -318,9 +305,7 @@ class GPUMemMagics(MagicsPart):
         sampler = ClusterSampler(bridge, interval or 1.0)
         first = sampler.tick(DEFAULT_TIMEOUT)  # the engines' first call imports torch and this package
         if self._wants_text(args.text, args.widget):
-            if not args.output:
-                display(first)
-            return first if args.output else None
+            return show(first, args.output)
         from ..gpumem import panel
 
         view = panel.ClusterPanel(first._repr_html_())
@@ -379,7 +364,6 @@ class GPUMemMagics(MagicsPart):
 
     def _hook_cells(self) -> None:
         """Start per-cell accounting: a fresh cell log, fed by the pre/post_run_cell events."""
-        from .. import gpumem
         from ..gpumem.growth import GrowthWatch
 
         self._cells = gpumem.CellLog(targets=self._panel.sampler.targets if self._panel else self._targets())
@@ -412,8 +396,7 @@ class GPUMemMagics(MagicsPart):
         log = self._cells
         if log is None:
             return
-        info = getattr(result, "info", None)
-        source = getattr(info, "raw_cell", "") or ""
+        source = getattr(getattr(result, "info", None), "raw_cell", "") or ""
         record = log.finish(getattr(result, "execution_count", None), source)
         self._retarget()
         if record is None:

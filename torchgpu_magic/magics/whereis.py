@@ -6,12 +6,16 @@ always on (:mod:`.explainers`).
 """
 from __future__ import annotations
 
+import html
 from typing import Any, Callable, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.lib.pretty import _repr_pprint
 
+from .. import devices, placement
+from ..errors import MagicInputError
 from .base import MagicsPart, TorchGPUMagics, parse_args, usage_errors
 from .shell import show
 
@@ -55,9 +59,6 @@ class WhereIsMagics(MagicsPart):
 
         Reference: https://github.com/torchgpu-magic/torchgpu-magic/blob/main/docs/whereis.md
         """
-        from .. import devices, placement
-        from ..errors import MagicInputError
-
         args = parse_args(self.whereis, line)
         if args.cluster is not None and (args.watch or args.repr_):
             raise UsageError("%whereis: --watch / --repr act on this kernel; they do not go with --cluster")
@@ -119,8 +120,6 @@ class WhereIsMagics(MagicsPart):
 
     def _watch(self, on: bool) -> None:
         """--watch on|off: hook :meth:`_watch_cell` after each cell (from a fresh snapshot), or unhook it."""
-        from .. import placement
-
         registered = self._watch_cell in self.shell.events.callbacks["post_run_cell"]
         if on:
             if self._snapshot_cache is None:
@@ -136,8 +135,6 @@ class WhereIsMagics(MagicsPart):
 
     def _watch_cell(self, result: Any = None) -> None:
         """post_run_cell: one line naming what the cell created or moved (nothing when nothing did)."""
-        from .. import placement
-
         before = self._snapshot or {}
         after = placement.namespace_snapshot(self.shell.user_ns, self._snapshot_cache)
         self._snapshot = after
@@ -168,24 +165,19 @@ class WhereIsMagics(MagicsPart):
         saved = []
         for mime in ("text/plain", "text/html"):
             fmt = formatters[mime]
+            wrap = _plain_printer if mime == "text/plain" else _html_printer
             for cls in (torch.Tensor, torch.nn.Module):
-                key = (cls.__module__, cls.__name__)
-                deferred = fmt.deferred_printers.pop(key, None)
+                deferred = fmt.deferred_printers.pop((cls.__module__, cls.__name__), None)
                 had = cls in fmt.type_printers
                 old = fmt.type_printers.get(cls)
                 saved.append((mime, cls, had, old, deferred))
-                previous = old if had else deferred
-                printer = _plain_printer(previous) if mime == "text/plain" else _html_printer(previous)
-                fmt.type_printers[cls] = printer
+                fmt.type_printers[cls] = wrap(old if had else deferred)
         self._saved_printers = saved
         self.add_closer(self._close)
 
 
 def _plain_printer(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:
     """A text/plain printer: the placement line, then what ``previous`` (or the plain repr) prints."""
-    from IPython.lib.pretty import _repr_pprint
-
-    from .. import placement
 
     def printer(obj: Any, p: Any, cycle: bool) -> None:
         p.text(placement.placement_line(obj))
@@ -198,9 +190,6 @@ def _plain_printer(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]
 
 def _html_printer(previous: Optional[Callable[..., Any]]) -> Callable[..., Any]:
     """A text/html printer: the placement line above ``previous``'s HTML, or above the escaped repr."""
-    import html
-
-    from .. import placement
 
     def printer(obj: Any) -> str:
         body = previous(obj) if previous is not None else None

@@ -16,8 +16,8 @@ from torchgpu_magic import torchapi
 def test_storage_identity_is_shared_by_views_and_differs_between_tensors():
     a = torch.zeros(8)
     view, other = a[2:], torch.zeros(8)
-    key = torchapi.storage_id(a.untyped_storage())
-    assert key == torchapi.STORAGE_ID(view.untyped_storage()) != torchapi.storage_id(other.untyped_storage())
+    key = torchapi.STORAGE_ID(a.untyped_storage())
+    assert key == torchapi.STORAGE_ID(view.untyped_storage()) != torchapi.STORAGE_ID(other.untyped_storage())
     assert isinstance(key, int)
 
 

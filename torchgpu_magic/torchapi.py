@@ -21,15 +21,10 @@ import types
 from typing import Any, Callable, Optional
 
 # The C pointer of an untyped storage: the identity of a block of memory (two tensors that share
-# memory share it), read as an attribute getter because accounting maps it over thousands of storages.
+# memory share it), an attribute getter because accounting maps it over thousands of storages.
 STORAGE_ID: Callable[[Any], int] = operator.attrgetter("_cdata")
 
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"  # the logger torch's fake tensors warn through
-
-
-def storage_id(storage: Any) -> int:
-    """The identity of ``storage`` (an untyped storage): equal for every tensor viewing the same memory."""
-    return storage._cdata
 
 
 def has_primary_context(index: int) -> bool:

@@ -18,7 +18,7 @@ import types
 from typing import Any, Mapping, Optional
 
 from ..errors import MagicInputError
-from ..torchapi import fake_tensor_class, storage_id, tensor_base_clone, torch_function_disabled
+from ..torchapi import STORAGE_ID, fake_tensor_class, tensor_base_clone, torch_function_disabled
 from .run import find_objects
 
 
@@ -116,7 +116,7 @@ class _Copier:
             shape = (self.resize[id(tensor)], *tensor.shape[1:])
             return torch.empty(shape, dtype=tensor.dtype, device=self.device)
         storage = tensor.untyped_storage()
-        key = storage_id(storage)
+        key = STORAGE_ID(storage)
         base = self.bases.get(key)
         if base is None:
             base = self.bases[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, device=self.device)

@@ -8,7 +8,7 @@ import operator
 from typing import Any, Optional
 
 from ..caches import cache, table
-from ..torchapi import STORAGE_ID, storage_id
+from ..torchapi import STORAGE_ID
 
 KIND_OF_TYPE = table()
 """type -> :func:`kind_of` its instances (a walk over 10,000 objects reads it at C speed)."""
@@ -74,7 +74,7 @@ def storage_key(tensor: Any) -> tuple:
     view's size."""
     try:
         storage = tensor.untyped_storage()
-        return storage_id(storage), int(storage.nbytes())
+        return STORAGE_ID(storage), int(storage.nbytes())
     except (RuntimeError, TypeError, NotImplementedError, AttributeError):
         return ("t", id(tensor)), tensor_nbytes(tensor)
 

@@ -48,6 +48,15 @@ def test_table_through_the_magic(ip):
     assert {r.name for r in report.rows} >= {"x", "a", "b", "model", "batch[0]", "batch[1]"}
 
 
+def test_an_object_of_an_unhashable_metaclass_is_passed_over(ip):
+    """A class whose metaclass defines __eq__ without __hash__ (some ORMs and config libraries) makes its
+    instances' type unhashable: the namespace walk, which caches per type, must pass it over, not fail."""
+    run(ip, SETUP + "class Meta(type):\n    __eq__ = lambda cls, other: cls is other\n    __hash__ = None\n"
+            "class Odd(metaclass=Meta):\n    pass\nodd = Odd()\n")
+    report = ip.run_line_magic("whereis", "-o")
+    assert {"x", "model"} <= {r.name for r in report.rows} and "odd" not in {r.name for r in report.rows}
+
+
 def test_out_cache_detected(ip):
     run(ip, "import torch\nkeep = torch.ones(3)")
     ip.run_cell("torch.zeros(256)")  # shown as the cell's result: only Out keeps it

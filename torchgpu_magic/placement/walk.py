@@ -94,7 +94,10 @@ class Walk:
             if name[:1] == "_" or name in IPYTHON_NAMES:
                 continue
             typ = type(obj)
-            kind = kinds[typ] if typ in kinds else kind_of(obj)
+            try:
+                kind = kinds[typ]
+            except (KeyError, TypeError):  # a type not seen yet, or an unhashable metaclass's instance
+                kind = kind_of(obj)
             if kind == "tensor":
                 yield name, obj, kind
             elif kind is not None:

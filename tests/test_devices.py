@@ -9,7 +9,7 @@ import pytest
 import simulated_legs
 import torch
 
-from torchgpu_magic import devices
+from torchgpu_magic import devices, torchapi
 from torchgpu_magic.errors import MagicInputError
 
 HAS_CUDA = torch.cuda.is_available()
@@ -26,9 +26,9 @@ def _mode_depth() -> int:
 @pytest.fixture(autouse=True)
 def _clean_torch_state():
     """Each test must leave torch's default device, dtype and mode stack as it found them."""
-    before = (devices._raw_default_device(), torch.get_default_dtype(), _mode_depth())
+    before = (torchapi.default_device_setting(), torch.get_default_dtype(), _mode_depth())
     yield
-    after = (devices._raw_default_device(), torch.get_default_dtype(), _mode_depth())
+    after = (torchapi.default_device_setting(), torch.get_default_dtype(), _mode_depth())
     assert after == before
 
 
@@ -175,7 +175,7 @@ BAD = ["gpu", "cpü", "cuda:7", "mps", "zzz", "cpu:1", "meta", "xpu:3"]
 
 def _state(ip) -> tuple:
     """What a refused magic must leave as it was: torch's default device and dtype, the namespace."""
-    return devices._raw_default_device(), torch.get_default_dtype(), dict(ip.user_ns)
+    return torchapi.default_device_setting(), torch.get_default_dtype(), dict(ip.user_ns)
 
 
 @pytest.mark.parametrize("line, prefix, takes, exists", OPTIONS, ids=[o[0].split("{")[0] for o in OPTIONS])
@@ -270,7 +270,7 @@ def test_use_device_restores_after_any_exception(exc):
             raise exc
     assert torch.ones(1).device.type == "cpu"
     assert torch.get_default_dtype() == torch.float32
-    assert devices._raw_default_device() is None
+    assert torchapi.default_device_setting() is None
 
 
 def test_use_device_nests_and_unwinds_in_order():
@@ -288,7 +288,7 @@ def test_use_device_nests_and_unwinds_in_order():
 def test_cpu_leaves_no_device_mode_behind():
     """cpu is torch's default anyway: no DeviceContext, so no per-call cost (pytorch #92701)."""
     with devices.use_device(torch.device("cpu")):
-        assert devices._raw_default_device() is None
+        assert torchapi.default_device_setting() is None
         assert _mode_depth() == 0
     with devices.use_device(torch.device("meta")):
         assert _mode_depth() == 1
@@ -299,7 +299,7 @@ def test_restores_a_default_someone_else_set_exactly():
     try:
         with devices.use_device(torch.device("cpu")):
             assert torch.ones(1).device.type == "cpu"
-        assert devices._raw_default_device() == torch.device("meta")
+        assert torchapi.default_device_setting() == torch.device("meta")
         assert torch.ones(1).device.type == "meta"
     finally:
         torch.set_default_device(None)
@@ -309,7 +309,7 @@ def test_restores_even_when_the_block_changes_the_default_itself():
     with devices.use_device(torch.device("meta")):
         torch.set_default_device("cpu")
         torch.set_default_dtype(torch.float64)
-    assert devices._raw_default_device() is None
+    assert torchapi.default_device_setting() is None
     assert torch.get_default_dtype() == torch.float32
 
 

@@ -17,14 +17,15 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from torchgpu_magic import devices
+from torchgpu_magic import devices, torchapi
 
 HAS_CUDA = torch.cuda.is_available()
 no_cuda = pytest.mark.skipif(HAS_CUDA, reason="torch sees a CUDA GPU here")
 
 
 def _state():
-    return (devices._raw_default_device(), torch.get_default_dtype(), torch._C._len_torch_function_stack())
+    return (torchapi.default_device_setting(), torch.get_default_dtype(),
+            torch._C._len_torch_function_stack())
 
 
 CLEAN = (None, torch.float32, 0)
@@ -238,7 +239,7 @@ def test_unload_undoes_the_line_form(tip):
     import torchgpu_magic
 
     cell(tip, "%ontorch meta --dtype float64")
-    assert devices._raw_default_device() == torch.device("meta")
+    assert torchapi.default_device_setting() == torch.device("meta")
     torchgpu_magic.unload_ipython_extension(tip)
     assert _state() == CLEAN
     torchgpu_magic.load_ipython_extension(tip)

@@ -24,8 +24,7 @@ from typing import Any, Optional
 from . import accelerators
 from .caches import cache, table
 from .errors import MagicInputError
-from .torchapi import cuda_device_counter, function_mode_depth
-from .torchapi import default_device_setting as _raw_default_device
+from .torchapi import cuda_device_counter, default_device_setting, function_mode_depth
 
 KINDS = ("cpu", "cuda", "mps", "xpu", "meta")
 """The device types a spec may name (besides ``auto``)."""
@@ -228,7 +227,7 @@ class DeviceState:
                 module.set_device(index)
         if torch.get_default_dtype() != self.dtype:  # setting it costs more than asking
             torch.set_default_dtype(self.dtype)
-        if _raw_default_device() != self.default_device:
+        if default_device_setting() != self.default_device:
             torch.set_default_device(self.default_device)
 
 
@@ -241,7 +240,7 @@ def current_state() -> DeviceState:
     # (counting devices asks NVML before CUDA starts): %%ontorch captures this around every cell.
     current = tuple((kind, accelerators.current_index(kind)) for kind in ("cuda", "xpu")
                     if accelerators.started(kind))
-    return DeviceState(_raw_default_device(), torch.get_default_dtype(), current)
+    return DeviceState(default_device_setting(), torch.get_default_dtype(), current)
 
 
 def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:
@@ -264,7 +263,7 @@ def apply(device: Any, dtype: Optional[Any], state: DeviceState) -> None:
     if dtype is not None:
         torch.set_default_dtype(dtype)
     target = None if device.type == "cpu" and device.index in (None, 0) else device
-    if _raw_default_device() != target:
+    if default_device_setting() != target:
         torch.set_default_device(target)
     # A `with torch.device(...)` block outside us is a mode on torch's function-mode stack: override it.
     # (Only then is torch.get_default_device() asked: it searches that stack, a cost on every cell.)

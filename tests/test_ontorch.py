@@ -5,6 +5,7 @@ same at the end of every test as at its start."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from contextlib import nullcontext
 
@@ -116,9 +117,9 @@ def test_last_expression_is_the_cells_value_and_semicolon_silences_it(tip):
     ("y = 2\ny * 21;", None),
     ("y = 2\nfor i in range(2):\n    y += i", None),
 ])
-def test_a_cell_run_again_is_compiled_from_its_text_and_behaves_the_same(tip, body, value):
-    """The second run of the same cell compiles its text (the first run's parse says where the shown
-    expression starts): the same value, and a traceback with the same line numbers."""
+def test_a_cell_run_again_reuses_its_code_and_behaves_the_same(tip, body, value):
+    """The second run of the same cell reuses the first run's code: the same value, and a traceback
+    with the same line numbers."""
     for _ in range(2):
         result, _ = cell(tip, f"%%ontorch meta -q\n{body}")
         assert result == value
@@ -131,6 +132,21 @@ def test_a_cell_run_again_is_compiled_from_its_text_and_behaves_the_same(tip, bo
         error, out = failing(tip, f"%%ontorch meta -q\n{body}\ny = 0\n\n1 / y")
         assert isinstance(error, ZeroDivisionError)
         assert f"----> {2 + body.count(chr(10)) + 3} 1 / y" in out, out
+
+
+def test_a_cell_run_again_names_its_own_cell_in_tracebacks(tip):
+    """The reused code is this run's cell's: an error in a function and a comprehension the cell defines
+    shows this run's cell number and the line, in each run."""
+    body = "%%ontorch meta -q\ndef f():\n    return [1 / 0 for _ in range(1)]\n\nf()"
+    for _ in range(3):
+        number = tip.execution_count
+        with capture_output() as cap:
+            result = tip.run_cell(body, store_history=True)
+        assert isinstance(result.error_in_exec, ZeroDivisionError)
+        out = re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout)
+        named = re.findall(r"Cell In\[(\d+)\]|<ipython-input-(\d+)-", out)  # IPython 8+ / IPython 7
+        assert len(named) == 3 and {"".join(pair) for pair in named} == {str(number)}, out
+        assert "----> 3     return [1 / 0" in out, out
 
 
 # ---- restoring ----------------------------------------------------------------------------------------

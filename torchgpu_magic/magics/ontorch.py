@@ -5,6 +5,7 @@ import functools
 import sys
 from itertools import compress
 from operator import ne
+from types import CodeType
 from typing import Any, Optional
 
 from IPython.core.error import UsageError
@@ -38,6 +39,16 @@ def _top_name(name: str) -> str:
     return name.split("[", 1)[0].split(".", 1)[0]
 
 
+def _renamed(code: Any, filename: str) -> Any:
+    """``code`` under ``filename``, with the code objects it holds (functions, lambdas, comprehensions
+    defined in the cell): a cell's code run again under its new cell number, for its tracebacks."""
+    if code.co_filename == filename:
+        return code
+    consts = tuple(_renamed(const, filename) if isinstance(const, CodeType) else const
+                   for const in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
 @magics_class
 class OnTorchMagics(MagicsPart):
     """``%%ontorch`` and ``%ontorch``: the device context comes from :mod:`torchgpu_magic.devices`; this
@@ -49,7 +60,7 @@ class OnTorchMagics(MagicsPart):
         self._saved: Any = None  # devices.DeviceState from before the line form's first change
         self._setting = ""  # what the line form set, for `%ontorch` with no argument
         self._depth = 0  # how many %%ontorch cells are running (nested ones included)
-        self._shapes: dict = {}  # cell source -> line of its shown last expression, or 0: see _compile
+        self._codes: dict = {}  # (cell source, compiler flags) -> its compiled code: see _compile
         self._footer_caches: Any = None  # (before, after) placement.SnapshotCache of the footer
 
     @magic_arguments()
@@ -363,11 +374,11 @@ class OnTorchMagics(MagicsPart):
         so an exception propagates to the enclosing cell (which shows it as usual and stops "Run all"),
         and so ``%%time`` / ``%%cudatime`` around or inside it work as they do on any cell.
 
-        A cell run again (notebooks re-run the same cells) is compiled from its text: its parse the first
-        time says where its shown last expression starts, if anywhere (:attr:`_shapes`), and without
-        IPython AST transformers nothing else needs the syntax tree. Building Python's AST objects and
-        compiling from them costs twice what compiling the text does (320 against 150 us on the
-        benchmark's cell): more than the rest of what the magic adds to a fast cell.
+        A cell run again (notebooks re-run the same cells) is not compiled again: without IPython AST
+        transformers its code depends only on its text and the compiler's flags, so the code objects of
+        its first run serve, under the file name of this run (:func:`_renamed`). Building Python's AST
+        objects and compiling from them costs more than the rest of what the magic adds to a fast cell
+        (320 us on the benchmark's cell); compiling only its text, 150 us.
         """
         import ast
 
@@ -376,9 +387,12 @@ class OnTorchMagics(MagicsPart):
         header = f"# %%ontorch {line}\n"
         stock = self._stock(cell)
         source = header + (cell if stock else shell.transform_cell(cell))
-        shape = None if shell.ast_transformers else self._shapes.get(source)
-        if shape is not None:
-            return (*self._from_text(source, register_cell(shell, source), shape), source)
+        plain = not shell.ast_transformers
+        key = (source, shell.compile.flags)
+        codes = self._codes.get(key) if plain else None
+        if codes is not None:
+            filename = register_cell(shell, source)
+            return (*(code and _renamed(code, filename) for code in codes), source)
         try:
             tree = shell.compile.ast_parse(source)
         except SyntaxError:
@@ -388,34 +402,18 @@ class OnTorchMagics(MagicsPart):
             source = header + shell.transform_cell(cell)
             tree = shell.compile.ast_parse(source)
         filename = register_cell(shell, source)
-        plain = not shell.ast_transformers
         tree = shell.transform_ast(tree)
         last = None
-        shape = 0
         if tree.body and isinstance(tree.body[-1], ast.Expr):
-            node = tree.body[-1]
-            tail = "\n".join(source.splitlines()[node.lineno - 1:])
+            tail = "\n".join(source.splitlines()[tree.body[-1].lineno - 1:])
             if not ends_with_semicolon(tail):
                 last = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
-                # its text can be compiled alone only when it starts a line of its own
-                alone = node.col_offset == 0 and (not tree.body or tree.body[-1].end_lineno < node.lineno)
-                shape = node.lineno if alone else None
-        if plain and shape is not None:
-            if len(self._shapes) >= 64:
-                self._shapes.clear()
-            self._shapes[source] = shape
-        return shell.compile(tree, filename, "exec"), last, source
-
-    def _from_text(self, source: str, filename: str, shape: int) -> tuple:
-        """Compile a cell seen before from its text: (the body's code, the shown last expression's code or
-        None); ``shape`` is the line where that expression starts, 0 for none. Line numbers stay the
-        cell's: the expression's text is compiled after as many empty lines as precede it."""
-        compile_ = self.shell.compile
-        if not shape:
-            return compile_(source, filename, "exec"), None
-        lines = source.splitlines(keepends=True)
-        head, tail = "".join(lines[:shape - 1]), "".join(lines[shape - 1:])
-        return compile_(head, filename, "exec"), compile_("\n" * (shape - 1) + tail, filename, "eval")
+        code = shell.compile(tree, filename, "exec")
+        if plain:
+            if len(self._codes) >= 64:
+                self._codes.clear()
+            self._codes[key] = (code, last)
+        return code, last, source
 
     def _run(self, code: Any, last: Any) -> Any:
         """Run the compiled cell in the user namespace; the last expression's value, or None."""

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Optional
 
+from ..caches import table
 from ..errors import MagicInputError
 from ..render import Lines, Report, Reportable, Table, can_print, fmt_bytes, fmt_value, is_na
 from . import gpumap, hosting, machine, nvml
@@ -267,7 +268,7 @@ def _pick(snap: Any, snap_field: str, dev: Any, dev_field: str) -> Any:
     return _get(dev, dev_field) if is_na(value) else value
 
 
-_FIELDS: dict = {}  # type -> the names of its fields if a dataclass, else False: for _plain
+_FIELDS = table()  # type -> the names of its fields if a dataclass, else False: for _plain
 _AS_IS = (str, int, bool, type(None))
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from .. import accelerators
 from ..errors import MagicInputError
+from ..placement import kind_of
 from ..torchapi import mem_tracker_class
 from .allocator import ALLOCATOR_SOURCE, CachingAllocatorModel, Ledger, category_of
 from .report import CellMemory, ModuleRow
@@ -234,17 +235,14 @@ def find_objects(values: Iterable[tuple]) -> list:
     """(path, object, kind) for the modules, optimizers and tensors in ``values`` ((name, value) pairs):
     the values themselves, or held in lists, tuples, dicts and user objects' attributes, up to 3 levels
     down; each object once."""
-    import torch
-
     found: list = []
     seen: set = set()
-    kinds = ((torch.Tensor, "tensor"), (torch.nn.Module, "module"), (torch.optim.Optimizer, "optimizer"))
 
     def visit(path: str, obj: Any, depth: int) -> None:
         if id(obj) in seen:
             return
         seen.add(id(obj))
-        kind = next((name for cls, name in kinds if isinstance(obj, cls)), None)
+        kind = kind_of(obj)
         if kind is not None:
             found.append((path, obj, kind))
         elif depth > 0 and isinstance(obj, (list, tuple)):

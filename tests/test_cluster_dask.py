@@ -358,6 +358,36 @@ def test_a_worker_added_or_stopped_since_the_list_was_kept_is_seen_without_waiti
         local.close()
 
 
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use")  # a second scheduler here: another port
+def test_bridges_of_one_client_share_the_workers_names_and_a_call_asks_the_scheduler_once(client,
+                                                                                         identities,
+                                                                                         monkeypatch):
+    """A bridge made before a worker joined (a live panel's) names it as the bridge that fetched the
+    list did, 'worker 1', not by its address; and a call whose list the scheduler's count does not
+    confirm fetches it once, not again for the workers to ask. (A cluster of its own, in this process.)"""
+    from torchgpu_magic.cluster.dask_bridge import DaskBridge, Workers
+
+    local = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                     dashboard_address=None, silence_logs=40, loop=client.loop)
+    own = distributed.Client(local, set_as_default=False, loop=local.loop)
+    try:
+        kept = Workers()
+        panel = DaskBridge("own", own, kept=kept)
+        panel.identity()
+        local.scale(2)
+        own.wait_for_workers(2, timeout=60)
+        DaskBridge("own", own, kept=kept).identity()
+        assert sorted(panel.label(key) for key in kept.records) == ["worker 0", "worker 1"]
+        monkeypatch.setattr(DaskBridge, "current", lambda self: False)  # the count lags behind
+        identities.clear()
+        replies = DaskBridge("own", own, kept=kept).run("whereis", [], timeout=20)
+        assert [r.engine for r in replies] == ["worker 0", "worker 1"] and all(r.ok for r in replies)
+        assert len(identities) == 1
+    finally:
+        own.close()
+        local.close()
+
+
 # ---- where memory is: worker.data, distributed's own GPU monitoring ------------------------------------
 
 def _tensor(n):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from ..errors import MagicInputError
@@ -148,7 +148,6 @@ class Bridge:
     name: str
     obj: Any
     kind: str = ""
-    labels: dict = field(default_factory=dict)
     magic: str = ""  # the magic as the user typed it ('%cudatime' or '%%cudatime'), for its one-liners
 
     def engines(self) -> list:
@@ -157,7 +156,7 @@ class Bridge:
 
     def label(self, key: Any) -> str:
         """A person's name for one engine: 'engine 0' / 'worker 1'."""
-        return self.labels.get(key, str(key))
+        return str(key)
 
     def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
             keys: Optional[Sequence[Any]] = None, only: Optional[Sequence[Any]] = None,

@@ -79,7 +79,6 @@ class DaskBridge(Bridge):
     def __init__(self, name: str, obj: Any, cluster_ref: str = "", kept: Optional[Workers] = None) -> None:
         super().__init__(name, obj, "dask")
         self.kept = Workers() if kept is None else kept
-        self.labels = self.kept.labels
         self.cluster_ref = cluster_ref or f"{name}.cluster"
 
     @property
@@ -117,8 +116,8 @@ class DaskBridge(Bridge):
             raise ClusterGone(f"--cluster {self.name}: the Dask scheduler cannot be reached ({exc}); "
                               f"{FIX_CLOSED}") from None
         records = dict(info.get("workers") or {})
-        self.labels = {addr: f"worker {w.get('name', addr)}" for addr, w in records.items()}
-        self.kept.records, self.kept.labels, self.kept.fetched = records, self.labels, time.monotonic()
+        self.kept.labels = {addr: f"worker {w.get('name', addr)}" for addr, w in records.items()}
+        self.kept.records, self.kept.fetched = records, time.monotonic()
         return records
 
     def current(self) -> bool:
@@ -134,11 +133,12 @@ class DaskBridge(Bridge):
         listed = {record.get("name") for record in self.workers.values()}
         return not any(name in listed for name in self._closed())
 
-    def engines(self) -> list:
+    def engines(self, fresh: bool = False) -> list:
         """The workers the scheduler lists, and those of the client's own cluster object that died (keys
-        :data:`GONE` + name: their replies say so, with what to do), by name. None at all is one line."""
+        :data:`GONE` + name: their replies say so, with what to do), by name. None at all is one line.
+        ``fresh``: the list in hand was just fetched or judged current (by :meth:`run`): not asked again."""
         self.check()
-        workers = self.workers if self.current() else self.identity()
+        workers = self.workers if fresh or self.current() else self.identity()
         gone = [GONE + str(name) for name in self.gone()]
         if not workers and not gone:
             address = getattr(getattr(self.obj, "scheduler", None), "address", "") or "its address"
@@ -156,7 +156,7 @@ class DaskBridge(Bridge):
     def label(self, key: Any) -> str:
         if isinstance(key, str) and key.startswith(GONE):
             return f"worker {key[len(GONE):]}"
-        return super().label(key)
+        return self.kept.labels.get(key, str(key))  # the client's bridges share one list
 
     def gone(self) -> list:
         """The names of the workers of the client's own cluster object (a LocalCluster, whose spec
@@ -231,10 +231,10 @@ class DaskBridge(Bridge):
         """One pass of :meth:`run`: (replies, whether the list in hand turned out stale). ``known``
         holds the answers already in (not asked again; this pass adds its own); ``everyone``: ask every
         worker the scheduler lists now rather than those in hand (when all of those are to be asked)."""
-        every = self.engines()
+        every = self.engines(fresh=True)
         if self.kept.held or self.silent():
             self.identity()  # a worker looks silent: see whether its heartbeats came back
-            every, everyone = self.engines(), False
+            every, everyone = self.engines(fresh=True), False
         keys = every if keys is None else list(keys)
         replies = {key: Reply(self.label(key), key, False) for key in keys}
         live = self._triage(target, keys, replies, strict=only is not None)  # unasked: no cost to say

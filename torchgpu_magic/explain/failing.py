@@ -111,7 +111,11 @@ def magic_calls(tb: Any, is_cell_file: Callable[[str], bool]) -> set:
 
 def failing_line(exc: BaseException, is_cell_file: Callable[[str], bool]) -> FailingLine:
     """The :class:`FailingLine` of ``exc``'s traceback (empty when no frame is a cell's)."""
-    frames = user_frames(exc.__traceback__, is_cell_file)
+    return line_of(user_frames(exc.__traceback__, is_cell_file))
+
+
+def line_of(frames: list) -> FailingLine:
+    """The :class:`FailingLine` of the cell frames :func:`user_frames` found (empty for none)."""
     if not frames:
         return FailingLine()
     outer = frames[0]

@@ -16,7 +16,7 @@ from ..caches import cache
 from ..placement import device_str, devices_of, dtype_str, kind_of, shape_str
 from ..placement.walk import static_attr
 from ..render import Lines, Report, Reportable
-from .failing import FailingLine, failing_line, user_frames
+from .failing import FailingLine, line_of, user_frames
 
 _D = r"([a-z]+(?::\d+)?)"  # a device as torch prints it: cpu, cuda:0, mps:0, meta, xla:0
 _T = r"([\w:.\[\]]+)"  # a legacy type string: torch.cuda.FloatTensor, Variable[...], MPSFloatType, float
@@ -408,8 +408,8 @@ def diagnose(
     devices = mismatch_devices(exc)
     if devices is None:
         return None
-    failing = failing_line(exc, is_cell_file)
     frames = user_frames(exc.__traceback__, is_cell_file)
+    failing = line_of(frames)
     found_line: list = []
     found_inner: list = []
     cell_scopes: list = [user_ns]

@@ -538,6 +538,23 @@ def test_distribution_and_wsl(tmp_path):
     assert machine.survey(str(tree.root), system="Windows").has_nvidia_gpu is None
 
 
+def test_the_os_release_is_read_once_per_version_of_its_file(tmp_path, monkeypatch):
+    """%gpuinfo surveys the machine on every call (on every engine of a cluster): the os-release file is
+    parsed once, and again when it changes (a distribution upgraded in place); an empty one in /etc
+    leaves the one in /usr/lib to say."""
+    tree = Tree(tmp_path).write("etc/os-release", ROCKY)
+    root = str(tree.root)
+    reads: list = []
+    real = machine._read
+    monkeypatch.setattr(machine, "_read", lambda base, path: reads.append(path) or real(base, path))
+    assert machine.distribution(root).id == "rocky"
+    assert machine.distribution(root).id == "rocky" and reads == ["etc/os-release"]
+    tree.write("etc/os-release", 'ID=ubuntu\nID_LIKE=debian\nPRETTY_NAME="Ubuntu 24.04.3 LTS"\n')
+    assert machine.distribution(root) == Distribution("ubuntu", ("debian",), "Ubuntu 24.04.3 LTS")
+    tree.write("etc/os-release", "").write("usr/lib/os-release", ROCKY)
+    assert machine.distribution(root).id == "rocky"
+
+
 def test_each_distribution_gets_its_own_package():
     assert "ubuntu-drivers" in driver_install(Distribution("linuxmint", ("ubuntu", "debian")))
     assert "apt install nvidia-driver" in driver_install(Distribution("debian"))
@@ -794,8 +811,12 @@ def test_a_survey_reads_the_pci_ids_once_and_sees_every_change_that_can_happen(t
     assert first.nvidia_gpus[0].driver is None and first.kernel_driver is None
     assert any(path.endswith("/vendor") for path in reads) and "usr/share/misc/pci.ids" in reads
     reads.clear()
+    listings: list = []
+    real_listdir = os.listdir
+    monkeypatch.setattr(machine.os, "listdir", lambda path: listings.append(path) or real_listdir(path))
     assert machine.survey(root, "Linux", "6.8.0") == first
     assert not [path for path in reads if path.endswith(("/vendor", "/class", "/device", "pci.ids"))], reads
+    assert [path for path in listings if path.endswith("pci/devices")] == [f"{root}/sys/bus/pci/devices"]
 
     os.symlink("../../../bus/pci/drivers/nvidia", tree.root / "sys/bus/pci/devices/0000:01:00.0/driver")
     tree.write("proc/driver/nvidia/version", NVRM)

@@ -143,7 +143,12 @@ def pci_gpus(root: str = "/", vendor: str = NVIDIA_VENDOR) -> Optional[tuple]:
     empty list means a sandbox or a system without sysfs, not a machine without GPUs). The driver bound
     to each is read afresh every time (a driver can be bound or unbound at any moment); the devices'
     ids and names come from :func:`_bus` and :func:`_pci_names`, which keep them."""
-    ids = _bus(root)
+    return _gpus_on(_bus(root), root, vendor)
+
+
+def _gpus_on(ids: Optional[dict], root: str, vendor: str) -> Optional[tuple]:
+    """:func:`pci_gpus` of the bus listing ``ids`` (:func:`_bus`), which a survey reads once for all
+    three vendors."""
     if ids is None:
         return None
     base = os.path.join(root, "sys/bus/pci/devices")
@@ -237,9 +242,25 @@ def kernel_driver(root: str = "/") -> Optional[str]:
 
 def distribution(root: str = "/") -> Optional[Distribution]:
     """The distribution named by ``/etc/os-release`` (or ``/usr/lib/os-release``), or None."""
-    text = _read(root, "etc/os-release") or _read(root, "usr/lib/os-release")
-    if not text:
-        return None
+    for path in ("etc/os-release", "usr/lib/os-release"):
+        try:
+            stat = os.stat(os.path.join(root, path))
+        except OSError:
+            continue
+        key = (root, path, stat.st_size, stat.st_mtime_ns)
+        if key not in _RELEASES:
+            text = _read(root, path)
+            _RELEASES[key] = _release(text) if text else False
+        if _RELEASES[key] is not False:  # an empty or unreadable file: the next
+            return _RELEASES[key]
+    return None
+
+
+_RELEASES = table()  # (root, path, size, mtime) -> the distribution it names (False: empty): read once
+
+
+def _release(text: str) -> Optional[Distribution]:
+    """The distribution an os-release text names, or None."""
     fields = {key.strip(): value.strip().strip('"').strip("'")
               for key, sep, value in (line.partition("=") for line in text.splitlines()) if sep}
     if not fields.get("ID"):
@@ -280,7 +301,9 @@ def survey(root: Optional[str] = None, system: Optional[str] = None,
     release = platform.release() if release is None and root == "/" else release
     wsl = is_wsl(root, release)
     shared, nvidia = wsl_gpu(root) if wsl else (False, False)
-    return Machine(system, nvidia_gpus=None if wsl else pci_gpus(root),
+    ids = None if wsl else _bus(root)
+    return Machine(system, nvidia_gpus=None if wsl else _gpus_on(ids, root, NVIDIA_VENDOR),
                    kernel_driver=kernel_driver(root), wsl=wsl, wsl_gpu=shared, wsl_nvidia=nvidia,
-                   distribution=distribution(root), amd_gpus=None if wsl else pci_gpus(root, AMD_VENDOR),
-                   intel_gpus=None if wsl else pci_gpus(root, INTEL_VENDOR))
+                   distribution=distribution(root),
+                   amd_gpus=None if wsl else _gpus_on(ids, root, AMD_VENDOR),
+                   intel_gpus=None if wsl else _gpus_on(ids, root, INTEL_VENDOR))

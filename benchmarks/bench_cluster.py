@@ -44,7 +44,7 @@ import time
 from typing import Any, Callable
 
 from torchgpu_magic import cluster
-from torchgpu_magic.cluster import remote
+from torchgpu_magic.cluster import dask_worker, remote
 from torchgpu_magic.cluster.dask_bridge import DaskBridge
 from torchgpu_magic.cluster.ipp_bridge import IPyParallelBridge
 from torchgpu_magic.cluster.memory import ClusterSampler
@@ -318,7 +318,7 @@ def bench_dask(args: argparse.Namespace) -> None:
               f"before {o * 1e3:.1f} ms, {o / b:.2f}x")
 
         replies = bridge.run("memory_tick", None, [sampler._token, 0])
-        sent = len(pickle.dumps((remote.dask_call, "memory_tick", (None, [sampler._token, 0]), {}, 4.0,
+        sent = len(pickle.dumps((dask_worker.dask_call, "memory_tick", (None, [sampler._token, 0]), {}, 4.0,
                                  "0" * 32)))
         back = statistics.mean(len(pickle.dumps({"host": r.host, "pid": r.pid, "ok": r.ok, "cpus": r.cpus,
                                                  "threads": r.threads, "value": r.value})) for r in replies)

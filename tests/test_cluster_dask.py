@@ -84,15 +84,15 @@ def _ended() -> int:
 def no_leftovers(client):
     """Every test leaves no thread of its own behind (no thread per worker, none per tick) and no call
     of ours running on a worker."""
-    from torchgpu_magic.cluster import remote
+    from torchgpu_magic.cluster import dask_worker
 
     before = threads()
     yield
     assert settle_threads(before) == [], "threads left behind"
     deadline = time.monotonic() + 10
-    while any(client.run(remote.running).values()) and time.monotonic() < deadline:
+    while any(client.run(dask_worker.running).values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(client.run(remote.running).values()), "calls of ours still running on the workers"
+    assert not any(client.run(dask_worker.running).values()), "calls of ours still running on the workers"
 
 
 def _workers(client) -> list:
@@ -156,7 +156,7 @@ def test_cudatime_leaves_the_workers_event_loop_free(client):
     (an order, not a duration; it answered only after the timing, 7.3 s, when the timing ran inside
     Client.run)."""
     from torchgpu_magic import cluster
-    from torchgpu_magic.cluster import remote
+    from torchgpu_magic.cluster import dask_worker
 
     client.run(_define, "import time; pause = 0.05")
     bridge = cluster.connect({"client": client}, "client")
@@ -167,11 +167,11 @@ def test_cudatime_leaves_the_workers_event_loop_free(client):
     timing.start()
     try:
         deadline = time.monotonic() + 20
-        while sum(map(len, client.run(remote.running).values())) < 2:
+        while sum(map(len, client.run(dask_worker.running).values())) < 2:
             assert time.monotonic() < deadline, "the timing never started"
             time.sleep(0.05)
         client.run(os.getpid)
-        assert sum(map(len, client.run(remote.running).values())) == 2  # the timing runs on
+        assert sum(map(len, client.run(dask_worker.running).values())) == 2  # the timing runs on
     finally:
         timing.join(30)
     assert [r.ok for r in done["replies"]] == [True, True], [r.error_text() for r in done["replies"]]
@@ -516,7 +516,7 @@ def test_cluster_names_dask(sh, client):
 # ---- Ctrl-C -----------------------------------------------------------------------------------------------
 
 def test_ctrl_c_in_a_kernel_stops_the_timing_on_the_workers(client):
-    from torchgpu_magic.cluster import remote
+    from torchgpu_magic.cluster import dask_worker
 
     client.run(_define, "import time")
     with cluster_processes(), kernel() as (manager, kc):
@@ -525,12 +525,12 @@ def test_ctrl_c_in_a_kernel_stops_the_timing_on_the_workers(client):
         assert not errors(setup), setup
         msg_id = kc.execute("%%cudatime --cluster client -n 1 -r 400 --warmup 0\ntime.sleep(0.05)")
         deadline = time.monotonic() + 30
-        while sum(map(len, client.run(remote.running).values())) < 2:
+        while sum(map(len, client.run(dask_worker.running).values())) < 2:
             assert time.monotonic() < deadline, "the workers never started the timing"
             time.sleep(0.05)
         manager.interrupt_kernel()
         outputs = execute(kc, "", timeout=60, msg_id=msg_id)
-        running = client.run(remote.running)
+        running = client.run(dask_worker.running)
         execute(kc, "client.close()")
     (error,) = errors(outputs)
     assert error["ename"] == "ClusterInterrupted" and len(error["traceback"]) == 1, error
@@ -540,10 +540,10 @@ def test_ctrl_c_in_a_kernel_stops_the_timing_on_the_workers(client):
 
 def _wait_running(watcher, count: int, seconds: float = 60) -> None:
     """Until ``count`` workers run a call of ours (a timing sent to the kernel has reached them)."""
-    from torchgpu_magic.cluster import remote
+    from torchgpu_magic.cluster import dask_worker
 
     deadline = time.monotonic() + seconds
-    while sum(map(len, watcher.run(remote.running).values())) < count:
+    while sum(map(len, watcher.run(dask_worker.running).values())) < count:
         assert time.monotonic() < deadline, "the workers never started the timing"
         time.sleep(0.05)
 
@@ -612,21 +612,60 @@ def test_ctrl_c_leaves_a_kernels_own_local_cluster_alive_and_dead_workers_say_so
             execute(kc, "client.close(); cluster.close()", timeout=120)
 
 
+def test_calls_on_a_worker_run_side_by_side_and_their_threads_end_when_idle(monkeypatch):
+    """A long call on a worker (a timing) leaves a short one (the panel's tick) a thread of its own; a
+    failure reaches the caller; and the threads end once no call comes, so none stays for the life of a
+    process that in-process workers share with the notebook."""
+    from torchgpu_magic.cluster import dask_worker
+
+    monkeypatch.setattr(dask_worker, "IDLE", 0.05)
+    pool = dask_worker._Threads()
+    release = threading.Event()
+    long = pool.submit(release.wait, 10)
+    assert pool.submit(lambda: "tick").result(10) == "tick" and not long.done()
+    release.set()
+    assert long.result(10) is True
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(lambda: 1 / 0).result(10)
+    assert pool.submit(lambda: "again").result(10) == "again"
+    deadline = time.monotonic() + 10
+    while any(t.name == "torchgpu_magic call" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not [t for t in threading.enumerate() if t.name == "torchgpu_magic call"]
+
+
+def test_a_named_cluster_is_taken_without_touching_the_rest_of_the_namespace(client):
+    """``--cluster NAME`` reads only NAME: the namespace is looked through only to list what is there
+    (a lazy proxy elsewhere in it is not made to resolve)."""
+    from torchgpu_magic import cluster
+
+    touched: list = []
+
+    class Lazy:
+        @property
+        def __class__(self):
+            touched.append(True)
+            return type(self)
+
+    bridge = cluster.connect({"client": client, "lazy": Lazy()}, "client")
+    assert bridge.obj is client and not touched
+
+
 def test_sigint_is_held_off_only_for_the_notebooks_own_process_group():
     """On a worker in the caller's process group our calls hold SIGINT off, nested calls sharing one hold
     and the handler from before coming back with the last; a worker elsewhere keeps its handler."""
-    from torchgpu_magic.cluster import remote
+    from torchgpu_magic.cluster import dask_worker
 
     before = signal.getsignal(signal.SIGINT)
-    host, group = remote.process_group()
-    with remote.sigint_held((host, group)):
+    host, group = dask_worker.process_group()
+    with dask_worker.sigint_held((host, group)):
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        with remote.sigint_held((host, group)):
+        with dask_worker.sigint_held((host, group)):
             assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     assert signal.getsignal(signal.SIGINT) == before
     for caller in ((host, group + 1), ("elsewhere", group), None):
-        with remote.sigint_held(caller):
+        with dask_worker.sigint_held(caller):
             assert signal.getsignal(signal.SIGINT) == before
 
 
@@ -634,7 +673,7 @@ def test_an_interrupt_while_torch_imports_is_not_raised_inside_the_import(monkey
     """An interrupt landing inside 'import torch' left torch half made in the worker ('duplicate
     registrations' for every later call): it waits until the import is done, and the call then ends
     without running; meanwhile the call does not count as running ours."""
-    from torchgpu_magic.cluster import remote
+    from torchgpu_magic.cluster import dask_worker, remote
 
     importing, release, landed, ran = threading.Event(), threading.Event(), [], []
 
@@ -645,18 +684,20 @@ def test_an_interrupt_while_torch_imports_is_not_raised_inside_the_import(monkey
         except KeyboardInterrupt:
             landed.append(True)
 
-    monkeypatch.setattr(remote, "_import_torch", slow_import)
+    monkeypatch.setattr(dask_worker, "_import_torch", slow_import)
     monkeypatch.setattr(remote, "call", lambda *args: ran.append(args) or {"ok": True})
     out: dict = {}
-    thread = threading.Thread(target=lambda: out.update(reply=remote._tracked("cid-1", None, "ping", (), {})))
+    thread = threading.Thread(
+        target=lambda: out.update(reply=dask_worker._tracked("cid-1", None, "ping", (), {})))
     thread.start()
     assert importing.wait(10)
-    assert remote.running() == ["cid-1"]  # importing, before the call: ours, running
-    assert remote.interrupt("cid-1") == 1 and remote.running() == []  # told: it will not run the call
+    assert dask_worker.running() == ["cid-1"]  # importing, before the call: ours, running
+    assert dask_worker.interrupt("cid-1") == 1  # told: it will not run the call
+    assert dask_worker.running() == []
     release.set()
     thread.join(10)
     assert not landed and not ran and out["reply"]["message"] == "interrupted"
-    assert "cid-1" not in remote._CANCELLED and not remote._ACTIVE
+    assert "cid-1" not in dask_worker._CANCELLED and not dask_worker._ACTIVE
 
 
 def test_the_interrupt_line_names_the_form_typed_and_the_workers_that_died():

@@ -6,7 +6,8 @@
   gather plain data under a deadline, without queueing behind busy engines or waiting for hung ones.
 - :mod:`.find`: the user's cluster object by name, or the one in the namespace; what a shell's bridges
   keep between calls (:class:`Kept`).
-- :mod:`.remote`: the functions that run on the engines (imported there by name).
+- :mod:`.remote`: the functions that run on the engines (imported there by name); :mod:`.dask_worker`:
+  what runs them on a Dask worker (a thread per call, a deadline, interrupts).
 - :mod:`.gpus`, :mod:`.timing`, :mod:`.placement`, :mod:`.memory`: the cluster-wide reports.
 
 The functions here are what the magics call: each runs one engine function everywhere and builds its

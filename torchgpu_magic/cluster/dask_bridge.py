@@ -2,7 +2,7 @@
 
 One ``Client.run`` per call reaches every worker at once (the scheduler fans it out), with a deadline
 (``callback_timeout``): no thread per worker, nothing left behind when a worker hangs. On each worker
-the call runs in a thread (:func:`~torchgpu_magic.cluster.remote.dask_call`), so its event loop keeps
+the call runs in a thread (:func:`~torchgpu_magic.cluster.dask_worker.dask_call`), so its event loop keeps
 answering the scheduler while a cell is timed there, and the worker answers by its own deadline, a little
 shorter than ours, so that one slow worker costs the others nothing.
 
@@ -286,14 +286,14 @@ class DaskBridge(Bridge):
         """One ``Client.run`` to ``keys`` (with ``everyone``, to every worker the scheduler lists now,
         ``keys`` being those expected): ``{address: envelope or exception}``; None past ``timeout``.
         Ctrl-C interrupts the call on the workers and raises :class:`ClusterInterrupted`."""
-        from . import remote
+        from . import dask_worker
 
         call_id = uuid.uuid4().hex
         deadline = timeout * 0.8 if timeout < 5 else timeout - 1.0  # the workers answer before we give up
         try:
-            return self.obj.run(remote.dask_call, target, args, kwargs, deadline, call_id,
-                                remote.process_group(), workers=None if everyone else keys, on_error="return",
-                                callback_timeout=timeout)
+            return self.obj.run(dask_worker.dask_call, target, args, kwargs, deadline, call_id,
+                                dask_worker.process_group(), workers=None if everyone else keys,
+                                on_error="return", callback_timeout=timeout)
         except TIMEOUTS:
             return None
         except KeyboardInterrupt:
@@ -316,7 +316,7 @@ class DaskBridge(Bridge):
     def _interrupt(self, call_id: str, keys: list) -> tuple:
         """Stop ``call_id`` on the workers ``keys`` and wait (bounded) until none runs it, telling again
         those that still do (a worker that did not answer at first)."""
-        from . import remote
+        from . import dask_worker
 
         deadline = time.monotonic() + STOP_WAIT
         told: set = set()
@@ -324,10 +324,11 @@ class DaskBridge(Bridge):
         while left and time.monotonic() < deadline:
             limit = max(0.5, min(ASK_TIMEOUT, deadline - time.monotonic()))
             try:
-                answers = self.obj.run(remote.interrupt, call_id, workers=left, on_error="return",
+                answers = self.obj.run(dask_worker.interrupt, call_id, workers=left, on_error="return",
                                        callback_timeout=limit)
                 told |= {key for key, n in answers.items() if isinstance(n, int) and n}
-                still = self.obj.run(remote.running, workers=left, on_error="return", callback_timeout=limit)
+                still = self.obj.run(dask_worker.running, workers=left, on_error="return",
+                                     callback_timeout=limit)
             except (Exception, KeyboardInterrupt):  # noqa: BLE001 - nothing more can be done from here
                 break
             left = [key for key in left if not isinstance(still.get(key), list) or call_id in still[key]]
@@ -338,7 +339,7 @@ class DaskBridge(Bridge):
     def _fill(self, answers: dict, replies: dict) -> list:
         """Each worker's answer into its reply; returns the workers whose answer was a failure on the way
         (not of our function there, nor a missing package)."""
-        from .remote import answer_of
+        from .dask_worker import answer_of
 
         missing, failed = [], []
         for key, answer in answers.items():

@@ -86,14 +86,14 @@ def connect(ns: dict, name: Optional[str], px_view: Any = None, kept: Optional[K
     what earlier bridges of the same shell kept, :class:`Kept`). Raises
     :class:`MagicInputError` naming the candidates when there are none, several clusters, or ``name``
     is not one; :class:`ClusterGone` for a cluster object that no longer runs."""
+    if name and not name.startswith("_") and kind_of(ns.get(name)):
+        return _bridge(name, ns[name], ns, kept)  # the namespace is scanned only to list what is there
     found = candidates(ns)
     listed = ", ".join(f"{n} ({k})" for n, k in sorted(found.items())) or "none"
     if name:
-        if name not in found:
-            what = "is not defined" if name not in ns else f"is a {type(ns[name]).__name__}"
-            raise MagicInputError(f"--cluster {name}: {name} {what}, not an ipyparallel Client/view/Cluster "
-                                  f"or a Dask Client/cluster; cluster objects here: {listed}")
-        return _bridge(name, ns[name], ns, kept)
+        what = "is not defined" if name not in ns else f"is a {type(ns[name]).__name__}"
+        raise MagicInputError(f"--cluster {name}: {name} {what}, not an ipyparallel Client/view/Cluster "
+                              f"or a Dask Client/cluster; cluster objects here: {listed}")
     if not found:
         default = _dask_default()
         if default is not None:

@@ -7,23 +7,16 @@ the function by name, so that only the name and the arguments travel.
 The engine's namespace (for ``%whereis`` and ``%%cudatime``) is the IPython shell's user namespace on an
 ipyparallel engine and ``__main__`` on a Dask worker.
 
-On a Dask worker the bridge ships :func:`dask_call` instead: a coroutine ``Client.run`` awaits on the
-worker's event loop while :func:`call` runs in a thread of the worker, so the worker keeps answering its
-scheduler (heartbeats, other ``Client.run`` calls) while a cell is timed there; it answers by its own
-deadline, and :func:`interrupt` stops a call there on Ctrl-C, which the worker itself does not get
-meanwhile when the notebook's kernel started it (:func:`sigint_held`).
+On a Dask worker the bridge ships :func:`.dask_worker.dask_call` instead, which runs :func:`call` in a
+thread of the worker under a deadline.
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
-import pickle
-import signal
 import socket
 import sys
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from ..caches import table
 from ..devices import LOCAL_RANK_VARS, ORDER_VAR
@@ -72,165 +65,10 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-# ---- Dask: run in a thread of the worker, under a deadline, interruptible --------------------------------
-
-_CONTEXT = threading.local()  # .worker: the Dask worker the call in this thread runs for
-_ACTIVE: dict = {}  # call id -> {ident: may be interrupted now} of the threads running that call here
-_LOCK = threading.Lock()
+_CONTEXT = threading.local()  # .worker: the Dask worker the call in this thread runs for (dask_worker)
 
 
-async def dask_call(target: str, args: tuple, kwargs: dict, deadline: float, call_id: str,
-                    caller: Optional[tuple] = None, dask_worker: Any = None) -> bytes:
-    """``Client.run``'s entry on a Dask worker (it passes ``dask_worker``): :func:`call` in a thread, the
-    event loop free meanwhile; past ``deadline`` seconds the call is interrupted and the answer says
-    'timeout', so one slow worker cannot hold the ``Client.run`` of all. ``caller``: the notebook's
-    (host, process group), for :func:`sigint_held`. The answer travels pickled (:func:`answer_of` reads
-    it): one bytes frame costs Dask less to carry than the nested dict inside it, which it walks element
-    by element (measured: a 1.3 KB report cost a fifth of a bare ``Client.run`` as a dict, nothing as
-    bytes)."""
-    loop = asyncio.get_running_loop()
-    with sigint_held(caller):
-        future = loop.run_in_executor(None, _tracked, call_id, dask_worker, target, args, kwargs)
-        try:
-            answer = await asyncio.wait_for(asyncio.shield(future), deadline)
-        except asyncio.TimeoutError:
-            interrupt(call_id)
-            answer = _stopped(f"no answer in {deadline:g} s; our call there was stopped", "timeout")
-        except KeyboardInterrupt:  # never into the worker's event loop, which it would stop
-            answer = _stopped("interrupted")
-    return pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def answer_of(sent: Any) -> Any:
-    """What :func:`dask_call` answered: its pickled answer read back (anything else as it came)."""
-    return pickle.loads(sent) if isinstance(sent, bytes) else sent
-
-
-def process_group() -> Optional[tuple]:
-    """(host, process group) of this process, for :func:`sigint_held` on the workers; None where the
-    OS has no process groups."""
-    getpgrp = getattr(os, "getpgrp", None)
-    return (socket.gethostname(), getpgrp()) if getpgrp is not None else None
-
-
-_SIGINT_HELD: list = [0, None]  # [our calls holding SIGINT off here, the handler before them]
-
-
-@contextlib.contextmanager
-def sigint_held(caller: Optional[tuple]) -> Iterator[None]:
-    """Ignore SIGINT while the block runs, when this worker is in the notebook's process group
-    (``caller``: its :func:`process_group`): a LocalCluster's worker processes, which the notebook's
-    kernel started. An interrupt of the kernel (Ctrl-C, the stop button) is sent to its whole process
-    group, and a Dask worker dies of it (its event loop stops), so interrupting a ``--cluster`` magic
-    killed the workers; held off, only the notebook sees it, and stops our call on the workers itself
-    (:func:`interrupt`). Only on the thread that may set signal handlers (the worker's event loop, where
-    Dask runs our coroutine); concurrent calls share one hold, and the handler from before comes back
-    with the last."""
-    held = (caller is not None and tuple(caller) == process_group()
-            and threading.current_thread() is threading.main_thread())
-    if held:
-        if _SIGINT_HELD[0] == 0:
-            _SIGINT_HELD[1] = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _SIGINT_HELD[0] += 1
-    try:
-        yield
-    finally:
-        if held:
-            _SIGINT_HELD[0] -= 1
-            if _SIGINT_HELD[0] == 0:
-                signal.signal(signal.SIGINT, _SIGINT_HELD[1])
-
-
-def _stopped(message: str, problem: str = "error") -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "ok": False, "problem": problem,
-            "message": message}
-
-
-def _tracked(call_id: str, worker: Any, target: str, args: tuple, kwargs: dict) -> dict:
-    """:func:`call` in a worker thread, listed as running ``call_id`` meanwhile. An interrupt ends it
-    with an 'interrupted' answer; none escapes (into the executor, then the event loop). torch is
-    imported first, while the thread cannot be interrupted yet: an interrupt landing inside an import
-    leaves the module half made, and torch's C registrations then fail for good in this worker
-    ('duplicate registrations'); an interrupt meanwhile stops the call right after."""
-    ident = threading.get_ident()
-    result = _stopped("interrupted")
-    try:
-        try:
-            with _LOCK:
-                _ACTIVE.setdefault(call_id, {})[ident] = False  # listed; not to be interrupted yet
-            _import_torch()
-            with _LOCK:
-                cancelled = call_id in _CANCELLED
-                _ACTIVE[call_id][ident] = not cancelled
-            if not cancelled:
-                _CONTEXT.worker = worker
-                result = call(target, args, kwargs)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            _CONTEXT.worker = None
-            _forget(call_id, ident)
-    except KeyboardInterrupt:  # one landing in the clauses above, before the thread left the list
-        _forget(call_id, ident)
-    return result
-
-
-def _import_torch() -> None:
-    """Import torch (what :func:`call` does first), leaving any failure for :func:`call` to report."""
-    try:
-        import torch  # noqa: F401
-    except Exception:  # noqa: BLE001, S110 - call() says what failed, in this engine's row
-        pass
-
-
-def _forget(call_id: str, ident: int) -> None:
-    """Take this thread off the calls running here. An interrupt aimed at it just before may land in
-    the middle: then it is done again, so that no finished call is ever listed as running."""
-    while True:
-        try:
-            with _LOCK:
-                idents = _ACTIVE.get(call_id)
-                if idents is not None:
-                    idents.pop(ident, None)
-                    if not idents:
-                        del _ACTIVE[call_id]
-                        _CANCELLED.pop(call_id, None)
-            return
-        except KeyboardInterrupt:
-            continue
-
-
-_CANCELLED: dict = {}  # call ids interrupted here (an ordered set, the newest 64): a thread yet to start
-# the call, or still importing torch, sees it and stops
-
-
-def interrupt(call_id: str) -> int:
-    """Raise KeyboardInterrupt in the threads running ``call_id`` here (at their next Python
-    instruction: a running GPU kernel finishes first), and have one that has not begun the call yet
-    (importing torch) end without it; the number of threads told."""
-    import ctypes
-
-    told = 0
-    with _LOCK:  # a thread off the list is never told
-        _CANCELLED[call_id] = None
-        while len(_CANCELLED) > 64:
-            del _CANCELLED[next(iter(_CANCELLED))]
-        for ident, ready in _ACTIVE.get(call_id, {}).items():
-            told += ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(
-                KeyboardInterrupt)) if ready else 1
-    return told
-
-
-def running() -> list:
-    """The ids of the calls of ours running here now (a test asks: nothing of ours left running); not
-    one interrupted while it still imports torch, which ends without running anything."""
-    with _LOCK:
-        return sorted(call_id for call_id, idents in _ACTIVE.items()
-                      if call_id not in _CANCELLED or any(idents.values()))
-
-
-_NOT_TARGETS = ("call", "dask_call", "answer_of", "interrupt", "running", "Entry", "process_group",
-                "sigint_held")
+_NOT_TARGETS = ("call", "Entry", "table")  # callable, but not engine functions
 
 
 def namespace() -> dict:

@@ -35,6 +35,8 @@ def pytest_configure(config: Any) -> None:
     test module) runs."""
     config.addinivalue_line("markers", "fresh_process: checks what a new Python process does (a subprocess "
                                        "runs the whole check): the same in every leg of this interpreter")
+    config.addinivalue_line("markers", "engines: checks what real ipyparallel engines or Dask workers do "
+                                       "(processes of their own): the same in every simulated leg")
     device = simulated_legs.install_for_run(config)
     config._simulated_gpu = device if config._simulated_machine == "h100" else None
 
@@ -60,6 +62,9 @@ def _has_cuda() -> bool:
 
 OWN_PROCESS_SKIP = ("runs in a process of its own (a fresh interpreter or a Jupyter kernel), which the "
                     "simulated machine does not reach: the same check as in the ordinary leg, which runs it")
+ENGINES_SKIP = ("checks engines or workers, processes of their own which the simulated machine does not "
+                "reach, and the notebook's side of --cluster reads nothing of this machine: run in the "
+                "ordinary legs and as on the simulated H100")
 
 
 # The tests where the build of torch matters, run again by `make test-cudabuild` (`pytest -m cudabuild`) on a
@@ -94,12 +99,19 @@ def pytest_collection_modifyitems(config: Any, items: list) -> None:
     """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel), and,
     under a simulated machine, the tests whose whole check runs in a process of its own (`notebook`,
     `fresh_process`): the simulation lives in this process, so there they would repeat the ordinary leg's
-    run exactly, at the price of a torch import or a kernel each."""
+    run exactly, at the price of a torch import or a kernel each. The real clusters' tests (`engines`)
+    check engines and workers, which the simulation does not reach either, while the notebook's side of
+    ``--cluster`` reads nothing of this machine's accelerators (``--devices`` there is only spelled
+    here): they run as on the simulated H100 and not again as on the Mac, the Intel GPU and the MI300X,
+    where they cost 73 s a leg."""
     if config._simulated_machine is not None:
         own = pytest.mark.skip(reason=OWN_PROCESS_SKIP)
+        engines = pytest.mark.skip(reason=ENGINES_SKIP)
         for item in items:
             if "notebook" in item.keywords or "fresh_process" in item.keywords:
                 item.add_marker(own)
+            elif "engines" in item.keywords and config._simulated_machine != "h100":
+                item.add_marker(engines)
         reason = ("needs a real CUDA GPU: the simulated machines simulate torch only up to the first kernel, "
                   "and these tests run kernels")
     elif _has_cuda():

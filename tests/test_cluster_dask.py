@@ -28,7 +28,7 @@ psutil = pytest.importorskip("psutil")
 
 # A scheduler's HTTP server asks for port 8787 first: where a second scheduler runs here, or another leg of
 # `make test` runs its own at the same time, distributed warns and takes another port, which is all we need
-pytestmark = pytest.mark.filterwarnings("ignore:Port 8787 is already in use")
+pytestmark = [pytest.mark.engines, pytest.mark.filterwarnings("ignore:Port 8787 is already in use")]
 
 
 @pytest.fixture(scope="module")

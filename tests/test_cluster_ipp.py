@@ -30,7 +30,7 @@ from conftest import run, run_error
 
 ipp = pytest.importorskip("ipyparallel")
 psutil = pytest.importorskip("psutil")
-
+pytestmark = pytest.mark.engines
 
 
 def torch_has_cuda() -> bool:

@@ -634,6 +634,32 @@ def test_calls_on_a_worker_run_side_by_side_and_their_threads_end_when_idle(monk
     assert not [t for t in threading.enumerate() if t.name == "torchgpu_magic call"]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_starts_its_own_threads_for_our_calls():
+    """A process forked from one whose threads for our calls sat idle has none of those threads: its first
+    call must start one, not be handed to a thread that does not exist there (and wait out its deadline)."""
+    from torchgpu_magic.cluster import dask_worker
+
+    assert dask_worker._THREADS.submit(lambda: 1).result(10) == 1  # a thread now waits, idle
+    pid = os.fork()
+    if pid == 0:  # the child: its call must run, or it exits with 1
+        try:
+            os._exit(0 if dask_worker._THREADS.submit(lambda: 2).result(10) == 2 else 1)
+        except BaseException:  # noqa: BLE001 - any failure is the child's exit status
+            os._exit(1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's call never ran")
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_a_named_cluster_is_taken_without_touching_the_rest_of_the_namespace(client):
     """``--cluster NAME`` reads only NAME: the namespace is looked through only to list what is there
     (a lazy proxy elsewhere in it is not made to resolve)."""

@@ -76,6 +76,8 @@ class _Threads:
 
 
 _THREADS = _Threads()
+if hasattr(os, "register_at_fork"):  # a forked child has none of the threads its counts name
+    os.register_at_fork(after_in_child=_THREADS.__init__)
 
 
 async def dask_call(target: str, args: tuple, kwargs: dict, deadline: float, call_id: str,

@@ -77,10 +77,11 @@ def _pci_text(props: Any) -> Any:
     return f"{int(domain):08X}:{int(bus):02X}:{int(device):02X}.0"
 
 
-def torch_view() -> TorchView:
+def torch_view(gpus: Optional[list] = None) -> TorchView:
     """Ask torch what it can use. Never initialises CUDA where NVML can name torch's GPUs
-    (:func:`named_by_nvml`), else only when torch is a CUDA build and a GPU is usable; never raises for
-    what torch cannot answer (those are ``warnings``, shown as notes)."""
+    (:func:`named_by_nvml`; ``gpus``: NVML's identities when the caller has read them already), else only
+    when torch is a CUDA build and a GPU is usable; never raises for what torch cannot answer (those are
+    ``warnings``, shown as notes)."""
     import torch
 
     view = TorchView(version=str(torch.__version__), cuda=torch.version.cuda,
@@ -98,7 +99,7 @@ def torch_view() -> TorchView:
             view.device_count = torch.cuda.device_count()
         except Exception as exc:  # noqa: BLE001 - every problem is a note in the report, never a traceback
             view.warnings.append(f"torch.cuda.device_count() failed: {_one_line(exc)}")
-        named = None if torch.cuda.is_initialized() else named_by_nvml(view.device_count)
+        named = None if torch.cuda.is_initialized() else named_by_nvml(view.device_count, gpus)
         view.named_by_nvml = named is not None
         view.devices = named if named is not None else [
             _torch_device(torch, i, view.warnings) for i in range(view.device_count)]
@@ -106,14 +107,15 @@ def torch_view() -> TorchView:
     return view
 
 
-def named_by_nvml(count: int) -> Optional[list]:
+def named_by_nvml(count: int, gpus: Optional[list] = None) -> Optional[list]:
     """torch's ``count`` GPUs as NVML names them, without initialising CUDA: the GPUs CUDA_VISIBLE_DEVICES
     lets CUDA see, in its order, with torch's allocator at zero (it holds nothing before CUDA is
     initialised). None where NVML cannot say which GPU is which: NVML unavailable, a count that does not
     match, or GPUs of different kinds under CUDA's default FASTEST_FIRST order (which may put any of them
     first; identical GPUs keep PCI order, as does CUDA_DEVICE_ORDER=PCI_BUS_ID). The UUID is left to the
-    matching (:func:`gpu_map` pairs them by this position)."""
-    gpus = identities()
+    matching (:func:`gpu_map` pairs them by this position). ``gpus``: :func:`identities`, read when not
+    given."""
+    gpus = identities() if gpus is None else gpus
     visible = parse_cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
     if not count or len(visible) != count:
         return None

@@ -301,17 +301,17 @@ def _plain(obj: Any) -> Any:
 # ---- building it --------------------------------------------------------------------------------
 
 def build_report(index: Optional[int] = None, show_processes: bool = True,
-                 view_fn: Callable[[], TorchView] = torch_view, here: Optional[Machine] = None,
+                 view_fn: Optional[Callable[[], TorchView]] = None, here: Optional[Machine] = None,
                  place: Optional[Place] = None) -> GPUReport:
     """Collect the report. ``index`` keeps one GPU: torch's ``cuda:N`` when torch sees GPUs, else NVML's
     index; an index that does not exist raises :class:`MagicInputError` naming the valid ones. ``here``
     and ``place`` are what this machine has and where the kernel runs (read when not given:
     :func:`.machine.survey`, :func:`.hosting.where`)."""
-    view = view_fn()
+    identities = gpumap.identities()  # none without NVML; read once for naming torch's GPUs and matching
+    view = torch_view(identities) if view_fn is None else view_fn()
     here = machine.survey() if here is None else here
     place = hosting.where() if place is None else place
     problem = nvml.status()
-    identities = gpumap.identities()  # none without NVML
     count = len(identities)
     env = {
         "driver_version": nvml.driver_version(),

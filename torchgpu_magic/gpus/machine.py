@@ -301,9 +301,7 @@ def survey(root: Optional[str] = None, system: Optional[str] = None,
     release = platform.release() if release is None and root == "/" else release
     wsl = is_wsl(root, release)
     shared, nvidia = wsl_gpu(root) if wsl else (False, False)
-    ids = None if wsl else _bus(root)
-    return Machine(system, nvidia_gpus=None if wsl else _gpus_on(ids, root, NVIDIA_VENDOR),
-                   kernel_driver=kernel_driver(root), wsl=wsl, wsl_gpu=shared, wsl_nvidia=nvidia,
-                   distribution=distribution(root),
-                   amd_gpus=None if wsl else _gpus_on(ids, root, AMD_VENDOR),
-                   intel_gpus=None if wsl else _gpus_on(ids, root, INTEL_VENDOR))
+    ids = None if wsl else _bus(root)  # None: no bus to read, so no GPU lists
+    return Machine(system, nvidia_gpus=_gpus_on(ids, root, NVIDIA_VENDOR), kernel_driver=kernel_driver(root),
+                   wsl=wsl, wsl_gpu=shared, wsl_nvidia=nvidia, distribution=distribution(root),
+                   amd_gpus=_gpus_on(ids, root, AMD_VENDOR), intel_gpus=_gpus_on(ids, root, INTEL_VENDOR))

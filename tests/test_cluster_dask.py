@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -634,30 +635,29 @@ def test_calls_on_a_worker_run_side_by_side_and_their_threads_end_when_idle(monk
     assert not [t for t in threading.enumerate() if t.name == "torchgpu_magic call"]
 
 
+FORKED = """
+import os, sys
+from torchgpu_magic.cluster import dask_worker
+assert dask_worker._THREADS.submit(lambda: 1).result(10) == 1  # a thread now waits, idle
+pid = os.fork()
+if pid == 0:  # the child: its call must run, else it exits with 1
+    try:
+        os._exit(0 if dask_worker._THREADS.submit(lambda: 2).result(10) == 2 else 1)
+    except BaseException:
+        os._exit(1)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+@pytest.mark.fresh_process
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 def test_a_forked_child_starts_its_own_threads_for_our_calls():
     """A process forked from one whose threads for our calls sat idle has none of those threads: its first
-    call must start one, not be handed to a thread that does not exist there (and wait out its deadline)."""
-    from torchgpu_magic.cluster import dask_worker
-
-    assert dask_worker._THREADS.submit(lambda: 1).result(10) == 1  # a thread now waits, idle
-    pid = os.fork()
-    if pid == 0:  # the child: its call must run, or it exits with 1
-        try:
-            os._exit(0 if dask_worker._THREADS.submit(lambda: 2).result(10) == 2 else 1)
-        except BaseException:  # noqa: BLE001 - any failure is the child's exit status
-            os._exit(1)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child's call never ran")
-    assert os.waitstatus_to_exitcode(status) == 0
+    call must start one, not be handed to a thread that does not exist there (and wait out its deadline).
+    Forked in a process of its own: a fork here would stop IPython's history thread in this one."""
+    out = subprocess.run([sys.executable, "-c", FORKED], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
 
 
 def test_a_named_cluster_is_taken_without_touching_the_rest_of_the_namespace(client):

@@ -149,6 +149,18 @@ def test_a_cell_run_again_names_its_own_cell_in_tracebacks(tip):
         assert "----> 3     return [1 / 0" in out, out
 
 
+def test_an_indented_cell_run_again_shows_its_cleaned_up_lines(tip):
+    """A cell pasted indented is compiled from IPython's cleaned-up (dedented) text; run again, it reuses
+    that code and registers that same text, so each run's traceback shows the line as it was compiled."""
+    body = "%%ontorch meta -q\n    y = 0\n    1 / y"
+    for _ in range(2):
+        with capture_output() as cap:
+            result = tip.run_cell(body, store_history=True)
+        assert isinstance(result.error_in_exec, ZeroDivisionError)
+        out = re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout)
+        assert re.search(r"----> 3 1 / y\n", out), out
+
+
 # ---- restoring ----------------------------------------------------------------------------------------
 
 

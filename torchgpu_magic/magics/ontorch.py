@@ -378,7 +378,7 @@ class OnTorchMagics(MagicsPart):
         transformers its code depends only on its text and the compiler's flags, so the code objects of
         its first run serve, under the file name of this run (:func:`_renamed`). Building Python's AST
         objects and compiling from them costs more than the rest of what the magic adds to a fast cell
-        (320 us on the benchmark's cell); compiling only its text, 150 us.
+        (320 us on the benchmark's cell). A cell kept is kept with the text its code was compiled from.
         """
         import ast
 
@@ -389,10 +389,11 @@ class OnTorchMagics(MagicsPart):
         source = header + (cell if stock else shell.transform_cell(cell))
         plain = not shell.ast_transformers
         key = (source, shell.compile.flags)
-        codes = self._codes.get(key) if plain else None
-        if codes is not None:
+        kept = self._codes.get(key) if plain else None
+        if kept is not None:  # its source: the cleaned-up text when the cell needed IPython's cleanup
+            code, last, source = kept
             filename = register_cell(shell, source)
-            return (*(code and _renamed(code, filename) for code in codes), source)
+            return _renamed(code, filename), last and _renamed(last, filename), source
         try:
             tree = shell.compile.ast_parse(source)
         except SyntaxError:
@@ -412,7 +413,7 @@ class OnTorchMagics(MagicsPart):
         if plain:
             if len(self._codes) >= 64:
                 self._codes.clear()
-            self._codes[key] = (code, last)
+            self._codes[key] = (code, last, source)
         return code, last, source
 
     def _run(self, code: Any, last: Any) -> Any:

@@ -103,7 +103,7 @@ def test_gpuinfo_names_the_gpu_without_initialising_cuda(ip, sim):
 def test_gpuinfo_reads_the_gpus_identities_from_nvml_once(ip, sim, monkeypatch):
     """Before CUDA is initialised, naming torch's GPUs from NVML and matching them to NVML's GPUs are one
     reading of the GPUs' identities, not two (%gpuinfo runs on every call, on every engine of a cluster)."""
-    from torchgpu_magic.gpus import nvml
+    from torchgpu_magic.gpus import gpumap, nvml
 
     asked: list = []
     real = nvml.gpu_snapshot
@@ -112,6 +112,9 @@ def test_gpuinfo_reads_the_gpus_identities_from_nvml_once(ip, sim, monkeypatch):
     report = run(ip, "%gpuinfo -o")
     assert report.gpus[0].torch.name == "NVIDIA H100 80GB HBM3" and "named from NVML" in report.to_text()
     assert asked == [(0, True), (0, False)]  # the identity once, then the figures
+    asked.clear()
+    (mapping,) = gpumap.gpu_map()  # as the memory panel and the OOM explanation ask
+    assert mapping.nvml_index == 0 and asked == [(0, True)]
 
 
 def test_a_cpu_cell_run_after_cuda_was_initialised_is_timed_on_the_host(ip, sim):

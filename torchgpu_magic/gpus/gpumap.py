@@ -266,9 +266,12 @@ def identities() -> list:
 def gpu_map(view: Optional[TorchView] = None, gpus: Optional[list] = None) -> list:
     """One :class:`GPUMapping` per GPU torch can see; empty when torch sees no CUDA GPU.
 
-    ``view`` defaults to :func:`torch_view` and ``gpus`` to NVML's identity snapshots.
+    ``view`` defaults to :func:`torch_view` and ``gpus`` to NVML's identity snapshots (read once: the
+    view is asked with them, to name torch's GPUs before CUDA is initialised).
     """
-    view = torch_view() if view is None else view
+    if view is None:
+        gpus = identities() if gpus is None else gpus
+        view = torch_view(gpus)
     if not view.is_available or not view.devices:
         return []
     gpus = identities() if gpus is None else gpus

@@ -19,14 +19,18 @@ from __future__ import annotations
 from .figures import (
     GPUMemory,
     GPUTarget,
+    MemorySnapshot,
     accelerator_targets,
     collect,
     nvml_targets,
     targets_from,
 )
-from .records import CellGPU, CellRecord
+from .records import CellGPU, CellRecord, CellRecords
 from .sampler import (
     DEFAULT_INTERVAL,
+    HISTORY_SECONDS,
+    MAX_INTERVAL,
+    MIN_INTERVAL,
     THREAD_NAME,
     CellLog,
     Sampler,
@@ -34,6 +38,7 @@ from .sampler import (
 )
 
 __all__ = [
-    "DEFAULT_INTERVAL", "THREAD_NAME", "CellGPU", "CellLog", "CellRecord", "GPUMemory", "GPUTarget",
-    "Sampler", "accelerator_targets", "collect", "nvml_targets", "targets_from", "validate_interval",
+    "DEFAULT_INTERVAL", "HISTORY_SECONDS", "MAX_INTERVAL", "MIN_INTERVAL", "THREAD_NAME", "CellGPU",
+    "CellLog", "CellRecord", "CellRecords", "GPUMemory", "GPUTarget", "MemorySnapshot", "Sampler",
+    "accelerator_targets", "collect", "nvml_targets", "targets_from", "validate_interval",
 ]

@@ -422,6 +422,27 @@ def test_an_lstm_on_cpu_counts_its_input_and_recurrent_products():
     assert counts.flops == {("cpu", "fp32"): 2 * steps * (4 * 32 * (64 + 32) + 4 * 32 * (32 + 32))}
 
 
+def test_a_torch_without_one_of_the_private_ops_still_gets_the_others_formulas(monkeypatch):
+    """The added formulas are for private aten ops a torch release may rename or drop: one missing is
+    skipped, and every other op (and the causal attention wrapping) keeps its formula."""
+    from torchgpu_magic.timing import formulas
+
+    class Without:
+        def __getattr__(self, name):
+            if name in ("mkldnn_rnn_layer", dropped):
+                raise AttributeError(name)
+            return getattr(aten, name)
+
+    aten = torch.ops.aten
+    dropped = next(iter(formulas.ATTENTION))
+    full = formulas.registry({})[0]
+    monkeypatch.setattr(torch.ops, "aten", Without())
+    table = formulas.registry({})[0]
+    assert aten.mkldnn_rnn_layer in full and aten.mkldnn_rnn_layer not in table
+    assert set(full) - set(table) <= {aten.mkldnn_rnn_layer, getattr(aten, dropped)}
+    assert aten._cudnn_rnn in table and aten.addbmm in table
+
+
 def test_cudnns_fused_rnn_counts_every_layer_direction_and_projection():
     from torchgpu_magic.timing import formulas
 

@@ -244,13 +244,14 @@ def registry(base: dict) -> tuple:
              "_scaled_dot_product_flash_attention_for_cpu_backward": _attention_cpu_backward,
              "_addmm_activation": _addmm_activation, "_int_mm": _mm, "mv": _mv, "addmv": _addmv, "dot": _dot,
              "vdot": _dot, "addbmm": _addbmm}
-    for name, formula in added.items():
-        table.setdefault(getattr(aten, name), formula)
+    for name, formula in added.items():  # private ops a torch may rename or drop: each one skipped then
+        if hasattr(aten, name):
+            table.setdefault(getattr(aten, name), formula)
     masks: dict = {}
     causal: Counter = Counter()
     for name in ATTENTION:
-        packet = getattr(aten, name)
-        if packet in table:
+        packet = getattr(aten, name, None)
+        if packet is not None and packet in table:
             table[packet] = _causal(name, table[packet], masks, causal)
     return table, causal
 

@@ -114,7 +114,8 @@ class MemoryPicture:
         tops: dict = {}
         running = [0] * len(rows)
         for name in STACK:
-            values = [values[self.series.category_index[name]] for values in live]
+            column = self.series.category_index[name]
+            values = [values[column] for values in live]
             if not any(values):
                 continue
             running = [a + b for a, b in zip(running, values)]

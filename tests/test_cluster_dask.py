@@ -695,6 +695,34 @@ def test_sigint_is_held_off_only_for_the_notebooks_own_process_group():
             assert signal.getsignal(signal.SIGINT) == before
 
 
+def test_holding_sigint_off_never_formats_the_handler_it_replaces():
+    """A worker's SIGINT handler is asyncio's runner bound to its task, whose repr walks the task's stack:
+    ``signal.signal`` formatted it on every call (trying the handler as an enum member, it builds the
+    failure's message), a tenth of a bare ``Client.run``. The hold swaps handlers without that, and
+    puts the same handler back."""
+    from torchgpu_magic.cluster import dask_worker
+
+    formatted = []
+
+    class Handler:
+        def __call__(self, signum, frame):
+            raise KeyboardInterrupt
+
+        def __repr__(self):
+            formatted.append(1)
+            return "Handler()"
+
+    handler = Handler()
+    before = signal.signal(signal.SIGINT, handler)
+    try:
+        with dask_worker.sigint_held(dask_worker.process_group()):
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert not formatted  # before signal.getsignal, which formats it too
+        assert signal.getsignal(signal.SIGINT) is handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_an_interrupt_while_torch_imports_is_not_raised_inside_the_import(monkeypatch):
     """An interrupt landing inside 'import torch' left torch half made in the worker ('duplicate
     registrations' for every later call): it waits until the import is done, and the call then ends

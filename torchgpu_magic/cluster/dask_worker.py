@@ -8,13 +8,13 @@ notebook's kernel started it (:func:`sigint_held`).
 """
 from __future__ import annotations
 
+import _signal  # signal.signal's C function: see sigint_held
 import asyncio
 import concurrent.futures
 import contextlib
 import os
 import pickle
 import queue
-import signal
 import socket
 import threading
 from typing import Any, Iterator, Optional
@@ -129,12 +129,15 @@ def sigint_held(caller: Optional[tuple]) -> Iterator[None]:
     killed the workers; held off, only the notebook sees it, and stops our call on the workers itself
     (:func:`interrupt`). Only on the thread that may set signal handlers (the worker's event loop, where
     Dask runs our coroutine); concurrent calls share one hold, and the handler from before comes back
-    with the last."""
+    with the last. The handlers are swapped through ``_signal``, the C module under ``signal``:
+    ``signal.signal`` (Python 3.11 and 3.12 alike) turns the handler it returns into an enum member by
+    trying and failing, and the failure's message is the handler's repr, on a worker asyncio's runner
+    with its task and stack (measured there: 23 us a pair of swaps, against 0.9)."""
     held = (caller is not None and tuple(caller) == process_group()
             and threading.current_thread() is threading.main_thread())
     if held:
         if _SIGINT_HELD[0] == 0:
-            _SIGINT_HELD[1] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            _SIGINT_HELD[1] = _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
         _SIGINT_HELD[0] += 1
     try:
         yield
@@ -142,7 +145,7 @@ def sigint_held(caller: Optional[tuple]) -> Iterator[None]:
         if held:
             _SIGINT_HELD[0] -= 1
             if _SIGINT_HELD[0] == 0:
-                signal.signal(signal.SIGINT, _SIGINT_HELD[1])
+                _signal.signal(_signal.SIGINT, _SIGINT_HELD[1])
 
 
 def _stopped(message: str, problem: str = "error") -> dict:

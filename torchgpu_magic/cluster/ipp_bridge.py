@@ -12,9 +12,11 @@ interrupted (SIGINT, as ``%px`` does on Ctrl-C) where it runs, so no engine keep
 """
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from datetime import datetime
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .bridge import (
     ASK_TIMEOUT,
@@ -57,15 +59,14 @@ class IPyParallelBridge(Bridge):
         return f"engine {key}"
 
     # ---- the controller's view of the queues ----------------------------------------------------------
-    def queues(self, keys: Sequence[Any]) -> dict:
+    def queues(self, keys: Sequence[Any], meanwhile: Optional[Callable[[], Any]] = None) -> dict:
         """``{engine: requests queued or running there}`` from the controller (counts: its lists of
-        message ids would bring every request an engine ever completed). ``Client.queue_status`` has no
-        time limit (a stopped controller would hold the notebook for ever), so the request goes through
-        the client's own sender with one. The controller drops a request a moment after its reply
-        reaches us: where it counts more than this client knows to be pending, it is asked again after
-        growing pauses (:data:`QUEUE_PAUSES`), so that a call right after the last waits no longer than
-        the controller takes to forget it."""
-        counts = self._ask_queues(keys)
+        message ids would bring every request an engine ever completed); ``meanwhile`` is called while the
+        question travels (the call is made ready). The controller drops a request a moment after its
+        reply reaches us: where it counts more than this client knows to be pending, it is asked again
+        after growing pauses (:data:`QUEUE_PAUSES`), so that a call right after the last waits no longer
+        than the controller takes to forget it."""
+        counts = self._ask_queues(keys, meanwhile)
         for pause in QUEUE_PAUSES:
             if not any(counts[key] > len(self._waiting(key)) for key in keys):
                 break
@@ -73,19 +74,30 @@ class IPyParallelBridge(Bridge):
             counts = self._ask_queues(keys)
         return counts
 
-    def _ask_queues(self, keys: Sequence[Any]) -> dict:
+    def _ask_queues(self, keys: Sequence[Any], meanwhile: Optional[Callable[[], Any]] = None) -> dict:
+        """One question of :meth:`queues`. ``Client.queue_status`` has no time limit (a stopped
+        controller would hold the notebook for ever): the question goes through this notebook's
+        :class:`ControllerLine` to the controller, or the client's own sender, with one."""
         client = self.client
         if getattr(client, "_closed", False):
+            close_lines(client)
             raise ClusterGone(f"--cluster {self.name}: this ipyparallel Client was closed; {FIX_STALE}")
-        future = client._send(client._query_stream, "queue_request",
-                              content={"targets": list(keys), "verbose": False})
-        if not future.wait(ASK_TIMEOUT):
+        question = {"targets": list(keys), "verbose": False}
+        line = controller_line(client)
+        if line is not None:
+            answer = line.ask(question, ASK_TIMEOUT, meanwhile)
+        else:
+            future = client._send(client._query_stream, "queue_request", content=question)
+            if meanwhile is not None:
+                meanwhile()
+            answer = future.result() if future.wait(ASK_TIMEOUT) else None
+        if answer is None:
             where = (getattr(client, "_config", None) or {}).get("registration", "")
             at = f" at {where}" if where else ""
             raise ClusterGone(f"--cluster {self.name}: the ipyparallel controller{at}"
                               f" did not answer in {ASK_TIMEOUT:g} s: the cluster was stopped or its "
                               f"controller died; {FIX_STALE}")
-        content = future.result()["content"]
+        content = answer["content"]
         if content.get("status") != "ok":
             raise ClusterGone(f"--cluster {self.name}: the controller refused the queue request "
                               f"({content.get('ename', '')}: {content.get('evalue', '')}); {FIX_STALE}")
@@ -126,6 +138,7 @@ class IPyParallelBridge(Bridge):
         keys = self.engines() if keys is None else list(keys)
         alive = set(self.client.ids)
         start, now = time.monotonic(), time.time()
+        asked = [key for key in keys if key in alive]
         replies = {key: Reply(self.label(key), key, False) for key in keys}
         for key in keys:
             if key not in alive:
@@ -133,7 +146,10 @@ class IPyParallelBridge(Bridge):
         outstanding = self.client.outstanding
         for msg_id in [m for m in self._ours if m not in outstanding]:
             del self._ours[msg_id]  # answered late, aborted or interrupted: no longer ours to wait on
-        queued = self.queues([key for key in keys if key in alive]) if alive & set(keys) else {}
+        wanted = asked if only is None else [key for key in asked if key in set(only)]
+        made: list = []  # the view on ``wanted``, made while the controller is asked: the usual call
+        queued = self.queues(asked, lambda: made.append(self._view(wanted))) if asked else {}
+        view = made[0] if made else None
         live = []
         for key, count in queued.items():
             if count:
@@ -148,7 +164,7 @@ class IPyParallelBridge(Bridge):
         sent: list = []
         try:
             if live:
-                sent = self._send(live, replies, target, args, kwargs)
+                sent = self._send(live, replies, target, args, kwargs, view if live == wanted else None)
                 for part, result in sent:
                     self._gather(part, result, replies, timeout, start)
         except KeyboardInterrupt:
@@ -160,15 +176,24 @@ class IPyParallelBridge(Bridge):
             self._stop(late, wait=False, signal=target in LONG)
         return [replies[key] for key in keys]
 
-    def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict) -> list:
-        """Send the call to every engine in ``live``: ``[(keys, AsyncResult)]``. One DirectView apply;
+    def _view(self, keys: list) -> Any:
+        """A DirectView on ``keys`` (None for none, or for an engine the client no longer lists)."""
+        try:
+            return self.client[keys] if keys else None
+        except Exception:  # noqa: BLE001 - an engine gone: :meth:`_send` makes its own views and says so
+            return None
+
+    def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict,
+              view: Any = None) -> list:
+        """Send the call to every engine in ``live``: ``[(keys, AsyncResult)]``. One DirectView apply
+        (through ``view``, a DirectView on ``live`` made while the controller was asked, where given);
         should it fail (an engine gone between the check and the send), one apply per engine, so that
         only the engine at fault gets the error."""
         from . import remote
 
         call = remote.Entry()  # by reference: ipyparallel would ship remote.call's code every time
         try:
-            sent = [(live, self.client[live].apply_async(call, target, args, kwargs))]
+            sent = [(live, (view or self.client[live]).apply_async(call, target, args, kwargs))]
         except Exception:  # noqa: BLE001 - retried per engine below, where each failure is that engine's
             sent = []
             for key in live:
@@ -274,6 +299,84 @@ class IPyParallelBridge(Bridge):
             elif key in running:
                 left.append(key)
         return running, left
+
+
+class ControllerLine:
+    """A socket of ours to an ipyparallel controller's query channel, where it answers queue counts.
+    Asked through the client, a question is handed to the client's I/O thread to send and its answer
+    handed back from there: two thread wake-ups, which on a machine whose cores are all busy cost more
+    than the controller's work (measured on 2 cores: 1.13 ms a question through the client, 0.71 ms
+    through this line, a bare call to 2 engines taking 6.2 ms). The line signs with a copy of the
+    client's session (its key, its signature scheme), connects as the client did (its CURVE keys where
+    the cluster uses them), and serves one question at a time (a panel's thread and the notebook may
+    share it); an answer that comes after its question gave up is dropped by the next."""
+
+    def __init__(self, client: Any) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self.session = client.session.clone()
+        self.socket = zmq.Context.instance().socket(zmq.DEALER)
+        self.socket.linger = 0
+        if getattr(client, "curve_serverkey", None):
+            self.socket.curve_serverkey = client.curve_serverkey
+            self.socket.curve_secretkey = client.curve_secretkey
+            self.socket.curve_publickey = client.curve_publickey
+        self.socket.connect(client._config["registration"])
+        self.lock = threading.Lock()
+        self.close = weakref.finalize(client, self.socket.close, 0)  # with the client, or at unload
+
+    def ask(self, content: dict, timeout: float,
+            meanwhile: Optional[Callable[[], Any]] = None) -> Optional[dict]:
+        """The controller's answer to a ``queue_request`` of ``content``, None after ``timeout`` seconds
+        without one; ``meanwhile`` is called while the question travels."""
+        with self.lock:
+            msg_id = self.session.send(self.socket, "queue_request", content=content)["header"]["msg_id"]
+            if meanwhile is not None:
+                meanwhile()
+            deadline = time.monotonic() + timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.socket.poll(left * 1000):
+                    return None
+                _, answer = self.session.recv(self.socket, mode=self._zmq.NOBLOCK)
+                if answer is not None and answer["parent_header"].get("msg_id") == msg_id:
+                    return answer
+
+
+_LINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # client -> its ControllerLine, or None
+_LINES_LOCK = threading.Lock()
+
+
+def controller_line(client: Any) -> Optional[ControllerLine]:
+    """The :class:`ControllerLine` to ``client``'s controller, opened at the first question (closed with
+    the client, or at ``%unload_ext``: :func:`close_lines`); None where the client reaches its
+    controller through SSH tunnels (they are the client's own), or where no line could be opened:
+    the client's own channel then carries the question."""
+    with _LINES_LOCK:
+        if client in _LINES:
+            return _LINES[client]
+        line = None
+        where = (getattr(client, "_config", None) or {}).get("registration")
+        if where and not getattr(client, "_ssh", False):
+            try:
+                line = ControllerLine(client)
+            except Exception:  # noqa: BLE001 - no line of ours: the client's channel is there
+                line = None
+        _LINES[client] = line
+        return line
+
+
+def close_lines(client: Any = None) -> None:
+    """Close the :class:`ControllerLine` to ``client``'s controller (a client found closed), or every
+    line (at ``%unload_ext``)."""
+    with _LINES_LOCK:
+        lines = [_LINES.pop(client, None)] if client is not None else list(_LINES.values())
+        if client is None:
+            _LINES.clear()
+    for line in lines:
+        if line is not None:
+            line.close()
 
 
 def _seconds(result: Any, elapsed: float) -> list:

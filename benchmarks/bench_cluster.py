@@ -319,8 +319,8 @@ def bench_dask(args: argparse.Namespace) -> None:
               f"before {o * 1e3:.1f} ms, {o / b:.2f}x")
 
         replies = bridge.run("memory_tick", None, [sampler._token, 0])
-        sent = len(pickle.dumps((dask_worker.dask_call, "memory_tick", (None, [sampler._token, 0]), {}, 4.0,
-                                 "0" * 32)))
+        sent = len(pickle.dumps((dask_worker.dask_call, ("memory_tick", (None, [sampler._token, 0]), {}, 4.0,
+                                                         "0" * 32, dask_worker.process_group()))))
         back = statistics.mean(len(pickle.dumps({"host": r.host, "pid": r.pid, "ok": r.ok, "cpus": r.cpus,
                                                  "threads": r.threads, "value": r.value})) for r in replies)
         print(f"  bytes per worker per tick: {sent} in (the function by reference and its arguments), "

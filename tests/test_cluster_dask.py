@@ -695,6 +695,17 @@ def test_sigint_is_held_off_only_for_the_notebooks_own_process_group():
             assert signal.getsignal(signal.SIGINT) == before
 
 
+def test_the_workers_entry_takes_one_request():
+    """Dask reads the signature of a ``Client.run`` function twice per call on every worker (whether it
+    takes ``dask_worker``, ``dask_scheduler``), at a cost that grows with its parameters: the entry takes
+    the request as one tuple, besides the worker."""
+    import inspect
+
+    from torchgpu_magic.cluster import dask_worker
+
+    assert list(inspect.signature(dask_worker.dask_call).parameters) == ["request", "dask_worker"]
+
+
 def test_holding_sigint_off_never_formats_the_handler_it_replaces():
     """A worker's SIGINT handler is asyncio's runner bound to its task, whose repr walks the task's stack:
     ``signal.signal`` formatted it on every call (trying the handler as an enum member, it builds the

@@ -291,8 +291,8 @@ class DaskBridge(Bridge):
         call_id = uuid.uuid4().hex
         deadline = timeout * 0.8 if timeout < 5 else timeout - 1.0  # the workers answer before we give up
         try:
-            return self.obj.run(dask_worker.dask_call, target, args, kwargs, deadline, call_id,
-                                dask_worker.process_group(), workers=None if everyone else keys,
+            request = (target, args, kwargs, deadline, call_id, dask_worker.process_group())
+            return self.obj.run(dask_worker.dask_call, request, workers=None if everyone else keys,
                                 on_error="return", callback_timeout=timeout)
         except TIMEOUTS:
             return None

@@ -639,10 +639,13 @@ FORKED = """
 import os, sys
 from torchgpu_magic.cluster import dask_worker
 assert dask_worker._THREADS.submit(lambda: 1).result(10) == 1  # a thread now waits, idle
+first, second = dask_worker.call_id(), dask_worker.call_id()
+assert first != second and first[:20] == second[:20]
 pid = os.fork()
-if pid == 0:  # the child: its call must run, else it exits with 1
+if pid == 0:  # the child: its call must run and its ids be its own, else it exits with 1
     try:
-        os._exit(0 if dask_worker._THREADS.submit(lambda: 2).result(10) == 2 else 1)
+        ran = dask_worker._THREADS.submit(lambda: 2).result(10) == 2
+        os._exit(0 if ran and dask_worker.call_id()[:20] != first[:20] else 1)
     except BaseException:
         os._exit(1)
 sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
@@ -654,7 +657,8 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 def test_a_forked_child_starts_its_own_threads_for_our_calls():
     """A process forked from one whose threads for our calls sat idle has none of those threads: its first
     call must start one, not be handed to a thread that does not exist there (and wait out its deadline).
-    Forked in a process of its own: a fork here would stop IPython's history thread in this one."""
+    Its call ids are its own (they share a prefix drawn once per process). Forked in a process of its
+    own: a fork here would stop IPython's history thread in this one."""
     out = subprocess.run([sys.executable, "-c", FORKED], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

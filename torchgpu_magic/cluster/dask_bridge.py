@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any, Optional, Sequence
 
 from .bridge import (
@@ -232,12 +231,14 @@ class DaskBridge(Bridge):
         holds the answers already in (not asked again; this pass adds its own); ``everyone``: ask every
         worker the scheduler lists now rather than those in hand (when all of those are to be asked)."""
         every = self.engines(fresh=True)
-        if self.kept.held or self.silent():
+        silent = self.silent()
+        if self.kept.held or silent:
             self.identity()  # a worker looks silent: see whether its heartbeats came back
-            every, everyone = self.engines(fresh=True), False
+            every, everyone, silent = self.engines(fresh=True), False, None
         keys = every if keys is None else list(keys)
         replies = {key: Reply(self.label(key), key, False) for key in keys}
-        live = self._triage(target, keys, replies, strict=only is not None)  # unasked: no cost to say
+        strict = only is not None
+        live = self._triage(target, keys, replies, strict, None if strict else silent)  # unasked: no cost
         if only is not None:
             for key in live:
                 replies[key].ok = key not in only
@@ -259,9 +260,11 @@ class DaskBridge(Bridge):
         failed = self._fill({key: known[key] for key in live if key in known}, replies)
         stale = everyone and (set(answers) != set(ask) or bool(failed))
         return [replies[key] for key in keys], stale
-    def _triage(self, target: str, keys: list, replies: dict, strict: bool = False) -> list:
-        """The workers to ask; the others' replies say why not (gone, silent, or busy for a timing)."""
-        silent = self.silent(strict)
+    def _triage(self, target: str, keys: list, replies: dict, strict: bool = False,
+                silent: Optional[dict] = None) -> list:
+        """The workers to ask; the others' replies say why not (gone, silent, or busy for a timing).
+        ``silent``: :meth:`silent` as just read, where the caller has it."""
+        silent = self.silent(strict) if silent is None else silent
         live = []
         for key in keys:
             record = self.workers.get(key)
@@ -288,7 +291,7 @@ class DaskBridge(Bridge):
         Ctrl-C interrupts the call on the workers and raises :class:`ClusterInterrupted`."""
         from . import dask_worker
 
-        call_id = uuid.uuid4().hex
+        call_id = dask_worker.call_id()
         deadline = timeout * 0.8 if timeout < 5 else timeout - 1.0  # the workers answer before we give up
         try:
             request = (target, args, kwargs, deadline, call_id, dask_worker.process_group())

@@ -12,11 +12,13 @@ import _signal  # signal.signal's C function: see sigint_held
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import os
 import pickle
 import queue
 import socket
 import threading
+import uuid
 from typing import Any, Iterator, Optional
 
 from . import remote
@@ -76,8 +78,6 @@ class _Threads:
 
 
 _THREADS = _Threads()
-if hasattr(os, "register_at_fork"):  # a forked child has none of the threads its counts name
-    os.register_at_fork(after_in_child=_THREADS.__init__)
 
 
 async def dask_call(request: tuple, dask_worker: Any = None) -> bytes:
@@ -115,9 +115,39 @@ def answer_of(sent: Any) -> Any:
 
 def process_group() -> Optional[tuple]:
     """(host, process group) of this process, for :func:`sigint_held` on the workers; None where the
-    OS has no process groups."""
-    getpgrp = getattr(os, "getpgrp", None)
-    return (socket.gethostname(), getpgrp()) if getpgrp is not None else None
+    OS has no process groups. Asked on both sides of every call, so read once per process (a forked
+    child reads its own): neither changes under a notebook's kernel or a worker."""
+    if not _GROUP:
+        getpgrp = getattr(os, "getpgrp", None)
+        _GROUP.append((socket.gethostname(), getpgrp()) if getpgrp is not None else None)
+    return _GROUP[0]
+
+
+_GROUP: list = []  # [process_group()] once read
+
+
+def call_id() -> str:
+    """A new id for a call, unique among the notebooks sharing the workers: a random prefix drawn once
+    per process (a forked child draws its own), then a count. A random draw per call is a system call
+    (``os.urandom``: 9 us here, a twentieth of the notebook's part of a call)."""
+    if not _IDS:
+        _IDS.append((uuid.uuid4().hex[:20], itertools.count()))
+    prefix, count = _IDS[0]
+    return f"{prefix}{next(count):012x}"
+
+
+_IDS: list = []  # [(this process's prefix, its count)] once drawn
+
+
+def _forked() -> None:
+    """In a forked child: none of the threads the pool's counts name, and its own ids and group."""
+    _THREADS.__init__()
+    _IDS.clear()
+    _GROUP.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 _SIGINT_HELD: list = [0, None]  # [our calls holding SIGINT off here, the handler before them]

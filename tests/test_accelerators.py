@@ -48,6 +48,7 @@ def test_a_cpu_build_has_no_accelerator(request):
         pytest.skip("this run simulates a machine")
     assert accelerators.current_kind() is None and accelerators.state() == "no accelerator"
     assert accelerators.device_count() == 0 and accelerators.available_kinds() == []
+    assert accelerators.other_kinds() == [] and accelerators.other_kinds() == []
     assert accelerators.torch_figures(0) == (0, 0, 0) and not accelerators.empty_cache()
     assert accelerators.backend_label() == "CPU"
 
@@ -67,6 +68,19 @@ def test_the_layer_names_the_accelerator_without_initialising_it(machine):
         assert not torch.get_device_module(kind).is_initialized()
     else:
         assert accelerators.state() == "initialised"
+
+
+def test_the_other_accelerators_are_asked_once_where_there_are_none(machine, monkeypatch):
+    """%gpuinfo's accelerators besides CUDA: MPS or XPU where there are; a torch with none is not asked
+    again (each %gpuinfo, on every engine of a cluster, asked every backend for its devices)."""
+    name, _ = machine
+    kind = EXPECTED[name][0]
+    expected = [] if kind == "cuda" else [kind]
+    assert accelerators.other_kinds() == expected
+    counted, count = [], accelerators.device_count
+    monkeypatch.setattr(accelerators, "device_count", lambda kind=None: counted.append(kind) or count(kind))
+    assert accelerators.other_kinds() == expected
+    assert bool(counted) == bool(expected), counted
 
 
 def test_started_asks_is_initialized_alone(machine, monkeypatch):

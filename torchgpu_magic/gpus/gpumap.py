@@ -103,7 +103,7 @@ def torch_view(gpus: Optional[list] = None) -> TorchView:
         view.named_by_nvml = named is not None
         view.devices = named if named is not None else [
             _torch_device(torch, i, view.warnings) for i in range(view.device_count)]
-    view.other_accelerators = [kind for kind in accelerators.available_kinds() if kind != "cuda"]
+    view.other_accelerators = accelerators.other_kinds()
     return view
 
 

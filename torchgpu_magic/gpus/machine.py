@@ -146,16 +146,16 @@ def pci_gpus(root: str = "/", vendor: str = NVIDIA_VENDOR) -> Optional[tuple]:
     return _gpus_on(_bus(root), root, vendor)
 
 
-def _gpus_on(ids: Optional[dict], root: str, vendor: str) -> Optional[tuple]:
-    """:func:`pci_gpus` of the bus listing ``ids`` (:func:`_bus`), which a survey reads once for all
-    three vendors."""
-    if ids is None:
+def _gpus_on(bus: Optional[dict], root: str, vendor: str) -> Optional[tuple]:
+    """:func:`pci_gpus` of the bus ``bus`` (:func:`_bus`), which a survey reads once for all three
+    vendors."""
+    if bus is None:
         return None
     base = os.path.join(root, "sys/bus/pci/devices")
     classes = _GPU_CLASSES.get(vendor, (_DISPLAY_CLASS,))
     found = []
-    for address, (device_vendor, klass, device) in ids.items():
-        if device_vendor != vendor or not klass.startswith(classes):
+    for address, klass, device in bus.get(vendor, ()):
+        if not klass.startswith(classes):
             continue
         try:
             driver: Optional[str] = os.path.basename(os.readlink(os.path.join(base, address, "driver")))
@@ -168,32 +168,37 @@ def _gpus_on(ids: Optional[dict], root: str, vendor: str) -> Optional[tuple]:
     return tuple(found)
 
 
-_BUS = table()  # root -> (the bus's listing, {address: (vendor, class, device)})
+_BUS = table()  # root -> (the bus's listing as read, its devices by vendor)
 _NAMES = table()  # (root, vendor, device ids, the database's (path, size, mtime)) -> {device id: name}
 
 
 def _bus(root: str) -> Optional[dict]:
-    """``{address: (vendor, class, device)}`` of every device on the PCI bus, in address order; None where
-    the bus cannot be read or lists none. Reading the ids is most of a survey's cost (three small files
-    per device, every device of the machine), and they cannot change while the device stays at its
-    address, so they are read again only when the bus's listing changes (a device added or removed); a
-    listing whose files could not all be read is not kept."""
+    """``{vendor: ((address, class, device), ...)}``: every device on the PCI bus, by vendor, in address
+    order; None where the bus cannot be read or lists none. Reading the ids is most of a survey's cost
+    (three small files per device, every device of the machine), and they cannot change while the
+    device stays at its address, so they are read again only when the bus's listing changes (a device
+    added or removed); a listing whose files could not all be read is not kept. Grouped by vendor once
+    per listing: a GPU server's bus lists some hundred devices, which each vendor's look went through."""
     base = os.path.join(root, "sys/bus/pci/devices")
     try:
-        addresses = tuple(sorted(os.listdir(base)))
+        listing = os.listdir(base)
     except OSError:
         return None
-    if not addresses:
+    if not listing:
         return None
     kept = _BUS.get(root)
-    if kept is not None and kept[0] == addresses:
+    if kept is not None and kept[0] == listing:  # listed as last time, in the same order: unchanged
         return kept[1]
     read = {address: tuple(_read(base, f"{address}/{name}") for name in ("vendor", "class", "device"))
-            for address in addresses}
-    ids = {address: tuple((text or "").strip().lower() for text in texts) for address, texts in read.items()}
+            for address in sorted(listing)}
+    bus: dict = {}
+    for address, texts in read.items():
+        vendor, klass, device = ((text or "").strip().lower() for text in texts)
+        bus.setdefault(vendor, []).append((address, klass, device))
+    bus = {vendor: tuple(devices) for vendor, devices in bus.items()}
     if all(text is not None for texts in read.values() for text in texts):
-        _BUS[root] = (addresses, ids)
-    return ids
+        _BUS[root] = (listing, bus)
+    return bus
 
 
 def _pci_names(root: str, devices: frozenset, vendor: str = NVIDIA_VENDOR) -> dict:
@@ -301,7 +306,7 @@ def survey(root: Optional[str] = None, system: Optional[str] = None,
     release = platform.release() if release is None and root == "/" else release
     wsl = is_wsl(root, release)
     shared, nvidia = wsl_gpu(root) if wsl else (False, False)
-    ids = None if wsl else _bus(root)  # None: no bus to read, so no GPU lists
-    return Machine(system, nvidia_gpus=_gpus_on(ids, root, NVIDIA_VENDOR), kernel_driver=kernel_driver(root),
+    bus = None if wsl else _bus(root)  # None: no bus to read, so no GPU lists
+    return Machine(system, nvidia_gpus=_gpus_on(bus, root, NVIDIA_VENDOR), kernel_driver=kernel_driver(root),
                    wsl=wsl, wsl_gpu=shared, wsl_nvidia=nvidia, distribution=distribution(root),
-                   amd_gpus=_gpus_on(ids, root, AMD_VENDOR), intel_gpus=_gpus_on(ids, root, INTEL_VENDOR))
+                   amd_gpus=_gpus_on(bus, root, AMD_VENDOR), intel_gpus=_gpus_on(bus, root, INTEL_VENDOR))

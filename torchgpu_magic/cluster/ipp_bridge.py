@@ -316,7 +316,8 @@ class ControllerLine:
 
         self._zmq = zmq
         self.session = client.session.clone()
-        self.socket = zmq.Context.instance().socket(zmq.DEALER)
+        context = getattr(client, "_context", None) or zmq.Context.instance()  # the client's: one lifetime
+        self.socket = context.socket(zmq.DEALER)
         self.socket.linger = 0
         if getattr(client, "curve_serverkey", None):
             self.socket.curve_serverkey = client.curve_serverkey

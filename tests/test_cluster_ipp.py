@@ -609,7 +609,8 @@ def test_an_engine_busy_with_another_clients_task_is_not_asked(sh, rc, ipc):
 def test_the_controller_is_asked_on_a_line_of_ours(sh, rc, monkeypatch):
     """The controller's queue counts come over a socket of ours to its query channel, not through the
     client's I/O thread (a thread wake-up each way, which cost more than the controller's work); an
-    answer on the line to an earlier question is passed over; %unload_ext closes the line."""
+    answer on the line to an earlier question is passed over; %unload_ext closes the line, and a call
+    holding a line closed meanwhile asks through the client."""
     from torchgpu_magic import load_ipython_extension, unload_ipython_extension
     from torchgpu_magic.cluster import ipp_bridge
 
@@ -632,6 +633,11 @@ def test_the_controller_is_asked_on_a_line_of_ours(sh, rc, monkeypatch):
     unload_ipython_extension(sh)
     assert line.socket.closed and not ipp_bridge._LINES
     load_ipython_extension(sh)
+    # a line closed under a call that had it in hand: the question goes through the client instead
+    ipp_bridge._LINES[rc] = line
+    through_client.clear()
+    assert not run(sh, "%whereis --cluster rc -o").failed and "queue_request" in through_client
+    ipp_bridge.close_lines()
 
 
 def test_a_client_through_ssh_tunnels_is_asked_through_itself(sh, ipc):
@@ -704,21 +710,27 @@ def test_panel_refreshes_the_others_while_one_engine_works_and_keeps_its_peaks(s
 
 def test_stale_client_is_one_line(sh, monkeypatch):
     """A client whose cluster was stopped: one line within the controller's time limit, not a 30 s
-    wait that blames busy engines (the limit cut to 1 s here: the wait is the whole of this test)."""
+    wait that blames busy engines (the limit cut to 1 s here: the wait is the whole of this test).
+    That cluster encrypts its channels (CURVE): while it runs, the line of ours to its controller
+    carries the client's keys and is answered."""
     from IPython.core.error import UsageError
 
     from torchgpu_magic.cluster import ipp_bridge
 
     monkeypatch.setattr(ipp_bridge, "ASK_TIMEOUT", 1.0)
+    monkeypatch.setenv("IPP_ENABLE_CURVE", "1")
 
     with cluster_processes():
         other = ipp.Cluster(n=1, log_level=40)
         old = other.start_and_connect_sync()
+        sh.user_ns["old"] = old
         try:
             old.wait_for_engines(1, timeout=60, block=True)
+            assert old.curve_serverkey
+            assert not run(sh, "%whereis --cluster old -o").failed
+            assert not ipp_bridge.controller_line(old).closed
         finally:
             other.stop_cluster_sync()
-        sh.user_ns["old"] = old
         try:
             err = run_error(sh, "%gpuinfo --cluster old")
         finally:

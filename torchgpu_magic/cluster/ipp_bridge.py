@@ -84,9 +84,8 @@ class IPyParallelBridge(Bridge):
             raise ClusterGone(f"--cluster {self.name}: this ipyparallel Client was closed; {FIX_STALE}")
         question = {"targets": list(keys), "verbose": False}
         line = controller_line(client)
-        if line is not None:
-            answer = line.ask(question, ASK_TIMEOUT, meanwhile)
-        else:
+        answer = line.ask(question, ASK_TIMEOUT, meanwhile) if line is not None else None
+        if line is None or (answer is None and line.closed):  # no line, or closed meanwhile (at unload)
             future = client._send(client._query_stream, "queue_request", content=question)
             if meanwhile is not None:
                 meanwhile()
@@ -325,13 +324,30 @@ class ControllerLine:
             self.socket.curve_publickey = client.curve_publickey
         self.socket.connect(client._config["registration"])
         self.lock = threading.Lock()
-        self.close = weakref.finalize(client, self.socket.close, 0)  # with the client, or at unload
+        self._closer = weakref.finalize(client, self.socket.close, 0)  # with the client, or at unload
+
+    @property
+    def closed(self) -> bool:
+        return not self._closer.alive
+
+    def close(self) -> None:
+        """Close the socket, once no question is on it (a panel's thread may be asking: a zmq socket is
+        never closed under a thread using it; one still asking after the time limit keeps the line,
+        which then closes with its client)."""
+        if self.lock.acquire(timeout=ASK_TIMEOUT):
+            try:
+                self._closer()
+            finally:
+                self.lock.release()
 
     def ask(self, content: dict, timeout: float,
             meanwhile: Optional[Callable[[], Any]] = None) -> Optional[dict]:
         """The controller's answer to a ``queue_request`` of ``content``, None after ``timeout`` seconds
-        without one; ``meanwhile`` is called while the question travels."""
+        without one, or at once on a line closed since it was handed out (see :attr:`closed`);
+        ``meanwhile`` is called while the question travels."""
         with self.lock:
+            if self.closed:
+                return None
             msg_id = self.session.send(self.socket, "queue_request", content=content)["header"]["msg_id"]
             if meanwhile is not None:
                 meanwhile()

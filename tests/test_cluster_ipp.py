@@ -76,7 +76,22 @@ def no_leftovers(rc, request):
     deadline = time.monotonic() + 10
     while queued() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not queued(), "requests left on the engines"
+    assert not queued(), f"requests left on the engines: {_left(rc, skip)}"
+
+
+def _left(rc, skip: set) -> list:
+    """What the controller still counts as queued on each engine: the request's id and type, whether
+    this client sent it (and still waits for it), and its submission and completion as recorded."""
+    found = []
+    for key, status in rc.queue_status(verbose=True).items():
+        if key == "unassigned" or key in skip:
+            continue
+        for msg_id in status["queue"]:
+            records = rc.db_query({"msg_id": msg_id}, keys=["header", "submitted", "completed"])
+            record = records[0] if records else {}
+            found.append((key, msg_id, (record.get("header") or {}).get("msg_type"), msg_id in rc.history,
+                          msg_id in rc.outstanding, record.get("submitted"), record.get("completed")))
+    return found
 
 
 @pytest.fixture
@@ -630,6 +645,9 @@ def test_the_controller_is_asked_on_a_line_of_ours(sh, rc, monkeypatch):
     answer = line.ask({"targets": [0, 1], "verbose": False}, 5.0)
     assert answer["parent_header"]["msg_id"] != stray["header"]["msg_id"]
     assert set(answer["content"]) >= {"0", "1"}
+    # jupyter_client numbers a session's messages from its id: the line's ids are never the client's
+    assert line.session.session != rc.session.session
+    assert not set(rc.history) & {stray["header"]["msg_id"], answer["parent_header"]["msg_id"]}
     unload_ipython_extension(sh)
     assert line.socket.closed and not ipp_bridge._LINES
     load_ipython_extension(sh)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 import weakref
 from datetime import datetime
 from typing import Any, Callable, Optional, Sequence
@@ -315,6 +316,9 @@ class ControllerLine:
 
         self._zmq = zmq
         self.session = client.session.clone()
+        # its own session id: jupyter_client numbers a session's messages from that id, so a copy under
+        # the client's id would reuse the ids of the client's own requests
+        self.session.session = str(uuid.uuid4())
         context = getattr(client, "_context", None) or zmq.Context.instance()  # the client's: one lifetime
         self.socket = context.socket(zmq.DEALER)
         self.socket.linger = 0

@@ -621,58 +621,6 @@ def test_an_engine_busy_with_another_clients_task_is_not_asked(sh, rc, ipc):
         other.close()
 
 
-def test_the_controller_is_asked_on_a_line_of_ours(sh, rc, monkeypatch):
-    """The controller's queue counts come over a socket of ours to its query channel, not through the
-    client's I/O thread (a thread wake-up each way, which cost more than the controller's work); an
-    answer on the line to an earlier question is passed over; %unload_ext closes the line, and a call
-    holding a line closed meanwhile asks through the client."""
-    from torchgpu_magic import load_ipython_extension, unload_ipython_extension
-    from torchgpu_magic.cluster import ipp_bridge
-
-    through_client = []
-    send = rc._send
-
-    def spy(socket, msg_type, *args, **kwargs):
-        through_client.append(msg_type)
-        return send(socket, msg_type, *args, **kwargs)
-
-    monkeypatch.setattr(rc, "_send", spy)
-    report = run(sh, "%gpuinfo --cluster rc -o")
-    assert all(e["ok"] for e in report.engines)
-    assert "apply_request" in through_client and "queue_request" not in through_client
-    line = ipp_bridge.controller_line(rc)
-    stray = line.session.send(line.socket, "queue_request", content={"targets": [0], "verbose": False})
-    answer = line.ask({"targets": [0, 1], "verbose": False}, 5.0)
-    assert answer["parent_header"]["msg_id"] != stray["header"]["msg_id"]
-    assert set(answer["content"]) >= {"0", "1"}
-    # jupyter_client numbers a session's messages from its id: the line's ids are never the client's
-    assert line.session.session != rc.session.session
-    assert not set(rc.history) & {stray["header"]["msg_id"], answer["parent_header"]["msg_id"]}
-    unload_ipython_extension(sh)
-    assert line.socket.closed and not ipp_bridge._LINES
-    load_ipython_extension(sh)
-    # a line closed under a call that had it in hand: the question goes through the client instead
-    ipp_bridge._LINES[rc] = line
-    through_client.clear()
-    assert not run(sh, "%whereis --cluster rc -o").failed and "queue_request" in through_client
-    ipp_bridge.close_lines()
-
-
-def test_a_client_through_ssh_tunnels_is_asked_through_itself(sh, ipc):
-    """A client that reaches its controller through SSH tunnels (its own, set up as it connected) has no
-    line of ours: its own channel carries the question, and the magics work the same."""
-    from torchgpu_magic.cluster import ipp_bridge
-
-    other = ipc[0].connect_client_sync()
-    try:
-        other._ssh = True
-        sh.user_ns["other"] = other
-        report = run(sh, "%whereis --cluster other -o")
-        assert not report.failed and ipp_bridge.controller_line(other) is None
-    finally:
-        other.close()
-
-
 def test_each_engines_seconds_are_ipyparallels_own(rc):
     """The round trip per engine, read from the records without ipyparallel's parsing of every date,
     is the figure ipyparallel gives."""
@@ -729,8 +677,7 @@ def test_panel_refreshes_the_others_while_one_engine_works_and_keeps_its_peaks(s
 def test_stale_client_is_one_line(sh, monkeypatch):
     """A client whose cluster was stopped: one line within the controller's time limit, not a 30 s
     wait that blames busy engines (the limit cut to 1 s here: the wait is the whole of this test).
-    That cluster encrypts its channels (CURVE): while it runs, the line of ours to its controller
-    carries the client's keys and is answered."""
+    That cluster encrypts its channels (CURVE): while it runs, the magics reach it as any other."""
     from IPython.core.error import UsageError
 
     from torchgpu_magic.cluster import ipp_bridge
@@ -746,7 +693,6 @@ def test_stale_client_is_one_line(sh, monkeypatch):
             old.wait_for_engines(1, timeout=60, block=True)
             assert old.curve_serverkey
             assert not run(sh, "%whereis --cluster old -o").failed
-            assert not ipp_bridge.controller_line(old).closed
         finally:
             other.stop_cluster_sync()
         try:

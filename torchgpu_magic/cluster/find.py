@@ -24,7 +24,7 @@ from typing import Any, Optional
 from ..errors import MagicInputError
 from .bridge import Bridge, ClusterGone
 from .dask_bridge import DaskBridge, Workers
-from .ipp_bridge import IPyParallelBridge, close_lines
+from .ipp_bridge import IPyParallelBridge
 
 HOW = ("start one first, e.g. rc = ipyparallel.Cluster(n=4).start_and_connect_sync(), or "
        "client = distributed.Client(LocalCluster())")
@@ -207,9 +207,7 @@ def _dask_default() -> Any:
 
 
 def close_clients() -> None:
-    """Close the clients this package connected to cluster objects, and its own lines to ipyparallel
-    controllers (:func:`.ipp_bridge.close_lines`), at ``%unload_ext``."""
-    close_lines()
+    """Close the clients this package connected to cluster objects (at ``%unload_ext``)."""
     while _OWNED:
         _, (_, client) = _OWNED.popitem()
         with contextlib.suppress(Exception):  # a client already gone: nothing to close

@@ -12,10 +12,7 @@ interrupted (SIGINT, as ``%px`` does on Ctrl-C) where it runs, so no engine keep
 """
 from __future__ import annotations
 
-import threading
 import time
-import uuid
-import weakref
 from datetime import datetime
 from typing import Any, Callable, Optional, Sequence
 
@@ -77,20 +74,16 @@ class IPyParallelBridge(Bridge):
 
     def _ask_queues(self, keys: Sequence[Any], meanwhile: Optional[Callable[[], Any]] = None) -> dict:
         """One question of :meth:`queues`. ``Client.queue_status`` has no time limit (a stopped
-        controller would hold the notebook for ever): the question goes through this notebook's
-        :class:`ControllerLine` to the controller, or the client's own sender, with one."""
+        controller would hold the notebook for ever), so the question goes through the client's own
+        sender with one."""
         client = self.client
         if getattr(client, "_closed", False):
-            close_lines(client)
             raise ClusterGone(f"--cluster {self.name}: this ipyparallel Client was closed; {FIX_STALE}")
-        question = {"targets": list(keys), "verbose": False}
-        line = controller_line(client)
-        answer = line.ask(question, ASK_TIMEOUT, meanwhile) if line is not None else None
-        if line is None or (answer is None and line.closed):  # no line, or closed meanwhile (at unload)
-            future = client._send(client._query_stream, "queue_request", content=question)
-            if meanwhile is not None:
-                meanwhile()
-            answer = future.result() if future.wait(ASK_TIMEOUT) else None
+        future = client._send(client._query_stream, "queue_request",
+                              content={"targets": list(keys), "verbose": False})
+        if meanwhile is not None:
+            meanwhile()
+        answer = future.result() if future.wait(ASK_TIMEOUT) else None
         if answer is None:
             where = (getattr(client, "_config", None) or {}).get("registration", "")
             at = f" at {where}" if where else ""
@@ -299,105 +292,6 @@ class IPyParallelBridge(Bridge):
             elif key in running:
                 left.append(key)
         return running, left
-
-
-class ControllerLine:
-    """A socket of ours to an ipyparallel controller's query channel, where it answers queue counts.
-    Asked through the client, a question is handed to the client's I/O thread to send and its answer
-    handed back from there: two thread wake-ups, which on a machine whose cores are all busy cost more
-    than the controller's work (measured on 2 cores: 1.13 ms a question through the client, 0.71 ms
-    through this line, a bare call to 2 engines taking 6.2 ms). The line signs with a copy of the
-    client's session (its key, its signature scheme), connects as the client did (its CURVE keys where
-    the cluster uses them), and serves one question at a time (a panel's thread and the notebook may
-    share it); an answer that comes after its question gave up is dropped by the next."""
-
-    def __init__(self, client: Any) -> None:
-        import zmq
-
-        self._zmq = zmq
-        self.session = client.session.clone()
-        # its own session id: jupyter_client numbers a session's messages from that id, so a copy under
-        # the client's id would reuse the ids of the client's own requests
-        self.session.session = str(uuid.uuid4())
-        context = getattr(client, "_context", None) or zmq.Context.instance()  # the client's: one lifetime
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.linger = 0
-        if getattr(client, "curve_serverkey", None):
-            self.socket.curve_serverkey = client.curve_serverkey
-            self.socket.curve_secretkey = client.curve_secretkey
-            self.socket.curve_publickey = client.curve_publickey
-        self.socket.connect(client._config["registration"])
-        self.lock = threading.Lock()
-        self._closer = weakref.finalize(client, self.socket.close, 0)  # with the client, or at unload
-
-    @property
-    def closed(self) -> bool:
-        return not self._closer.alive
-
-    def close(self) -> None:
-        """Close the socket, once no question is on it (a panel's thread may be asking: a zmq socket is
-        never closed under a thread using it; one still asking after the time limit keeps the line,
-        which then closes with its client)."""
-        if self.lock.acquire(timeout=ASK_TIMEOUT):
-            try:
-                self._closer()
-            finally:
-                self.lock.release()
-
-    def ask(self, content: dict, timeout: float,
-            meanwhile: Optional[Callable[[], Any]] = None) -> Optional[dict]:
-        """The controller's answer to a ``queue_request`` of ``content``, None after ``timeout`` seconds
-        without one, or at once on a line closed since it was handed out (see :attr:`closed`);
-        ``meanwhile`` is called while the question travels."""
-        with self.lock:
-            if self.closed:
-                return None
-            msg_id = self.session.send(self.socket, "queue_request", content=content)["header"]["msg_id"]
-            if meanwhile is not None:
-                meanwhile()
-            deadline = time.monotonic() + timeout
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self.socket.poll(left * 1000):
-                    return None
-                _, answer = self.session.recv(self.socket, mode=self._zmq.NOBLOCK)
-                if answer is not None and answer["parent_header"].get("msg_id") == msg_id:
-                    return answer
-
-
-_LINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # client -> its ControllerLine, or None
-_LINES_LOCK = threading.Lock()
-
-
-def controller_line(client: Any) -> Optional[ControllerLine]:
-    """The :class:`ControllerLine` to ``client``'s controller, opened at the first question (closed with
-    the client, or at ``%unload_ext``: :func:`close_lines`); None where the client reaches its
-    controller through SSH tunnels (they are the client's own), or where no line could be opened:
-    the client's own channel then carries the question."""
-    with _LINES_LOCK:
-        if client in _LINES:
-            return _LINES[client]
-        line = None
-        where = (getattr(client, "_config", None) or {}).get("registration")
-        if where and not getattr(client, "_ssh", False):
-            try:
-                line = ControllerLine(client)
-            except Exception:  # noqa: BLE001 - no line of ours: the client's channel is there
-                line = None
-        _LINES[client] = line
-        return line
-
-
-def close_lines(client: Any = None) -> None:
-    """Close the :class:`ControllerLine` to ``client``'s controller (a client found closed), or every
-    line (at ``%unload_ext``)."""
-    with _LINES_LOCK:
-        lines = [_LINES.pop(client, None)] if client is not None else list(_LINES.values())
-        if client is None:
-            _LINES.clear()
-    for line in lines:
-        if line is not None:
-            line.close()
 
 
 def _seconds(result: Any, elapsed: float) -> list:

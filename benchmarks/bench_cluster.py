@@ -57,8 +57,7 @@ class PerEngineBridge(IPyParallelBridge):
     """The ipyparallel 'before' arm: one ``apply_async`` per engine with the function itself (shipped by
     value), as the bridge sent before issue 14's follow-up."""
 
-    def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict,
-              view: Any = None) -> list:
+    def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict) -> list:
         return [([key], self.client[[key]].apply_async(remote.call, target, args, kwargs)) for key in live]
 
 

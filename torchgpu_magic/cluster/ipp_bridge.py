@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .bridge import (
     ASK_TIMEOUT,
@@ -57,14 +57,15 @@ class IPyParallelBridge(Bridge):
         return f"engine {key}"
 
     # ---- the controller's view of the queues ----------------------------------------------------------
-    def queues(self, keys: Sequence[Any], meanwhile: Optional[Callable[[], Any]] = None) -> dict:
+    def queues(self, keys: Sequence[Any]) -> dict:
         """``{engine: requests queued or running there}`` from the controller (counts: its lists of
-        message ids would bring every request an engine ever completed); ``meanwhile`` is called while the
-        question travels (the call is made ready). The controller drops a request a moment after its
-        reply reaches us: where it counts more than this client knows to be pending, it is asked again
-        after growing pauses (:data:`QUEUE_PAUSES`), so that a call right after the last waits no longer
-        than the controller takes to forget it."""
-        counts = self._ask_queues(keys, meanwhile)
+        message ids would bring every request an engine ever completed). ``Client.queue_status`` has no
+        time limit (a stopped controller would hold the notebook for ever), so the request goes through
+        the client's own sender with one. The controller drops a request a moment after its reply
+        reaches us: where it counts more than this client knows to be pending, it is asked again after
+        growing pauses (:data:`QUEUE_PAUSES`), so that a call right after the last waits no longer than
+        the controller takes to forget it."""
+        counts = self._ask_queues(keys)
         for pause in QUEUE_PAUSES:
             if not any(counts[key] > len(self._waiting(key)) for key in keys):
                 break
@@ -72,25 +73,19 @@ class IPyParallelBridge(Bridge):
             counts = self._ask_queues(keys)
         return counts
 
-    def _ask_queues(self, keys: Sequence[Any], meanwhile: Optional[Callable[[], Any]] = None) -> dict:
-        """One question of :meth:`queues`. ``Client.queue_status`` has no time limit (a stopped
-        controller would hold the notebook for ever), so the question goes through the client's own
-        sender with one."""
+    def _ask_queues(self, keys: Sequence[Any]) -> dict:
         client = self.client
         if getattr(client, "_closed", False):
             raise ClusterGone(f"--cluster {self.name}: this ipyparallel Client was closed; {FIX_STALE}")
         future = client._send(client._query_stream, "queue_request",
                               content={"targets": list(keys), "verbose": False})
-        if meanwhile is not None:
-            meanwhile()
-        answer = future.result() if future.wait(ASK_TIMEOUT) else None
-        if answer is None:
+        if not future.wait(ASK_TIMEOUT):
             where = (getattr(client, "_config", None) or {}).get("registration", "")
             at = f" at {where}" if where else ""
             raise ClusterGone(f"--cluster {self.name}: the ipyparallel controller{at}"
                               f" did not answer in {ASK_TIMEOUT:g} s: the cluster was stopped or its "
                               f"controller died; {FIX_STALE}")
-        content = answer["content"]
+        content = future.result()["content"]
         if content.get("status") != "ok":
             raise ClusterGone(f"--cluster {self.name}: the controller refused the queue request "
                               f"({content.get('ename', '')}: {content.get('evalue', '')}); {FIX_STALE}")
@@ -131,7 +126,6 @@ class IPyParallelBridge(Bridge):
         keys = self.engines() if keys is None else list(keys)
         alive = set(self.client.ids)
         start, now = time.monotonic(), time.time()
-        asked = [key for key in keys if key in alive]
         replies = {key: Reply(self.label(key), key, False) for key in keys}
         for key in keys:
             if key not in alive:
@@ -139,10 +133,7 @@ class IPyParallelBridge(Bridge):
         outstanding = self.client.outstanding
         for msg_id in [m for m in self._ours if m not in outstanding]:
             del self._ours[msg_id]  # answered late, aborted or interrupted: no longer ours to wait on
-        wanted = asked if only is None else [key for key in asked if key in set(only)]
-        made: list = []  # the view on ``wanted``, made while the controller is asked: the usual call
-        queued = self.queues(asked, lambda: made.append(self._view(wanted))) if asked else {}
-        view = made[0] if made else None
+        queued = self.queues([key for key in keys if key in alive]) if alive & set(keys) else {}
         live = []
         for key, count in queued.items():
             if count:
@@ -157,7 +148,7 @@ class IPyParallelBridge(Bridge):
         sent: list = []
         try:
             if live:
-                sent = self._send(live, replies, target, args, kwargs, view if live == wanted else None)
+                sent = self._send(live, replies, target, args, kwargs)
                 for part, result in sent:
                     self._gather(part, result, replies, timeout, start)
         except KeyboardInterrupt:
@@ -169,24 +160,15 @@ class IPyParallelBridge(Bridge):
             self._stop(late, wait=False, signal=target in LONG)
         return [replies[key] for key in keys]
 
-    def _view(self, keys: list) -> Any:
-        """A DirectView on ``keys`` (None for none, or for an engine the client no longer lists)."""
-        try:
-            return self.client[keys] if keys else None
-        except Exception:  # noqa: BLE001 - an engine gone: :meth:`_send` makes its own views and says so
-            return None
-
-    def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict,
-              view: Any = None) -> list:
-        """Send the call to every engine in ``live``: ``[(keys, AsyncResult)]``. One DirectView apply
-        (through ``view``, a DirectView on ``live`` made while the controller was asked, where given);
+    def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict) -> list:
+        """Send the call to every engine in ``live``: ``[(keys, AsyncResult)]``. One DirectView apply;
         should it fail (an engine gone between the check and the send), one apply per engine, so that
         only the engine at fault gets the error."""
         from . import remote
 
         call = remote.Entry()  # by reference: ipyparallel would ship remote.call's code every time
         try:
-            sent = [(live, (view or self.client[live]).apply_async(call, target, args, kwargs))]
+            sent = [(live, self.client[live].apply_async(call, target, args, kwargs))]
         except Exception:  # noqa: BLE001 - retried per engine below, where each failure is that engine's
             sent = []
             for key in live:

@@ -21,6 +21,7 @@ import threading
 import uuid
 from typing import Any, Iterator, Optional
 
+from ..caches import cache
 from . import remote
 
 _ACTIVE: dict = {}  # call id -> {ident: may be interrupted now} of the threads running that call here
@@ -113,37 +114,34 @@ def answer_of(sent: Any) -> Any:
     return pickle.loads(sent) if isinstance(sent, bytes) else sent
 
 
+@cache
 def process_group() -> Optional[tuple]:
     """(host, process group) of this process, for :func:`sigint_held` on the workers; None where the
     OS has no process groups. Asked on both sides of every call, so read once per process (a forked
     child reads its own): neither changes under a notebook's kernel or a worker."""
-    if not _GROUP:
-        getpgrp = getattr(os, "getpgrp", None)
-        _GROUP.append((socket.gethostname(), getpgrp()) if getpgrp is not None else None)
-    return _GROUP[0]
-
-
-_GROUP: list = []  # [process_group()] once read
+    getpgrp = getattr(os, "getpgrp", None)
+    return (socket.gethostname(), getpgrp()) if getpgrp is not None else None
 
 
 def call_id() -> str:
     """A new id for a call, unique among the notebooks sharing the workers: a random prefix drawn once
     per process (a forked child draws its own), then a count. A random draw per call is a system call
     (``os.urandom``: 9 us here, a twentieth of the notebook's part of a call)."""
-    if not _IDS:
-        _IDS.append((uuid.uuid4().hex[:20], itertools.count()))
-    prefix, count = _IDS[0]
+    prefix, count = _ids()
     return f"{prefix}{next(count):012x}"
 
 
-_IDS: list = []  # [(this process's prefix, its count)] once drawn
+@cache
+def _ids() -> tuple:
+    """This process's prefix of call ids, and its count."""
+    return uuid.uuid4().hex[:20], itertools.count()
 
 
 def _forked() -> None:
     """In a forked child: none of the threads the pool's counts name, and its own ids and group."""
     _THREADS.__init__()
-    _IDS.clear()
-    _GROUP.clear()
+    _ids.cache_clear()
+    process_group.cache_clear()
 
 
 if hasattr(os, "register_at_fork"):

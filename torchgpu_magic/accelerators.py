@@ -156,18 +156,12 @@ def initialised_cuda() -> Any:
 def initialised_kinds() -> list:
     """The accelerators initialised in this process: this torch's, and mps / xpu where usable besides.
     Asked around every cell, so a torch seen to have no accelerator but CUDA (none of MPS, XPU or a
-    PrivateUse1 backend, which a process never gains) is remembered and asked about CUDA alone."""
-    torch = _torch()
-    if torch is None:
+    PrivateUse1 backend, which a process never gains) is asked about CUDA alone (:func:`other_kinds`
+    remembers it)."""
+    if _torch() is None:
         return []
     kinds = ["cuda"] if cuda_state() == "initialised" else []
-    if torch in _NO_OTHER:
-        return kinds
-    others = [kind for kind in _known_kinds() if kind != "cuda"]
-    found = [kind for kind in others if state(kind) == "initialised"]
-    if not found and current_kind() in (None, "cuda") and not any(device_count(k) for k in others):
-        _NO_OTHER[torch] = True
-    return kinds + found
+    return kinds + [kind for kind in other_kinds() if state(kind) == "initialised"]
 
 
 def _known_kinds() -> list:
@@ -201,8 +195,8 @@ def available_kinds() -> list:
 
 def other_kinds() -> list:
     """:func:`available_kinds` but CUDA (and ROCm): MPS, XPU, a PrivateUse1 backend. A torch seen to have
-    none of them is remembered, as :func:`initialised_kinds` remembers it: every ``%gpuinfo`` asks (on
-    every engine for ``--cluster``), and asking each backend was over half of torch's part of the
+    none of them is remembered: every cell asks (:func:`initialised_kinds`), and every ``%gpuinfo`` (on
+    every engine for ``--cluster``), where asking each backend was over half of torch's part of the
     report (measured on an engine between calls: 38 of 58 us)."""
     torch = _torch()
     if torch is None or torch in _NO_OTHER:

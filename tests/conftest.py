@@ -98,8 +98,9 @@ def pytest_itemcollected(item: Any) -> None:
 def pytest_collection_modifyitems(config: Any, items: list) -> None:
     """Skip `gpu`-marked tests where torch sees no real CUDA GPU (the simulated one runs no kernel), and,
     under a simulated machine, the tests whose whole check runs in a process of its own (`notebook`,
-    `fresh_process`): the simulation lives in this process, so there they would repeat the ordinary leg's
-    run exactly, at the price of a torch import or a kernel each. The real clusters' tests (`engines`)
+    `fresh_process`, `browser`): the simulation lives in this process, so there they would repeat the
+    ordinary leg's run exactly, at the price of a torch import, a kernel or a browser each (38 s a leg for
+    the five slowest of them). The real clusters' tests (`engines`)
     check engines and workers, which the simulation does not reach either, while the notebook's side of
     ``--cluster`` reads nothing of this machine's accelerators (``--devices`` there is only spelled
     here): they run as on the simulated H100 and not again as on the Mac, the Intel GPU and the MI300X,
@@ -108,7 +109,7 @@ def pytest_collection_modifyitems(config: Any, items: list) -> None:
         own = pytest.mark.skip(reason=OWN_PROCESS_SKIP)
         engines = pytest.mark.skip(reason=ENGINES_SKIP)
         for item in items:
-            if "notebook" in item.keywords or "fresh_process" in item.keywords:
+            if any(mark in item.keywords for mark in ("notebook", "fresh_process", "browser")):
                 item.add_marker(own)
             elif "engines" in item.keywords and config._simulated_machine != "h100":
                 item.add_marker(engines)

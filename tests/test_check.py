@@ -432,6 +432,7 @@ simulated_gpu.install(pytest.MonkeyPatch())
 '''
 
 
+@pytest.mark.fresh_process
 def test_the_command_under_the_simulated_h100_runs_skips_with_why_and_fails_a_disagreement(tmp_path):
     import torch
 

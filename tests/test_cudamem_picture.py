@@ -376,6 +376,7 @@ def test_the_report_shows_the_picture_as_text_and_html(mip):
     assert "tgm-band" in shown.data["text/html"]
 
 
+@pytest.mark.fresh_process
 def test_the_chart_in_a_real_terminal_ipython():
     """Terminal IPython in a pseudo-terminal 100 columns wide: the report's chart as it prints there."""
     pexpect = pytest.importorskip("pexpect")

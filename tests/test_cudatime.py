@@ -150,6 +150,7 @@ def test_kernels_lists_top_cpu_ops_apart_from_the_samples(tip):
     assert text.count("top ops by self CPU time") == 2 and "cpu, 2 threads: top ops" in text
 
 
+@pytest.mark.fresh_process
 def test_kernels_leaves_out_the_profilers_start_and_stop_markers_and_keeps_the_rest():
     """torch's profiler (Kineto) writes 'USDT: ... profiler_start' and 'profiler_stop' to the process's
     stderr at every pass; --kernels drops those lines, and only those: what else reaches stderr meanwhile
@@ -203,6 +204,7 @@ def test_kernels_in_a_real_kernel_shows_no_profiler_markers(monkeypatch):
     assert "top ops by self CPU time" in text and "USDT" not in text and "profiler_st" not in text, text
 
 
+@pytest.mark.fresh_process
 def test_the_marker_filter_writes_back_every_other_line():
     done = run_fresh(
         "from torchgpu_magic.timing.engine import markers_dropped\n"

@@ -87,4 +87,5 @@ def test_sizes_are_read_in_powers_of_1024():
     assert oom.parse_size("0 bytes") == 0
     assert oom.parse_size("12.50 MiB") == int(12.5 * MiB)
     assert oom.parse_size("1.2 GB") == int(round(1.2 * GiB))
+    assert oom.parse_size("9007199254740993 bytes") == 2 ** 53 + 1  # past a float's exact integers
     assert oom.parse_size("256 bytes") == 256

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any, Optional
 
 from ..caches import cache
@@ -38,9 +39,10 @@ _DEVICE_OF = {"cuda": "cuda", "hip": "cuda", "cuda-async": "cuda", "xpu": "xpu",
 
 def parse_size(text: str) -> int:
     """Bytes of a size as PyTorch's ``format_size`` prints it ('12.50 MiB', '0 bytes', '1.2 GB'). Every
-    allocator here formats in powers of 1024, whether it writes 'GiB' or 'GB'."""
+    allocator here formats in powers of 1024, whether it writes 'GiB' or 'GB'. Read exactly (a float would
+    lose the last digits of a byte count over 2**53)."""
     number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(\w+)", text.strip()).groups()
-    return int(round(float(number) * 1024 ** _UNITS[unit]))
+    return round(Fraction(number) * 1024 ** _UNITS[unit])
 
 
 @dataclass(frozen=True)

@@ -193,3 +193,16 @@ print(a.current_kind(), a.backend_label(), a.state(), a.device_count(), a.curren
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["npu", "NPU", "initialised", "2", "1", "(3145728,", "8388608,", "5242880)",
                                    "(64424509440,", "68719476736)", "True", "True"]
+
+
+def test_initialised_devices_leave_out_a_backend_that_cannot_count_them(monkeypatch):
+    """A lost GPU (its driver fails to count the devices) adds none, and the other backends still add
+    theirs: a cell's figures and the memory reports carry on without it."""
+    def count(kind: str) -> int:
+        if kind == "cuda":
+            raise RuntimeError("CUDA error: unspecified launch failure")
+        return 2
+
+    monkeypatch.setattr(accelerators, "initialised_kinds", lambda: ["cuda", "xpu"])
+    monkeypatch.setattr(accelerators, "device_count", count)
+    assert accelerators.initialised_devices() == [("xpu", 0), ("xpu", 1)]

@@ -247,11 +247,8 @@ class _ScriptedCuda:
         self.allocated_bytes = 0
         self.peak_bytes = 0
 
-    def initialised_kinds(self) -> list:
-        return ["cuda"]
-
-    def device_count(self, kind: str) -> int:
-        return 1
+    def initialised_devices(self) -> list:
+        return [("cuda", 0)]
 
     def allocated(self, device: tuple) -> int:
         return self.allocated_bytes

@@ -22,6 +22,7 @@ a usable MPS counts as initialised). torch is never imported here.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import types
@@ -162,6 +163,22 @@ def initialised_kinds() -> list:
         return []
     kinds = ["cuda"] if cuda_state() == "initialised" else []
     return kinds + [kind for kind in other_kinds() if state(kind) == "initialised"]
+
+
+def initialised_devices() -> list:
+    """``(kind, index)`` of every device of the accelerators initialised in this process (one not
+    initialised is not asked: asking would initialise it); a backend that cannot count its devices (a lost
+    GPU) adds none. The devices a cell's figures and the memory reports go through."""
+    found: list = []
+    for kind in initialised_kinds():
+        with contextlib.suppress(Exception):
+            found.extend((kind, index) for index in range(device_count(kind)))
+    return found
+
+
+def device_label(kind: str, index: int) -> str:
+    """How a report names torch's device ``kind:index``: 'cuda:0', 'xpu:1'; 'mps' for a Mac's one GPU."""
+    return kind if kind == "mps" else f"{kind}:{index}"
 
 
 def _known_kinds() -> list:
@@ -345,7 +362,7 @@ def reset_peak(device: Any) -> bool:
     """Start torch's peak counter for ``device`` again; False where torch keeps none (see :func:`peak`),
     or the backend is not initialised."""
     kind, index = split(device)
-    if initialised(kind) is None or peak(device) is None:
+    if initialised(kind) is None or _ask(kind, index, "max_memory_allocated") is None:
         return False
     _ask(kind, index, "reset_peak_memory_stats")
     return True

@@ -25,10 +25,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
 from .. import accelerators
-from ..accelerators import cuda_state, torch_figures
+from ..accelerators import cuda_state, device_label, torch_figures
 from ..host import HostMemory, host_memory
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, is_na
-from .records import device_label
 
 
 # ---- figures ---------------------------------------------------------------------------------------

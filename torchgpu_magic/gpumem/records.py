@@ -17,6 +17,7 @@ import re
 import time
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
+from ..accelerators import device_label
 from ..render import Lines, Report, Reportable, Table, fmt_bytes, fmt_seconds
 
 DEFAULT_KEEP = 10_000
@@ -41,11 +42,6 @@ class CellGPU(NamedTuple):
     def label(self) -> str:
         """'cuda:0', 'xpu:1', 'mps' (a Mac has one GPU)."""
         return device_label(self.kind, self.torch_index)
-
-
-def device_label(kind: str, index: int) -> str:
-    """How a report names torch's device ``kind:index``: 'cuda:0', 'xpu:1'; 'mps' for a Mac's one GPU."""
-    return kind if kind == "mps" else f"{kind}:{index}"
 
 
 _COLUMN = re.compile(r"(?P<kind>[a-z][a-z0-9_]*)(?::(?P<index>\d+))? (?P<field>delta|peak|nvml_delta)")

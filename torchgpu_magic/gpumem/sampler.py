@@ -62,13 +62,6 @@ class _CellStart:
         self.peak_kept: dict = {}  # (kind, index): whether torch keeps a peak there (not MPS)
 
 
-def _in_use() -> list:
-    """``(kind, index)`` of every device of an accelerator initialised in this process (none is asked
-    before: that would initialise it)."""
-    return [(kind, index) for kind in accelerators.initialised_kinds()
-            for index in range(accelerators.device_count(kind))]
-
-
 class CellLog:
     """Per-cell memory accounting: :meth:`start` before a cell, :meth:`finish` after it; the
     :class:`~torchgpu_magic.gpumem.records.CellRecords` of the last ``keep`` cells are :attr:`records`.
@@ -95,7 +88,7 @@ class CellLog:
     def start(self) -> None:
         """Record the figures before a cell and reset the peak counters."""
         begin = _CellStart(time.time(), self._host.rss(), self._host.reset_peak())
-        devices = _in_use()
+        devices = accelerators.initialised_devices()
         if devices:
             try:
                 for device in devices:
@@ -119,7 +112,7 @@ class CellLog:
         rss_delta = rss - begin.rss if rss is not None and begin.rss is not None else None
         rss_peak = peak if begin.peak_reset else None
         gpus = []
-        devices = _in_use()
+        devices = accelerators.initialised_devices()
         if devices:  # a cell that initialised its accelerator itself started from 0 on every device
             nvml = self._driver_usage() if self.targets else {}
             try:
@@ -343,6 +336,6 @@ class Sampler:
             self._peak_rss = 0
             reset_peak_rss()
             with contextlib.suppress(Exception):  # a lost GPU: the figures start again all the same
-                for device in _in_use():
+                for device in accelerators.initialised_devices():
                     accelerators.reset_peak(device)
         self.sample_now()

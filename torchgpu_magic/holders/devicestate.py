@@ -94,13 +94,13 @@ def read(device: str) -> DeviceState:
 
 
 def used_devices(used: Callable[[tuple], Any]) -> list:
-    """``(kind, index)`` of every device of an accelerator initialised in this process (none is initialised
-    to ask) for which ``used((kind, index))`` is true; a backend that fails to answer (a lost GPU) adds
-    only what it answered before."""
+    """Those of :func:`~torchgpu_magic.accelerators.initialised_devices` for which ``used((kind, index))``
+    is true; a device that fails to answer (a lost GPU) is left out."""
     found: list = []
-    for kind in accelerators.initialised_kinds():
+    for device in accelerators.initialised_devices():
         with contextlib.suppress(Exception):
-            found.extend((kind, i) for i in range(accelerators.device_count(kind)) if used((kind, i)))
+            if used(device):
+                found.append(device)
     return found
 
 

@@ -111,7 +111,7 @@ def measure(host: HostCounters) -> dict:
     accelerator device (torch allocated, torch reserved; MPS's driver-allocated memory)."""
     out: dict = {"cpu": (host.rss(), host.rss())}
     for kind, index in _used_devices():
-        label = "mps" if kind == "mps" else f"{kind}:{index}"
+        label = accelerators.device_label(kind, index)
         out[label] = (accelerators.allocated((kind, index)), accelerators.reserved((kind, index)))
     return out
 

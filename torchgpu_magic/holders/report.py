@@ -226,7 +226,7 @@ def _devices_in_use(holdings: Any) -> list:
     """The devices the holders reach, and every accelerator device where torch has memory allocated (a lost
     GPU's left out: the ones the holders reach are still listed)."""
     allocated = devicestate.used_devices(accelerators.allocated)
-    found = set(holdings.devices()) | {"mps" if kind == "mps" else f"{kind}:{i}" for kind, i in allocated}
+    found = set(holdings.devices()) | {accelerators.device_label(kind, i) for kind, i in allocated}
     return sorted(found, key=device_order)
 
 

@@ -21,7 +21,8 @@ from ..errors import MagicInputError
 from ..render import Report, Reportable, Table, fmt_bytes, fmt_value, is_na
 from ..torchapi import backend_linked
 from . import amdsmi, apple, backendcauses, inventory, machine, nvml
-from .inventory import GPUInfoLayout
+from .gpumap import TorchView
+from .inventory import GPUInfoLayout, _env_text
 from .snapshots import NA
 
 __all__ = ["DeviceRow", "AcceleratorReport", "applies", "build_report", "gpu_report"]
@@ -106,8 +107,7 @@ class AcceleratorReport(GPUInfoLayout, Reportable):
         if self.show_processes and procs.rows:
             tables.append(procs)
         machine = Table(["item", "value"], title="Machine and environment")
-        for key, value in self.machine + [(k, "(unset)" if v is None else repr(v))
-                                          for k, v in self.environment.items()]:
+        for key, value in self.machine + [(k, _env_text(v)) for k, v in self.environment.items()]:
             machine.add(key, fmt_value(value))
         machine.add("this process's PID", self.pid)
         notes = [f"! {w.message} ({w.fix})" for w in self.warnings] + self.notes
@@ -115,9 +115,9 @@ class AcceleratorReport(GPUInfoLayout, Reportable):
 
 
 # ---- which report ------------------------------------------------------------------------------------
-def _nvidia_gpus(bus: Any = None) -> int:
+def _nvidia_gpus(here: machine.Machine) -> int:
     """How many NVIDIA GPUs are here: NVML's count, else the PCI bus's (a GPU without its driver)."""
-    return nvml.device_count() or len((bus or machine.survey()).nvidia_gpus or ())
+    return nvml.device_count() or len(here.nvidia_gpus or ())
 
 
 def applies() -> bool:
@@ -178,7 +178,7 @@ def _mac(version: str, torch: Any, usable: bool) -> AcceleratorReport:
     devices, notes = [], []
     if usable:
         facts = accelerators.facts("mps")
-        row = DeviceRow("mps", facts.name, NA, facts.units if facts.units else NA, facts.memory or NA)
+        row = DeviceRow("mps", facts.name, NA, facts.units or NA, facts.memory or NA)
         _torch_figures(row, "mps", 0)
         row.used, row.total = row.reserved, facts.memory or NA
         devices.append(row)
@@ -196,8 +196,6 @@ def _mac(version: str, torch: Any, usable: bool) -> AcceleratorReport:
 
 def _amd(version: str, torch: Any) -> AcceleratorReport:
     """A ROCm build, or a CUDA / CPU build on a machine whose GPUs are AMD's."""
-    from .gpumap import TorchView
-
     problem = amdsmi.status()
     amd = amdsmi.gpus()
     bus = machine.survey()

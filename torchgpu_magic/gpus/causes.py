@@ -117,12 +117,11 @@ def _build_words(view: Any) -> str:
 def _run_elsewhere(view: Any, place: Place) -> str:
     """The fix where there is no NVIDIA GPU: nothing to install; another accelerator, the service's GPU
     runtime, or a machine with a GPU."""
-    accelerators = list(view.other_accelerators)
     if place.hosted is not None:
         return f"for a GPU, {place.hosted.gpu}; {place.hosted.switching}"
-    if accelerators:
-        first = accelerators[0]
-        return (f"nothing to install: run on {' or '.join(repr(a) for a in accelerators)} here "
+    if view.other_accelerators:
+        first = view.other_accelerators[0]
+        return (f"nothing to install: run on {' or '.join(repr(a) for a in view.other_accelerators)} here "
                 f"(`%%ontorch {first}`, torch.device({first!r})), or on the CPU")
     if place.vm is not None and place.container is None:
         return ("nothing to install; for a GPU, use a VM type with an NVIDIA GPU attached (a virtual "
@@ -132,10 +131,10 @@ def _run_elsewhere(view: Any, place: Place) -> str:
 
 
 def _no_nvidia_gpu(view: Any, machine: Machine, place: Place) -> Diagnosis:
+    build = _build_words(view)
     if machine.system == "Darwin":
-        where = "no NVIDIA GPU on a Mac: macOS has no CUDA, so no CUDA build of torch runs here"
-        return Diagnosis("no_nvidia_gpu", where, _run_elsewhere(view, place), explains_nvml=True)
-    if place.hosted is not None:
+        where, build = "no NVIDIA GPU on a Mac", "macOS has no CUDA, so no CUDA build of torch runs here"
+    elif place.hosted is not None:
         where = f"this {place.hosted.name} runtime has no GPU (a CPU runtime)"
     elif place.container is not None:
         where = "no NVIDIA GPU on this container's host (none on its PCI bus)"
@@ -144,8 +143,7 @@ def _no_nvidia_gpu(view: Any, machine: Machine, place: Place) -> Diagnosis:
         where = f"no NVIDIA GPU in this machine, {what} (none on its PCI bus)"
     else:
         where = "no NVIDIA GPU in this machine (none on its PCI bus)"
-    return Diagnosis("no_nvidia_gpu", f"{where}: {_build_words(view)}", _run_elsewhere(view, place),
-                     explains_nvml=True)
+    return Diagnosis("no_nvidia_gpu", f"{where}: {build}", _run_elsewhere(view, place), explains_nvml=True)
 
 
 def _driver_cause(problem: Any, gpus: list, machine: Machine, place: Place) -> Optional[Diagnosis]:

@@ -35,8 +35,8 @@ from __future__ import annotations
 import os
 import platform
 import re
-from dataclasses import asdict, dataclass
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 from ..caches import table
 
@@ -121,12 +121,9 @@ class Machine:
     def gpu_names(self) -> str:
         """'NVIDIA H100 80GB HBM3' or '2 x ...' or 'NVIDIA device 10de:2330, ...' for a report."""
         labels = [g.label() for g in self.nvidia_gpus or ()]
-        if labels and len(set(labels)) == 1 and len(labels) > 1:
+        if len(labels) > 1 and len(set(labels)) == 1:
             return f"{len(labels)} x {labels[0]}"
         return ", ".join(labels)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _read(root: str, path: str) -> Optional[str]:
@@ -151,21 +148,19 @@ def _gpus_on(bus: Optional[dict], root: str, vendor: str) -> Optional[tuple]:
     vendors."""
     if bus is None:
         return None
-    base = os.path.join(root, "sys/bus/pci/devices")
     classes = _GPU_CLASSES.get(vendor, (_DISPLAY_CLASS,))
-    found = []
-    for address, klass, device in bus.get(vendor, ()):
-        if not klass.startswith(classes):
-            continue
-        try:
-            driver: Optional[str] = os.path.basename(os.readlink(os.path.join(base, address, "driver")))
-        except OSError:  # no link: no driver bound
-            driver = None
-        found.append(PCIGPU(address, device, driver=driver, vendor=vendor))
-    if found:
-        names = _pci_names(root, frozenset(g.device for g in found), vendor)
-        found = [PCIGPU(g.address, g.device, names.get(g.device), g.driver, vendor) for g in found]
-    return tuple(found)
+    found = [(address, device) for address, klass, device in bus.get(vendor, ()) if klass.startswith(classes)]
+    names = _pci_names(root, frozenset(device for _, device in found), vendor) if found else {}
+    return tuple(PCIGPU(address, device, names.get(device), _driver(root, address), vendor)
+                 for address, device in found)
+
+
+def _driver(root: str, address: str) -> Optional[str]:
+    """The kernel driver bound to the PCI device at ``address``; None when none is (no ``driver`` link)."""
+    try:
+        return os.path.basename(os.readlink(os.path.join(root, "sys/bus/pci/devices", address, "driver")))
+    except OSError:
+        return None
 
 
 _BUS = table()  # root -> (the bus's listing as read, its devices by vendor)
@@ -205,16 +200,25 @@ def _pci_names(root: str, devices: frozenset, vendor: str = NVIDIA_VENDOR) -> di
     """Device id -> name from the pci.ids database (``vendor``'s block only), where the system has one;
     kept until the database file changes (its size or modification time), since reading it means
     reading the whole file (over a megabyte)."""
-    for path in _PCI_IDS:
+    return _first_file(root, _PCI_IDS, _NAMES, (vendor, devices),
+                       lambda text: _names_in(text or "", devices, vendor)) or {}
+
+
+def _first_file(root: str, paths: tuple, kept: dict, key: tuple,
+                parse: Callable[[Optional[str]], Any]) -> Any:
+    """``parse`` of the text (None: unreadable) of the first of ``paths`` that exists under ``root``, kept
+    in ``kept`` until that file changes; where it answers False, the next file speaks; else None."""
+    for path in paths:
         try:
             stat = os.stat(os.path.join(root, path))
         except OSError:
             continue
-        key = (root, vendor, devices, path, stat.st_size, stat.st_mtime_ns)
-        if key not in _NAMES:
-            _NAMES[key] = _names_in(_read(root, path) or "", devices, vendor)
-        return _NAMES[key]
-    return {}
+        at = (root, *key, path, stat.st_size, stat.st_mtime_ns)
+        if at not in kept:
+            kept[at] = parse(_read(root, path))
+        if kept[at] is not False:
+            return kept[at]
+    return None
 
 
 def _names_in(text: str, devices: frozenset, vendor: str) -> dict:
@@ -247,18 +251,8 @@ def kernel_driver(root: str = "/") -> Optional[str]:
 
 def distribution(root: str = "/") -> Optional[Distribution]:
     """The distribution named by ``/etc/os-release`` (or ``/usr/lib/os-release``), or None."""
-    for path in ("etc/os-release", "usr/lib/os-release"):
-        try:
-            stat = os.stat(os.path.join(root, path))
-        except OSError:
-            continue
-        key = (root, path, stat.st_size, stat.st_mtime_ns)
-        if key not in _RELEASES:
-            text = _read(root, path)
-            _RELEASES[key] = _release(text) if text else False
-        if _RELEASES[key] is not False:  # an empty or unreadable file: the next
-            return _RELEASES[key]
-    return None
+    return _first_file(root, ("etc/os-release", "usr/lib/os-release"), _RELEASES, (),
+                       lambda text: _release(text) if text else False)  # empty or unreadable: the next
 
 
 _RELEASES = table()  # (root, path, size, mtime) -> the distribution it names (False: empty): read once

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Sequence
 
-from ..render import is_na
+from ..render import fmt_bytes, is_na
 from . import nvml
 
 
@@ -25,13 +25,10 @@ def process_figures(nvml_index: int, pid: int, mig_uuid: Optional[str] = None) -
         problems.append(problem_text(problem))
     if problem is not None and not procs:  # no list at all: this process's share and the others' are unknown
         return used, total, None, None, tuple(problems)
-    by_pid: dict = {}
-    unmeasured = set()  # listed without a figure: MIG mode gives none to a user without privileges
-    for proc in procs:  # one process may appear as compute and graphics: count it once
-        if is_na(proc.used_memory):
-            unmeasured.add(proc.pid)
-            continue
-        by_pid[proc.pid] = max(by_pid.get(proc.pid, 0), int(proc.used_memory))
+    # nvml.processes lists each PID once (compute and graphics merged); without a figure in MIG mode for
+    # a user without privileges
+    unmeasured = {proc.pid for proc in procs if is_na(proc.used_memory)}
+    by_pid = {proc.pid: int(proc.used_memory) for proc in procs if not is_na(proc.used_memory)}
     if foreign_pids(procs, pid):
         problems.append(foreign_note(procs))
         return used, total, None, None, tuple(problems)
@@ -59,8 +56,6 @@ def foreign_note(procs: Sequence[Any]) -> str:
     """What NVML can and cannot tell when its list ``procs`` names another PID namespace's processes: how
     many it lists and what they hold, but not which is this one, so neither this process's share nor
     what other processes hold."""
-    from ..render import fmt_bytes
-
     shown = ", ".join(f"{p.pid}" + ("" if is_na(p.used_memory) else f" {fmt_bytes(int(p.used_memory))}")
                       for p in list(procs)[:4])
     more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""

@@ -110,9 +110,6 @@ class NVMLProblem:
     message: str
     hint: str
 
-    def to_dict(self) -> dict:
-        return {"code": self.code, "message": self.message, "hint": self.hint}
-
 
 # ---- errors and hints ---------------------------------------------------------------------------
 

@@ -276,10 +276,8 @@ def _resolve_chain(chain: str, scopes: list) -> list:
     if scope is None:
         return []
     obj = scope[parts[0]]
-    found = []
     name = parts[0]
-    if kind_of(obj) is not None:
-        found.append((name, obj))
+    found = [(name, obj)] if kind_of(obj) is not None else []
     for i, part in enumerate(parts[1:], start=2):
         try:
             obj = static_attr(obj, part)
@@ -311,14 +309,12 @@ def _culprit(name: str, obj: Any, where: str) -> Culprit:
 def _user_name(obj: Any, user_ns: Mapping[str, Any]) -> Optional[str]:
     """A public name of ``user_ns`` bound to ``obj``, or to a module that contains it (a submodule seen
     as ``self.fc`` inside ``forward``); None when the user has no name for it."""
-    for name, value in list(user_ns.items()):
-        if value is obj and name[:1] != "_":
-            return name
-    if kind_of(obj) == "module":
-        for name, value in list(user_ns.items()):
-            if name[:1] != "_" and kind_of(value) == "module" and any(m is obj for m in value.modules()):
-                return name
-    return None
+    public = [(name, value) for name, value in list(user_ns.items()) if name[:1] != "_"]
+    found = next((name for name, value in public if value is obj), None)
+    if found is None and kind_of(obj) == "module":
+        found = next((name for name, value in public
+                      if kind_of(value) == "module" and any(m is obj for m in value.modules())), None)
+    return found
 
 
 def _move_fix(name: str, obj: Any, device_expr: str) -> str:
@@ -335,11 +331,8 @@ def _fixes(line: list, context: list, user_ns: Mapping[str, Any]) -> list:
     inside a function the user called, and of the cell."""
     modules = [(n, o) for n, o in line if kind_of(o) == "module"]
     if not modules:
-        for _, obj in context:
-            if kind_of(obj) == "module":
-                name = _user_name(obj, user_ns)
-                if name is not None:
-                    modules.append((name, user_ns[name]))
+        named = [_user_name(obj, user_ns) for _, obj in context if kind_of(obj) == "module"]
+        modules = [(name, user_ns[name]) for name in named if name is not None]
     for name, module in modules:
         where = devices_of(module)
         if len(where) > 1:
@@ -348,14 +341,13 @@ def _fixes(line: list, context: list, user_ns: Mapping[str, Any]) -> list:
     # Tensors the user can rebind: plain names, or the container a tensor item came from.
     movable: dict = {}
     for name, obj in line:
-        if kind_of(obj) != "tensor" or "." in name.split("[")[0]:
-            continue
         base = name.split("[")[0]
+        if kind_of(obj) != "tensor" or "." in base:
+            continue
         holder = user_ns.get(base, obj) if "[" in name else obj
         if "[" in name and type(holder) not in (list, tuple, dict):
             continue
         movable.setdefault(base, (holder, []))[1].append(device_str(obj.device))
-    fixes: list = []
     if modules:
         name, module = modules[0]
         target = devices_of(module)
@@ -367,27 +359,23 @@ def _fixes(line: list, context: list, user_ns: Mapping[str, Any]) -> list:
             return [f"{name}.to({device_expr})"]
         if target:
             expr = f"next({name}.parameters()).device"
-            for base, (holder, devices) in movable.items():
-                if any(d != target[0] for d in devices):
-                    fixes.append(_move_fix(base, holder, expr))
+            fixes = [_move_fix(base, holder, expr) for base, (holder, devices) in movable.items()
+                     if any(d != target[0] for d in devices)]
             if target[0] == "meta" and not fixes:
-                fixes.append(f"give {name} real weights: {name}.to_empty(device=...) then "
-                             f"{name}.load_state_dict(...).")
-        if fixes:
-            return fixes
+                fixes = [f"give {name} real weights: {name}.to_empty(device=...) then "
+                         f"{name}.load_state_dict(...)."]
+            if fixes:
+                return fixes
     on = [device_str(t.device) for _, t in line + context if kind_of(t) == "tensor"]
     # The accelerator is where work is meant to run (meta stands in for one on CPU-only machines).
     target = next((d for d in on if d != "cpu"), on[0] if on else "")
     ref = next((n for n, t in line if kind_of(t) == "tensor" and device_str(t.device) == target
                 and "[" not in n and "." not in n), None)
     expr = f"{ref}.device" if ref is not None else repr(target)
-    for base, (holder, devices) in movable.items():
-        if target and any(d != target for d in devices):
-            fixes.append(_move_fix(base, holder, expr))
-    if not fixes:
-        fixes.append("move every tensor of the failing operation to one device with .to(device) "
-                     "(a module's device: next(model.parameters()).device).")
-    return fixes
+    fixes = [_move_fix(base, holder, expr) for base, (holder, devices) in movable.items()
+             if target and any(d != target for d in devices)]
+    return fixes or ["move every tensor of the failing operation to one device with .to(device) "
+                     "(a module's device: next(model.parameters()).device)."]
 
 
 def diagnose(
@@ -430,7 +418,7 @@ def diagnose(
     for where, group in (("line", found_line), ("inside", found_inner), ("cell", found_cell)):
         for name, obj in group:
             key = (id(obj), where == "inside")
-            if key in seen or (where == "cell" and ((id(obj), False) in seen or (id(obj), True) in seen)):
+            if key in seen or (where == "cell" and (id(obj), True) in seen):
                 continue
             seen.add(key)
             culprits.append(_culprit(name, obj, where))

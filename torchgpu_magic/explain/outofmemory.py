@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ..holders import devicestate
 from ..holders.holdings import Holdings, Released, collect
-from ..holders.report import DeviceHolders, device_holders, fragmented
+from ..holders.report import DeviceHolders, device_holders, fragmented, nvml_unknown
 from ..host import gc_paused
 from ..render import Lines, Report, Reportable, fmt_bytes
 from .failing import FailingLine, failing_line
@@ -145,19 +145,16 @@ def _unknown_processes(state: Any) -> list:
     number it cannot recognise: where it lists more than one, what other processes hold is at most the
     device's memory in use beyond torch's reserved memory here (that also holds this process's CUDA
     context). Said with that bound and how to learn more; never "stop them", which may be this kernel."""
-    unmeasured = [pid for pid, _ in state.unmeasured]
+    several, many, pids = nvml_unknown(state, several_first=True)
     beyond = state.outside
-    if (len(state.foreign) < 2 and not unmeasured) or (beyond or 0) <= 0:
+    if not many or (beyond or 0) <= 0:
         return []
-    if len(state.foreign) >= 2:
-        pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])
-        why = (f"NVML lists {len(state.foreign)} under the host's PIDs ({pids}) and cannot tell which is "
-               "this kernel (a container without --pid=host); nvidia-smi on the host names them")
+    if several:
+        why = (f"NVML lists {many} under the host's PIDs ({pids}) and cannot tell which is this kernel (a "
+               "container without --pid=host); nvidia-smi on the host names them")
     else:
-        pids = ", ".join(str(pid) for pid in unmeasured[:4])
-        plural = "es" if len(unmeasured) != 1 else ""
-        why = (f"NVML lists {len(unmeasured)} other process{plural} here ({pids}) without their memory (MIG "
-               "mode gives none to a user without privileges)")
+        why = (f"NVML lists {many} other process{'es' if many != 1 else ''} here ({pids}) without their "
+               "memory (MIG mode gives none to a user without privileges)")
     return [(beyond, f"up to {fmt_bytes(beyond)} of {state.device} is held outside torch here, by this "
                      f"process's CUDA context and other processes: {why}. If another job holds the GPU, use "
                      "another GPU or wait for it")]
@@ -170,8 +167,7 @@ def _graph_advice(holdings: Holdings, device: str, source: str) -> list:
     graphs = {h.root: h for h in holdings.holders if h.source == "graph"}
     for h in holdings.holders:
         if h.source == "name" and h.scalar and h.root in graphs:
-            graph = graphs[h.root]
-            freed = holdings.freed_by({graph.index}).get(device, 0)
+            freed = holdings.freed_by({graphs[h.root].index}).get(device, 0)
             if freed:
                 advice.append((freed, f"{h.root} keeps the autograd graph of every step summed into it "
                                       f"({fmt_bytes(freed)} saved for backward): add loss.item() (a float) "

@@ -22,8 +22,9 @@ from typing import Any, Callable, Optional
 
 from .. import accelerators
 from ..accelerators import initialised_cuda
-from ..gpus import gpumap, processes
-from ..render import is_na
+from ..gpus import gpumap, nvml, processes
+from ..host import host_memory
+from ..render import fmt_bytes, is_na
 from ..torchapi import has_primary_context
 
 
@@ -106,9 +107,6 @@ def used_devices(used: Callable[[tuple], Any]) -> list:
 
 def _cpu(device: str) -> DeviceState:
     """The cpu as this process sees it: what it may still take (under its limits) of what it may hold."""
-    from ..host import host_memory
-    from ..render import fmt_bytes
-
     memory = host_memory()
     if memory is None:
         return DeviceState(device, notes=("psutil could not read this process's memory",))
@@ -164,13 +162,10 @@ def _other_processes(nvml_index: int, mig: Any, reserved: int = 0) -> tuple:
     ``reserved`` memory. A listed process holding less is another; if exactly one holds as much, it is
     this one; if several do, NVML cannot tell which (``foreign`` keeps them all, ``others`` none of
     them)."""
-    from ..gpus import nvml
-
     procs, _ = nvml.processes(nvml_index, mig)
     mine = os.getpid()
-    listed = [(p.pid, "" if is_na(p.name) else str(p.name), int(p.used_memory)) for p in procs
-              if not is_na(p.used_memory)]
-    listed.sort(key=lambda p: -p[2])
+    listed = sorted(((p.pid, "" if is_na(p.name) else str(p.name), int(p.used_memory)) for p in procs
+                     if not is_na(p.used_memory)), key=lambda p: -p[2])
     unmeasured = tuple(dict.fromkeys((p.pid, "" if is_na(p.name) else str(p.name)) for p in procs
                                      if is_na(p.used_memory) and p.pid != mine))
     if processes.foreign_pids(procs, mine):

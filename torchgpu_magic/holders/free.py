@@ -110,9 +110,8 @@ def measure(host: HostCounters) -> dict:
     """{device: (in use, reserved or the process's figure)} now: cpu (RSS, RSS), each initialised
     accelerator device (torch allocated, torch reserved; MPS's driver-allocated memory)."""
     out: dict = {"cpu": (host.rss(), host.rss())}
-    for kind, index in _used_devices():
-        label = accelerators.device_label(kind, index)
-        out[label] = (accelerators.allocated((kind, index)), accelerators.reserved((kind, index)))
+    for at in _used_devices():
+        out[accelerators.device_label(*at)] = (accelerators.allocated(at), accelerators.reserved(at))
     return out
 
 
@@ -120,20 +119,18 @@ def _drop(before: dict, after: dict, which: int) -> dict:
     """Per device, how much the figure ``which`` (0: in use, 1: reserved) fell; 0 where it did not."""
     out = {}
     for device, figures in before.items():
-        now = after.get(device)
-        if figures[which] is None or now is None or now[which] is None:
-            continue
-        out[device] = max(0, figures[which] - now[which])
+        now = (after.get(device) or (None, None))[which]
+        if figures[which] is not None and now is not None:
+            out[device] = max(0, figures[which] - now)
     return out
 
 
 def empty_caches() -> list:
     """Empty torch's cache on every backend this process uses; the calls made."""
-    done = []
-    for kind in sorted({kind for kind, _ in _used_devices()}):
+    kinds = sorted({kind for kind, _ in _used_devices()})
+    for kind in kinds:
         accelerators.empty_cache(kind)
-        done.append(f"torch.{kind}.empty_cache()")
-    return done
+    return [f"torch.{kind}.empty_cache()" for kind in kinds]
 
 
 def _nvml_process() -> dict:

@@ -72,6 +72,4 @@ def _tensors_in(value: Any, tensor_type: type) -> Iterator[Any]:
     if isinstance(value, tensor_type):
         yield value
     elif isinstance(value, (tuple, list)):
-        for item in value:
-            if isinstance(item, tensor_type):
-                yield item
+        yield from (item for item in value if isinstance(item, tensor_type))

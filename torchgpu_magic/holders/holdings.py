@@ -92,12 +92,9 @@ class Holdings:
         entry = self.storages.get(key)
         if entry is None:
             self.storages[key] = (device, size, holder.index, role)
-            counted = holder.counted
-            if counted is None:
-                counted = holder.counted = {}
-            roles = counted.get(device)
-            if roles is None:
-                roles = counted[device] = {}
+            if holder.counted is None:
+                holder.counted = {}
+            roles = holder.counted.setdefault(device, {})
             roles[role] = roles.get(role, 0) + size
             if dtype is not None:
                 if holder.dtypes is None:
@@ -133,11 +130,8 @@ def release_groups(holdings: Holdings) -> list:
     """Per holder, what lets go of it: ('name', its user name) with the graph that name holds, or
     'output' / 'traceback' (with the graphs they hold)."""
     roots = {h.root: h.source for h in holdings.holders if h.source in ("name", "output", "traceback")}
-    groups: list = []
-    for h in holdings.holders:
-        source = h.source if h.source != "graph" else roots.get(h.root, "name")
-        groups.append(("name", h.root) if source == "name" else source)
-    return groups
+    sources = [h.source if h.source != "graph" else roots.get(h.root, "name") for h in holdings.holders]
+    return [("name", h.root) if source == "name" else source for h, source in zip(holdings.holders, sources)]
 
 
 class Released:
@@ -200,10 +194,7 @@ def _tensor(holdings: Holdings, holder: Holder, tensor: Any, role: str = "tensor
 
 
 def _object(holdings: Holdings, holder: Holder, obj: Any, kind: str) -> None:
-    """Claim everything a tensor, module or optimizer holds, through its account (storages once, roles)."""
-    if kind == "tensor":
-        _tensor(holdings, holder, obj)
-        return
+    """Claim everything a module or optimizer holds, through its account (storages once, roles)."""
     acc = account(obj)
     if acc is None:
         return
@@ -374,10 +365,8 @@ def _frames(tracebacks: Iterable[Any]) -> Iterator[tuple]:
                 (torch_frames if package == "torch" else mine).append(frame)
     # The user's own frames name what they hold first, innermost (where it failed) first; torch's frames
     # (a module's _call_impl holding its input as args) after them.
-    for frame in reversed(mine):
-        yield frame, False
-    for frame in reversed(torch_frames):
-        yield frame, True
+    yield from ((frame, False) for frame in reversed(mine))
+    yield from ((frame, True) for frame in reversed(torch_frames))
 
 
 def _traceback(tracebacks: Iterable[Any], holdings: Holdings, graph_roots: list, held: set) -> None:
@@ -399,9 +388,8 @@ def _traceback(tracebacks: Iterable[Any], holdings: Holdings, graph_roots: list,
         local_vars = frame = None
 
 
-def _graphs(holdings: Holdings, graph_roots: list, limit: int) -> None:
+def _graphs(holdings: Holdings, graph_roots: list, budget: int) -> None:
     """One 'graph of X' holder per holder X whose tensors have a ``grad_fn``: what their graphs saved."""
-    budget = limit
     for owner, tensors in graph_roots:
         if budget <= 0:
             holdings.cut.append((f"graph of {owner.root}", "the graph walk's node budget was spent"))

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional
 from .. import accelerators
 from ..accelerators import initialised_cuda
 from ..host import gc_paused
-from ..placement.kinds import device_order
+from ..placement.kinds import device_order, dtype_str, shape_str
 from ..render import Lines, Report, Reportable, Table, fmt_bytes
 from ..torchapi import cublas_workspace_sizes
 from . import devicestate
@@ -81,8 +81,6 @@ class Row(NamedTuple):
 def what_text(what: Any) -> str:
     """A holder's description as text: a tensor's (dtype, shape) as 'tensor float32 (4, 8)'."""
     if isinstance(what, tuple):
-        from ..placement import dtype_str, shape_str
-
         return f"tensor {dtype_str(what[0])} {shape_str(tuple(what[1]))}"
     return what
 
@@ -295,20 +293,27 @@ def _outside(state: devicestate.DeviceState) -> tuple:
     """(held by, what) of what the GPU holds beyond torch's reserved memory and the other processes NVML
     names: this process's CUDA context and libraries' own allocations; in a container (NVML listing the
     host's PIDs) also whatever other processes hold, which NVML cannot tell apart from this one there."""
-    if state.unmeasured and len(state.foreign) != 1:
-        pids = ", ".join(str(pid) for pid, _ in state.unmeasured[:4])
-        many = len(state.unmeasured)
-        return "unknown", (f"this process's CUDA context, and {many} other process{'es' if many != 1 else ''}"
-                           f" ({pids}) NVML lists here without their memory (MIG mode gives none to a user "
-                           "without privileges)")
-    if not state.foreign:
-        return "outside", "this process's CUDA context and libraries' own allocations (NCCL, cuDNN, ...)"
     if len(state.foreign) == 1:
         return "outside", (f"this process's CUDA context and libraries' own allocations: NVML lists one "
                            f"process, under the host's PID {state.foreign[0][0]}: this one")
-    pids = ", ".join(str(pid) for pid, _, _ in state.foreign[:4])
-    return "unknown", (f"this process's CUDA context, and other processes: NVML lists {len(state.foreign)} "
-                       f"under the host's PIDs ({pids}) and cannot tell which is this one")
+    several, many, pids = nvml_unknown(state)
+    if several:
+        return "unknown", (f"this process's CUDA context, and other processes: NVML lists {many} under the "
+                           f"host's PIDs ({pids}) and cannot tell which is this one")
+    if many:
+        return "unknown", (f"this process's CUDA context, and {many} other process{'es' if many != 1 else ''}"
+                           f" ({pids}) NVML lists here without their memory (MIG mode gives none to a user "
+                           "without privileges)")
+    return "outside", "this process's CUDA context and libraries' own allocations (NCCL, cuDNN, ...)"
+
+
+def nvml_unknown(state: devicestate.DeviceState, several_first: bool = False) -> tuple:
+    """(several, how many, their first PIDs) of the processes NVML lists on a GPU that no figure here tells
+    apart: several under the host's PIDs (``foreign``), or others listed without their memory
+    (``unmeasured``); ``several_first`` picks where both are. (False, 0, '') for neither."""
+    several = len(state.foreign) > 1 and (several_first or not state.unmeasured)
+    rows = state.foreign if several else state.unmeasured
+    return several, len(rows), ", ".join(str(row[0]) for row in rows[:4])
 
 
 def _workspaces(holdings: Any, device: str, state: devicestate.DeviceState) -> int:

@@ -6,9 +6,8 @@ CUDA caching allocator's view of the same allocations.
 (parameters, buffers, gradients, activations, temporaries, optimizer state, other), the peak with the
 categories, phase and module at that moment, and each phase's own peak. For a CUDA target the bytes are
 those the caching allocator would hand out: each request goes through :class:`CachingAllocatorModel`,
-which replays PyTorch's rules (requests rounded up to 512 B blocks; requests up to 1 MiB carved from
-2 MiB segments, up to 10 MiB from 20 MiB segments, larger ones in their own segment rounded up to 2 MiB;
-best fit, split and merge) and so also gives the memory the allocator would reserve from the driver.
+which replays PyTorch's rules (its constants below) and so also gives the memory the allocator would
+reserve from the driver.
 
 Standard library only: the events carry sizes and names, never tensors.
 """

@@ -136,14 +136,13 @@ def cuda_casts(op: Any, args: tuple, kwargs: dict) -> Casts:
     before, after = _by_name(op, args, kwargs), _by_name(op, called["args"], called["kwargs"])
     for name, now in after.items():
         was = before.get(name)
-        if isinstance(now, torch.Tensor) and isinstance(was, torch.Tensor):
-            if now.dtype != was.dtype:
-                casts.dtypes[name] = now.dtype
+        if isinstance(now, torch.Tensor) and isinstance(was, torch.Tensor) and now.dtype != was.dtype:
+            casts.dtypes[name] = now.dtype
         elif isinstance(now, (list, tuple)) and isinstance(was, (list, tuple)):
             for i, (w, n) in enumerate(zip(was, now)):
                 if isinstance(w, torch.Tensor) and isinstance(n, torch.Tensor) and n.dtype != w.dtype:
                     casts.dtypes[(name, i)] = n.dtype
-        elif was is None and now is not None and isinstance(now, torch.dtype):
+        elif was is None and isinstance(now, torch.dtype):
             casts.added[name] = now
     return casts
 
@@ -236,11 +235,10 @@ def choose_backend(query: Any, key: Any, value: Any, mask: Any, dropout_p: float
     d_q, d_k, d_v = query.shape[-1], key.shape[-1], value.shape[-1]
     ampere = cc >= (8, 0)
 
-    def cudnn() -> bool:
-        limit = 256 if cc[0] in (9, 10) else 128
-        return (_cudnn_preferred(cc) and cuda.cudnn_sdp_enabled() and dense and _low(query.dtype) and ampere
-                and dropout_p * 16 == int(dropout_p * 16) and d_q <= limit and d_v <= limit
-                and d_q % 8 == 0 and d_v % 8 == 0 and key.shape[-2] != 1)
+    def cudnn() -> bool:  # asked only where preferred: sm90 / sm10x, whose head size limit is 256
+        return (cuda.cudnn_sdp_enabled() and dense and _low(query.dtype) and key.shape[-2] != 1
+                and dropout_p * 16 == int(dropout_p * 16) and d_q <= 256 and d_v <= 256 and d_q % 8 == 0
+                and d_v % 8 == 0)
 
     def flash() -> bool:
         sm86_89 = (8, 6) <= cc <= (8, 9) or (12, 0) <= cc <= (12, 1)
@@ -255,7 +253,7 @@ def choose_backend(query: Any, key: Any, value: Any, mask: Any, dropout_p: float
         return (cuda.mem_efficient_sdp_enabled() and dense and (5, 0) <= cc <= (12, 1) and d_q == d_k
                 and d_q % alignment == 0 and d_v % alignment == 0 and query.dtype in dtypes)
 
-    order = ("cudnn", "flash", "efficient") if _cudnn_preferred(cc) else ("flash", "efficient", "cudnn")
+    order = ("cudnn", "flash", "efficient") if _cudnn_preferred(cc) else ("flash", "efficient")
     choices = {"cudnn": cudnn, "flash": flash, "efficient": efficient}
     return next((name for name in order if choices[name]()), "math")
 

@@ -28,13 +28,14 @@ class StrayDeviceError(RuntimeError):
 
 
 class _Devices:
-    """The device rules of one fake run: ``remap`` (the target's type, when cpu stands in for it) is read
-    as ``run_on``; any other type but those ``allowed`` is refused before a tensor of it exists."""
+    """The device rules of one fake run for ``target``: ``remap`` (its type, where cpu stands in) is read
+    as ``run_on``; a type not ``allowed`` (cpu, meta, a ``native`` target) is refused before it exists."""
 
-    def __init__(self, remap: Optional[str], run_on: str, allowed: set, target: str) -> None:
+    def __init__(self, target: str, run_on: str, native: bool) -> None:
         import torch
 
-        self.remap, self.run_on, self.allowed, self.target = remap, torch.device(run_on), allowed, target
+        self.remap, self.run_on, self.target = None if native else target, torch.device(run_on), target
+        self.allowed = {"cpu", "meta"} | ({target} if native else set())
 
     def _refuse(self, kind: str, where: Any) -> None:
         name = str(getattr(where, "__qualname__", where)).replace("TensorBase.", "Tensor.")
@@ -73,8 +74,7 @@ class _Devices:
 
         for value in values if isinstance(values, (list, tuple)) else (values,):
             for tensor in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(tensor, torch.Tensor) and (tensor.device.type not in self.allowed
-                                                         or tensor.device.type == self.remap):
+                if isinstance(tensor, torch.Tensor) and tensor.device.type not in self.allowed:
                     self._refuse(tensor.device.type, where)
 
 
@@ -158,8 +158,7 @@ def guarded(kind: str, run_on: str, native: bool, cc: Optional[tuple]) -> Iterat
     ``native``), the target's device names are remapped and, for ``cuda``, its autocast, attention and
     dropout kernels emulated (:func:`.cudakernels.kernels`, for GPU generation ``cc``). Enter it inside
     the ``FakeTensorMode``, so that its operator-level mode sits above fake mode."""
-    rules = _Devices(None if native else kind, run_on, {"cpu", "meta"} | ({kind} if native else set()),
-                     kind)
+    rules = _Devices(kind, run_on, native)
     with contextlib.ExitStack() as stack:
         if kind == "cuda" and not native:
             autocast = stack.enter_context(kernels(cc))

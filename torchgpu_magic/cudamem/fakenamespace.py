@@ -30,10 +30,8 @@ def _code_globals(code: types.CodeType) -> set:
     """The global names ``code`` (and the code nested in it) reads or writes."""
     found = {instr.argval for instr in dis.get_instructions(code)
              if instr.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL")}
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found |= _code_globals(const)
-    return found
+    nested = (_code_globals(const) for const in code.co_consts if isinstance(const, types.CodeType))
+    return found.union(*nested)
 
 
 def is_notebook_function(value: Any, ns: Mapping[str, Any]) -> bool:
@@ -120,8 +118,7 @@ class _Copier:
         base = self.bases.get(key)
         if base is None:
             base = self.bases[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, device=self.device)
-        size = tensor.element_size()
-        usable = base.numel() - base.numel() % size
+        usable = base.numel() - base.numel() % tensor.element_size()
         typed = (base if usable == base.numel() else base[:usable]).view(tensor.dtype)
         return typed.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset()).detach()
 

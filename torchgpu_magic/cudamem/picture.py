@@ -182,7 +182,6 @@ class MemoryPicture:
         rows, tops = self._bands(plot_w)
         xs = [x_of(r) for r in rows] if count > 1 else [left, right]
         out.append('<g class="tgm-bands">')
-        highest = self.highest
         for name in reversed(list(tops)):
             ys = [y_of(v) for v in tops[name]] if count > 1 else [y_of(tops[name][0])] * 2
             points = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys))
@@ -190,7 +189,7 @@ class MemoryPicture:
             out.append(f'<polygon class="tgm-band" data-category="{esc(name)}" points="{points}" '
                        f'fill="{COLORS[name]}" fill-opacity="0.9"><title>{esc(name)}: '
                        f"{fmt_bytes(figures['categories'][name])} at the peak, highest "
-                       f"{fmt_bytes(highest[name])}</title></polygon>")
+                       f"{fmt_bytes(self.highest[name])}</title></polygon>")
         out.append("</g>")
         out += self._svg_axes(left, right, top, bottom, y_of, count)
         out += self._svg_capacity(left, right, y_of)
@@ -257,7 +256,7 @@ class MemoryPicture:
         return out
 
     def _footer(self, figures: dict, width: int) -> list:
-        """The lines under the chart: the legend (a list of (category, text) per line), then the phases'
+        """The lines under the chart: the legend (a list of (category, text, x) per line), then the phases'
         highs and the capacity when it is off the scale (a string per line)."""
         lines: list = [[]]
         used = 8.0
@@ -269,7 +268,7 @@ class MemoryPicture:
             if lines[-1] and used + room > width:
                 lines.append([])
                 used = 8.0
-            lines[-1].append((name, text))
+            lines[-1].append((name, text, used))
             used += room
         highs = list(figures["phase_peaks"].items())
         phases = [f"{p} {fmt_bytes(b)}" + (" ·" if i < len(highs) - 1 else "")
@@ -286,11 +285,9 @@ class MemoryPicture:
             if isinstance(line, str):
                 out.append(f'<text x="8" y="{y}">{html.escape(line)}</text>')
             else:
-                x = 8.0
-                for name, text in line:
+                for name, text, x in line:
                     out.append(f'<rect x="{x:.1f}" y="{y - 9}" width="10" height="10" fill="{COLORS[name]}"/>'
                                f'<text x="{x + 14:.1f}" y="{y}">{html.escape(text)}</text>')
-                    x += 16 + _CHAR_PX * len(text) + 14
             y += 16
         out.append("</g>")
         return out

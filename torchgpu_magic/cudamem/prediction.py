@@ -144,8 +144,7 @@ def _where(exc: BaseException, filename: str) -> str:
 def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Target,
                   cc: Optional[tuple], resize: Optional[dict]) -> tuple:
     """One run of ``code`` on fake copies; returns (ledgers, rows, fqns, workspaces, caught warnings)."""
-    FakeTensorMode = fake_tensor_mode_class()
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fake_mode = fake_tensor_mode_class()(allow_non_fake_inputs=False)
     cuda = target.kind == "cuda"
     added: list = []  # the workspaces allocated, in order
     threads: set = set()  # (ledger, thread) pairs whose workspaces are allocated
@@ -195,13 +194,12 @@ def _run_on_fakes(code: Any, filename: str, ns: Mapping[str, Any], names: list, 
 
 def _limits(target: Target) -> list:
     """What a prediction for ``target`` does not count, named."""
-    out = []
     if target.kind == "cuda":
-        out.append("cuDNN workspaces (convolutions), kernels CUDA loads into its context as the step runs, "
-                   "fragmentation beyond the allocator's rules when memory runs short, other processes")
+        out = ["cuDNN workspaces (convolutions), kernels CUDA loads into its context as the step runs, "
+               "fragmentation beyond the allocator's rules when memory runs short, other processes"]
     else:
-        out.append(f"the {target.kind} allocator's own rounding, caching and fragmentation; memory outside "
-                   "tensors")
+        out = [f"the {target.kind} allocator's own rounding, caching and fragmentation; memory outside "
+               "tensors"]
     if not target.native:
         out.append(f"kernel choices that differ between cpu and {target.kind} beyond those emulated "
                    f"(autocast's casts, attention, dropout, optimizer foreach): LSTM / GRU's cuDNN kernels, "
@@ -238,9 +236,7 @@ def predict(code: Any, filename: str, ns: Mapping[str, Any], names: list, target
             notes.insert(1, "ROCm: the allowances are CUDA's figures (its context, cuBLAS workspaces); HIP's "
                             "runtime and hipBLAS hold their own, not measured here")
         notes.insert(1, f"allocated and reserved: every tensor through a model of {ALLOCATOR_SOURCE}")
-    version = version_note()
-    if version:
-        notes.append(version)
+    notes += [n for n in [version_note()] if n]
     return report("predicted", target.device, target.how(), ledger, rows.get(device, []), fqns,
                   allowances=allowances, capacity=capacity, capacity_source=source, top=top,
                   limits=_limits(target), notes=notes, seconds=time.perf_counter() - start)

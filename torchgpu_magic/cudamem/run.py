@@ -376,11 +376,11 @@ def measure(run: Callable[[], Any], values: list, device: Optional[str], top: in
         run, objects, lambda name: Ledger(CachingAllocatorModel() if name.startswith("cuda") else None),
         filename=filename)
     seconds = time.perf_counter() - start
-    if not ledgers:
-        ledgers = {device or "cpu": Ledger()}
-    chosen = device if device is not None else max(ledgers, key=lambda d: (ledgers[d].peak, d != "cpu"))
-    chosen = _match_device(chosen, ledgers)
-    ledger = ledgers[chosen]
+    chosen = device if device is not None else max(ledgers, key=lambda d: (ledgers[d].peak, d != "cpu"),
+                                                   default="cpu")
+    if chosen not in ledgers:  # 'cuda' matches 'cuda:0'; a device the run never used gets an empty ledger
+        chosen = next((name for name in ledgers if name.split(":")[0] == chosen), chosen)
+    ledger = ledgers.setdefault(chosen, Ledger())
     extra: dict = {"top": top, "seconds": seconds, "notes": [n for n in [version_note()] if n],
                    "other_devices": {d: led.peak for d, led in ledgers.items() if d != chosen}}
     if chosen in before:
@@ -412,10 +412,3 @@ def _reset_peaks() -> dict:
     except Exception:  # noqa: BLE001 - a scripted or broken backend: no allocator figures
         return {}
     return before
-
-
-def _match_device(wanted: str, ledgers: dict) -> str:
-    """``'cuda'`` matches ``'cuda:0'``; a device the run never used gets an empty ledger."""
-    found = wanted if wanted in ledgers else next((n for n in ledgers if n.split(":")[0] == wanted), wanted)
-    ledgers.setdefault(found, Ledger())
-    return found

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import linecache
 from array import array
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 KINDS = ("start", "alloc", "free", "recategorize")
 """What a row is: the cell's start, a storage allocated, a storage freed, a storage found to be of another
@@ -115,29 +115,26 @@ class StepSeries:
         signed[0] = sum(self.baseline)
         return list(itertools.accumulate(signed))
 
-    def categories_at(self, rows: list) -> list:
-        """For each of ``rows`` (ascending), the live bytes by category after it (a list per row, in the
-        order of :attr:`categories`)."""
+    def _replay(self) -> Iterator[list]:
+        """The live bytes by category after each row, in order (one list, updated in place)."""
         live = list(self.baseline)
-        out = []
-        wanted = iter(rows)
-        target = next(wanted, None)
-        kinds, cats, sources, sizes = self._kind, self._category, self._source, self._bytes
-        for row in range(len(kinds)):
-            if target is None:
-                break
-            kind = kinds[row]
+        for kind, category, source, size in zip(self._kind, self._category, self._source, self._bytes):
             if kind == _ALLOC:
-                live[cats[row]] += sizes[row]
+                live[category] += size
             elif kind == _FREE:
-                live[cats[row]] -= sizes[row]
+                live[category] -= size
             elif kind == _MOVE:
-                live[sources[row]] -= sizes[row]
-                live[cats[row]] += sizes[row]
-            while target == row:
-                out.append(list(live))
-                target = next(wanted, None)
-        return out
+                live[source] -= size
+                live[category] += size
+            yield live
+
+    def categories_at(self, rows: list) -> list:
+        """For each of ``rows``, the live bytes by category after it (a list per row, in the order of
+        :attr:`categories`)."""
+        wanted = set(rows)
+        found = {row: list(live) for row, live in zip(range(max(rows, default=-1) + 1), self._replay())
+                 if row in wanted}
+        return [found[row] for row in rows]
 
     def where(self, row: int) -> dict:
         """Phase, module, operator and cell line (number and source) of ``row``."""
@@ -156,17 +153,9 @@ class StepSeries:
 
     def highest(self) -> dict:
         """Each category's highest live bytes over the step."""
-        live, best = list(self.baseline), list(self.baseline)
-        for kind, category, source, size in zip(self._kind, self._category, self._source, self._bytes):
-            if kind == _ALLOC:
-                live[category] += size
-                best[category] = max(best[category], live[category])
-            elif kind == _FREE:
-                live[category] -= size
-            elif kind == _MOVE:
-                live[source] -= size
-                live[category] += size
-                best[category] = max(best[category], live[category])
+        best = list(self.baseline)
+        for category, live in zip(self._category, self._replay()):  # row 0 (category -1) changes nothing
+            best[category] = max(best[category], live[category])
         return dict(zip(self.categories, best))
 
     def phase_peaks(self) -> dict:

@@ -149,6 +149,21 @@ def test_fit_finds_the_largest_batch_of_an_mlp_whose_peak_is_known(ip):
     assert ip.user_ns["x"].shape == (100, 256) and "y" not in ip.user_ns
 
 
+def test_fit_says_how_long_its_search_took(ip, monkeypatch):
+    """The search's seconds run from its start to its end (on a virtual clock here: half a second per
+    reading), not from the batch size it started at."""
+    import itertools
+    import types
+
+    from torchgpu_magic.cudamem import prediction
+
+    ticks = itertools.count(10_000, 0.5)
+    monkeypatch.setattr(prediction, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    run(ip, "import torch\nmodel = torch.nn.Linear(64, 64)\nx = torch.randn(100, 64)")
+    result = run(ip, "%%cudamem --predict cpu --fit x --capacity 8MiB -o -q\nmodel(x)")
+    assert 0 < result.seconds <= 0.5 * 100  # a few readings per prediction, at most 15 predictions
+
+
 def test_fit_table_is_in_one_unit_with_the_distance_to_the_capacity():
     """A search ends beside the capacity: '1024 MiB yes' next to '1.00 GiB no' read as one amount. Every
     'needs' is in the capacity's unit, and a column says how far each is from it, with its sign; the

@@ -272,7 +272,7 @@ def fit(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Ta
     GPU, with :data:`FIT_MARGIN` of its capacity left free, which the report says): doubling from the
     current size until one does not fit (halving when the current one does not), then bisecting between
     the last that fits and the first that does not."""
-    start = time.perf_counter()
+    began = time.perf_counter()
     tensors, current = batch_tensors(ns, fit_names)
     names = sorted(set(names) | set(fit_names))
     seen: dict = {}
@@ -315,4 +315,4 @@ def fit(code: Any, filename: str, ns: Mapping[str, Any], names: list, target: Ta
                      capacity_source=first.capacity_source, current=current, best=lo,
                      predictions=[(s, r.needs, bool(r.fits)) for s, r in seen.items()],
                      at_best=seen.get(lo) if lo is not None else None,
-                     limit=limit if hi is None else None, seconds=time.perf_counter() - start)
+                     limit=limit if hi is None else None, seconds=time.perf_counter() - began)

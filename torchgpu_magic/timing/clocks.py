@@ -346,9 +346,8 @@ def cpu_cache_bytes() -> int:
     root = "/sys/devices/system/cpu/cpu0/cache"
     with contextlib.suppress(OSError):
         for entry in os.listdir(root):
-            with contextlib.suppress(OSError, ValueError):
-                with open(os.path.join(root, entry, "size")) as handle:
-                    text = handle.read().strip().upper()
+            with contextlib.suppress(OSError, ValueError), open(os.path.join(root, entry, "size")) as handle:
+                text = handle.read().strip().upper()
                 scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
                 best = max(best, int(text.rstrip("KMG")) * scale)
     return best or 32 * 2**20
@@ -379,9 +378,7 @@ def clock_for(device: Any) -> Clock:
         return HostClock()
     if kind == "cuda":
         return CudaClock(device)
-    if accelerators.timing_event(kind) is None:
-        return SyncClock(device)
-    return EventClock(device)
+    return SyncClock(device) if accelerators.timing_event(kind) is None else EventClock(device)
 
 
 # ---- memory ---------------------------------------------------------------------------------------------

@@ -11,23 +11,25 @@ at most 1 s). ``gc`` is disabled while sampling. Nothing here imports IPython; t
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import tempfile
 import time
 from typing import Any, Callable, ContextManager, Iterator, Optional
 
-from .. import accelerators
+from .. import accelerators, devices
 from ..caches import table
 from ..host import gc_paused
 from ..torchapi import has_primary_context, profiler_activity
 from .cells import CompiledCell, compile_cell, silenced
 from .clocks import Clock, MemoryProbe, Mode, Sample, check_device, clock_for
 from .observe import Touched, names_cuda, timing_device, watch
-from .results import KernelRow, Run, TimingResult, device_name, result_from
+from .results import KernelRow, Run, TimingResult, result_from
 from .stats import (
     MAX_LOOPS,
     MAX_SAMPLE_WALL_S,
     TARGET_SAMPLE_S,
     Options,
-    Stats,
     loops_for,
     median,
     next_loops,
@@ -145,9 +147,8 @@ def empty_cell_floor(device: Any, cold: bool = False, clock: Optional[Clock] = N
     if key not in _FLOORS:
         cell = compile_cell("pass", {}, filename="<cudatime-floor>")
         cell.start()
-        opts = Options(min_time=0.05, max_time=0.5)
-        run = measure(cell, clock or clock_for(device), opts, Mode(cold=cold))
-        _FLOORS[key] = Stats.of([Clock.primary(s, run.kind) / s.loops for s in run.samples]).median
+        run = measure(cell, clock or clock_for(device), Options(min_time=0.05, max_time=0.5), Mode(cold=cold))
+        _FLOORS[key] = median([Clock.primary(s, run.kind) / s.loops for s in run.samples])
     return _FLOORS[key]
 
 
@@ -197,10 +198,6 @@ def markers_dropped() -> Iterator[None]:
     Kineto's :data:`KINETO_MARKERS`, so its warnings and errors (and anything else written meanwhile)
     still reach the terminal, or the notebook (ipykernel forwards file descriptor 2). A file, not a
     pipe: nothing written meanwhile can block on it."""
-    import os
-    import sys
-    import tempfile
-
     try:
         saved = os.dup(2)
     except OSError:  # no stderr to write to: nothing to drop
@@ -298,7 +295,10 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
             touched.names_cuda = names_cuda(cell.code, cell.namespace)
             device = timing_device(touched)
             check_device(device, opts.flush_l2)
-            first = _settled(device, started, host)
+            first = Sample(1, host=host)
+            if device.type != "cpu":  # and the wall time until the first run's work on the device is done
+                devices.synchronize(device)
+                first = Sample(1, host=host, wall=time.perf_counter() - started)
         else:
             with output():
                 cell.start()
@@ -316,8 +316,8 @@ def time_cell(cell: CompiledCell, device: Any, opts: Options,
         memory = probe.stop()
         kernels = profile_kernels(cell, device, run.loops, silence) if opts.kernels else None
         result = result_from(run, clock, device, memory, floor, opts, torch.get_num_threads(),
-                             torch.__version__, device_name(device), kernels,
-                             touched.working_set(device) if touched else None, (cell.stmt, cell.setup))
+                             torch.__version__, kernels=kernels, task=(cell.stmt, cell.setup),
+                             working_set=touched.working_set(device) if touched else None)
         if opts.roofline:  # FLOPs and bytes, counted in one more run (untimed, after the samples)
             from . import roofline
 
@@ -337,14 +337,3 @@ def _quiesce() -> None:
     current = accelerators.current_index(kind)
     if kind != "cuda" or has_primary_context(current):
         accelerators.synchronize((kind, current))
-
-
-def _settled(device: Any, started: float, host: float) -> Sample:
-    """The watched first run as a sample on the clock of ``device``: host time, and for an accelerator
-    also the wall time until its work is done (the device is synchronized now)."""
-    if getattr(device, "type", "cpu") == "cpu":
-        return Sample(1, host=host)
-    from .. import devices
-
-    devices.synchronize(device)
-    return Sample(1, host=host, wall=time.perf_counter() - started)

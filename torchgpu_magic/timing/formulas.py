@@ -194,17 +194,14 @@ def _mm(a: Any, b: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
     return 2 * a.shape[0] * a.shape[1] * b.shape[1]
 
 
-def _addmm_activation(bias: Any, a: Any, b: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
-    """Linear with its GELU / ReLU fused: the product's 2 m k n."""
-    return _mm(a, b)
-
-
 def _mv(a: Any, v: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
     return 2 * a.shape[0] * a.shape[1]
 
 
-def _addmv(bias: Any, a: Any, v: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
-    return _mv(a, v)
+def _after_bias(formula: Callable[..., int]) -> Callable[..., int]:
+    """``formula`` for an op that adds a bias, its first argument, to the same product (``addmv``;
+    ``_addmm_activation``, a linear with its GELU / ReLU fused)."""
+    return lambda bias, *args, **kwargs: formula(*args, **kwargs)
 
 
 def _dot(a: Any, b: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
@@ -242,8 +239,8 @@ def registry(base: dict) -> tuple:
              "_transformer_encoder_layer_fwd": _encoder_layer, "mkldnn_rnn_layer": _rnn_layer,
              "_cudnn_rnn": _cudnn_rnn, "_scaled_dot_product_flash_attention_for_cpu": _attention_cpu,
              "_scaled_dot_product_flash_attention_for_cpu_backward": _attention_cpu_backward,
-             "_addmm_activation": _addmm_activation, "_int_mm": _mm, "mv": _mv, "addmv": _addmv, "dot": _dot,
-             "vdot": _dot, "addbmm": _addbmm}
+             "_addmm_activation": _after_bias(_mm), "_int_mm": _mm, "mv": _mv, "addmv": _after_bias(_mv),
+             "dot": _dot, "vdot": _dot, "addbmm": _addbmm}
     for name, formula in added.items():  # private ops a torch may rename or drop: each one skipped then
         if hasattr(aten, name):
             table.setdefault(getattr(aten, name), formula)

@@ -23,7 +23,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-from .. import accelerators
+from .. import accelerators, devices
+from ..torchapi import dispatch_mode_base, fake_tensor_class, tree_leaves
 
 
 @dataclass
@@ -56,8 +57,6 @@ def tensors_in(*values: Any) -> list:
             if isinstance(item, torch.Tensor):
                 found.append(item)
             elif isinstance(item, (list, tuple, dict)):
-                from ..torchapi import tree_leaves
-
                 found += [leaf for leaf in tree_leaves(item) if isinstance(leaf, torch.Tensor)]
     return found
 
@@ -65,8 +64,6 @@ def tensors_in(*values: Any) -> list:
 @functools.cache
 def _mode_class() -> Any:
     """The TorchDispatchMode subclass, made once on first use."""
-    from ..torchapi import dispatch_mode_base, fake_tensor_class
-
     class Watch(dispatch_mode_base()):
         """Notes the device and storage of every tensor an op reads or writes (fake tensors, which
         hold no memory and may claim devices this machine lacks, are left out)."""
@@ -94,10 +91,9 @@ def _mode_class() -> Any:
             if fake is not None and isinstance(tensor, fake):
                 return
             device = str(tensor.device)
-            touched = self.touched
-            if device not in touched.nbytes:
-                touched.devices.append(device)
-                touched.nbytes[device] = 0
+            if device not in self.touched.nbytes:
+                self.touched.devices.append(device)
+                self.touched.nbytes[device] = 0
             if tensor.device.type == "meta":
                 return
             with contextlib.suppress(RuntimeError, NotImplementedError, TypeError):  # sparse, storage-less
@@ -105,7 +101,7 @@ def _mode_class() -> Any:
                 key = (device, storage.data_ptr())
                 if key not in self.seen:
                     self.seen.add(key)
-                    touched.nbytes[device] += int(storage.nbytes())
+                    self.touched.nbytes[device] += int(storage.nbytes())
 
     return Watch
 
@@ -169,19 +165,15 @@ def names_cuda(code: Any, namespace: dict) -> bool:
                 return True
             if hasattr(const, "co_names"):
                 stack.append(const)
-        for name in current.co_names:
-            value = namespace.get(name)
-            if isinstance(value, torch.Tensor) and value.device.type == "cuda":
-                return True
+        values = (namespace.get(name) for name in current.co_names)
+        if any(isinstance(value, torch.Tensor) and value.device.type == "cuda" for value in values):
+            return True
     return False
 
 
 def timing_device(touched: Optional[Touched] = None) -> Any:
     """:func:`choose_device` for this process now: torch's default device, the accelerators usable here
     and, where it matters, the current CUDA GPU. Initialises nothing."""
-    from .. import devices
-
-    default = devices.default_device()
     usable = tuple(accelerators.available_kinds())
     current = accelerators.current_index("cuda") if "cuda" in usable else 0
-    return choose_device(default, touched, current, usable)
+    return choose_device(devices.default_device(), touched, current, usable)

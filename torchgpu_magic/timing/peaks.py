@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .. import accelerators
+
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 LABELS = {"fp64": "fp64", "fp32": "fp32", "tf32": "tf32 dense", "bf16": "bf16 dense", "fp16": "fp16 dense",
           "fp8": "fp8 dense"}
@@ -158,9 +160,7 @@ class Peak:
         table has no figure for it."""
         value = (self.flops.get(precision) or self.flops.get(FALLBACK.get(precision, ""))
                  or self.flops.get(ANY))
-        if not value:
-            return None
-        return value * (self.scale_for(precision) if clocked else 1.0)
+        return value * (self.scale_for(precision) if clocked else 1.0) if value else None
 
     def label(self, precision: str) -> str:
         """'H100 SXM bf16 dense', or '--peak' for the user's figure."""
@@ -188,15 +188,12 @@ def for_device(device: Any, clock_mhz: Optional[float] = None) -> tuple:
     hint = "--peak FLOPS[,BYTES_PER_S] sets one, for a percentage"
     if kind != "cuda":
         return None, [f"roofline: no peak figures for {kind} ({hint})"]
-    from .. import accelerators
-
     facts = accelerators.facts(device)
-    name = facts.name
-    model = lookup(name)
+    model = lookup(facts.name)
     if model is None:
-        return None, [f"roofline: {name} is not in the peak table: achieved figures only ({hint})"]
+        return None, [f"roofline: {facts.name} is not in the peak table: achieved figures only ({hint})"]
     sms = int(facts.units) if facts.units else model.sms
-    return resolve(model, name, sms, clock_mhz), []
+    return resolve(model, facts.name, sms, clock_mhz), []
 
 
 def resolve(model: GPUModel, name: str, sms: int, clock_mhz: Optional[float]) -> Peak:

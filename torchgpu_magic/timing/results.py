@@ -167,8 +167,7 @@ class TimingResult(Reportable):
     # -- data ------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """Plain data (seconds, bytes; None for N/A): every field, and the statistics derived from them."""
-        out = {name: _plain(getattr(self, name)) for name in self.__dataclass_fields__}
-        out.update({name: _plain(getattr(self, name)) for name in _DERIVED})
+        out = {name: _plain(getattr(self, name)) for name in (*self.__dataclass_fields__, *_DERIVED)}
         out["kernels"] = None if self.kernels is None else [_plain(vars(row)) for row in self.kernels]
         out["roofline"] = None if self.roofline is None else _plain(self.roofline.to_dict())
         return out
@@ -201,9 +200,8 @@ def kernel_table(rows: Sequence[KernelRow], device: bool, empty: Optional[str] =
     """The ``--kernels`` rows as a table; ``empty`` says why there are none, ``hot_only`` that the pass
     ran hot although the samples ran with ``--cold`` / ``--flush-l2``, ``busy`` the share of the device
     time the kernels kept the GPU busy."""
-    title = ("top kernels by device time (separate torch.profiler pass" if device
-             else "top ops by self CPU time (separate torch.profiler pass")
-    title += ", run hot: without --cold / --flush-l2)" if hot_only else ")"
+    title = "top kernels by device time" if device else "top ops by self CPU time"
+    title += f" (separate torch.profiler pass{', run hot: without --cold / --flush-l2' if hot_only else ''})"
     if busy is not None:
         title += f"; the kernels kept the GPU busy {fmt_percent(min(busy, 1.0))} of the device time"
     if not rows:
@@ -280,23 +278,23 @@ def device_name(device: Any) -> str:
     """A person's name for ``device``: the GPU model, or the CPU model where Linux says it."""
     kind = getattr(device, "type", str(device))
     if kind == "cpu":
-        with contextlib.suppress(OSError):
-            with open("/proc/cpuinfo") as handle:
-                for line in handle:
-                    if line.lower().startswith("model name"):
-                        return line.split(":", 1)[1].strip()
+        with contextlib.suppress(OSError), open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
         return platform.processor() or platform.machine() or "CPU"
     return str(device) if kind == "meta" else accelerators.device_name(device)
 
 
 def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optional[float],
-                opts: Options, threads: int, torch_version: str, name: str,
+                opts: Options, threads: int, torch_version: str, name: Optional[str] = None,
                 kernels: Optional[tuple] = None, working_set: Optional[int] = None,
                 task: tuple = ("", "")) -> TimingResult:
     """Turn a :class:`Run` into a :class:`TimingResult` with its warnings and notes. When the cell's work
-    is mostly on streams the events do not see, the headline is the synchronized wall time. ``kernels``
-    is the ``--kernels`` pass (rows, why there are none, GPU busy time per loop); ``working_set`` the
-    bytes the first run touched on the device; ``task`` the cell's (statement, setup)."""
+    is mostly on streams the events do not see, the headline is the synchronized wall time. ``name`` is
+    the device's (None: asked of torch with the L2 size); ``kernels`` is the ``--kernels`` pass (rows, why
+    there are none, GPU busy time per loop); ``working_set`` the bytes the first run touched on the
+    device; ``task`` the cell's (statement, setup)."""
     rows, empty, busy = kernels if kernels is not None else (None, None, None)
     host = [s.host / s.loops for s in run.samples]
     wall = [s.wall / s.loops for s in run.samples] if run.samples[0].wall is not None else None
@@ -306,7 +304,10 @@ def result_from(run: Run, clock: Clock, device: Any, memory: tuple, floor: Optio
     watch = getattr(clock, "watch", None)
     # an accelerator's last-level cache: CUDA's and ROCm's L2, XPU's (None where torch does not say: MPS)
     on_accelerator = run.kind == "device" and getattr(device, "type", "cpu") != "cpu"
-    l2 = accelerators.facts(device).cache if on_accelerator else None
+    facts = accelerators.facts(device) if on_accelerator else None
+    l2 = facts.cache if facts else None
+    if name is None:
+        name = facts.name if facts else device_name(device)
     result = TimingResult(
         device=str(device), device_name=name, torch_version=torch_version, clock=clock.label, kind=kind,
         samples=[Clock.primary(s, kind) / s.loops for s in run.samples], loops=run.loops,

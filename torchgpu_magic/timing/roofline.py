@@ -178,11 +178,10 @@ class Roofline:
     def to_dict(self) -> dict:
         """Plain data: the counts, achieved figures, peaks, fractions and bound (the notes are the
         result's)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "notes"}
-        for name in ("achieved_flops", "achieved_bandwidth", "intensity", "flops_fraction",
-                     "bandwidth_fraction", "ridge", "bound", "compute_time", "memory_time"):
-            out[name] = getattr(self, name)
-        return out
+        derived = ["achieved_flops", "achieved_bandwidth", "intensity", "flops_fraction",
+                   "bandwidth_fraction", "ridge", "bound", "compute_time", "memory_time"]
+        kept = [f.name for f in fields(self) if f.name != "notes"]
+        return {name: getattr(self, name) for name in kept + derived}
 
     @classmethod
     def from_dict(cls, data: dict) -> Roofline:
@@ -262,19 +261,17 @@ def _count_notes(rl: Roofline, peak: Optional[peaks.Peak]) -> list:
         shown += f" and {more} more" if more > 0 else ""
         notes.append(f"roofline: FLOPs count matmuls, convolutions and attention (torch's FlopCounterMode); "
                      f"not counted: {shown}; the FLOP figure is a lower bound")
-    if rl.causal:
-        ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.causal.items()))
-        notes.append(f"roofline: causal attention ({ops}) counted by the (query, key) pairs it attends, "
-                     "s(s+1)/2 of s x s for a square mask, as the kernels skip the masked tiles (the "
-                     "convention of FlashAttention's benchmarks: half of full attention)")
-    if rl.unknown:
-        ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.unknown.items()))
-        notes.append(f"roofline: {ops} did matrix products whose FLOPs are not counted (no formula reads "
-                     "them): no FLOP/s percentage, intensity or bound; the bytes stand")
-    if rl.opaque:
-        ops = ", ".join(f"{name} x{calls}" for name, calls in sorted(rl.opaque.items()))
-        notes.append(f"roofline: the FLOPs and bytes inside {ops} are not counted (a higher-order op: the "
-                     "ops in it are not seen one by one)")
+    said = ((rl.causal, "causal attention ({}) counted by the (query, key) pairs it attends, s(s+1)/2 of s x "
+             "s for a square mask, as the kernels skip the masked tiles (the convention of FlashAttention's "
+             "benchmarks: half of full attention)"),
+            (rl.unknown, "{} did matrix products whose FLOPs are not counted (no formula reads them): no "
+             "FLOP/s percentage, intensity or bound; the bytes stand"),
+            (rl.opaque, "the FLOPs and bytes inside {} are not counted (a higher-order op: the ops in it are "
+             "not seen one by one)"))
+    for ops, text in said:
+        if ops:
+            shown = ", ".join(f"{name} x{calls}" for name, calls in sorted(ops.items()))
+            notes.append(f"roofline: {text.format(shown)}")
     if rl.compiled:
         notes.append("roofline: torch.compile'd code ran eagerly for the count: the figures are those of "
                      "the eager ops (fused kernels move fewer bytes)")

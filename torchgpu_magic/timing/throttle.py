@@ -59,11 +59,10 @@ class ClockWatch:
         table's peaks to it), and the ``reasons`` seen, in words (idle left out)."""
         loaded = [(clock, reasons or ()) for clock, reasons in self.readings
                   if clock is not None and IDLE not in (reasons or ())]
-        top = self.top
-        below = [clock for clock, _ in loaded if top and clock < top]
+        below = [clock for clock, _ in loaded if self.top and clock < self.top]
         reasons = list(dict.fromkeys(reason for _, seen in loaded for reason in seen))
-        return {"max_mhz": top, "samples": len(loaded), "below_max": len(below),
-                "below_75": sum(1 for clock in below if clock < SLOW_CLOCK * top),
+        return {"max_mhz": self.top, "samples": len(loaded), "below_max": len(below),
+                "below_75": sum(1 for clock in below if clock < SLOW_CLOCK * self.top),
                 "lowest_mhz": min(below) if below else None,
                 "median_mhz": median([clock for clock, _ in loaded]) if loaded else None, "reasons": reasons}
 

@@ -153,3 +153,22 @@ def test_a_cell_that_names_cuda_is_told_from_one_that_does_not(cell, names):
     namespace = {"torch": torch, "x": torch.ones(2), "gpu_tensor": gpu_tensor}
     compiled = timing.compile_cell(cell, namespace)
     assert timing.observe.names_cuda(compiled.code, compiled.namespace) is names
+
+
+def test_a_device_it_cannot_time_on_is_refused_with_the_valid_ones(monkeypatch):
+    """Without an out-of-tree backend the list ends at xpu:N (it said ', None' before); with one, its
+    name ends it."""
+    import torch
+
+    from torchgpu_magic import accelerators
+    from torchgpu_magic.timing import clocks
+
+    monkeypatch.setattr(accelerators, "current_kind", lambda: None)
+    with pytest.raises(MagicInputError) as refused:
+        clocks.check_device(torch.device("hpu"))
+    assert str(refused.value) == "cannot time on 'hpu'; valid: cpu, cuda, cuda:N, mps, xpu, xpu:N"
+    monkeypatch.setattr(accelerators, "current_kind", lambda: "npu")
+    with pytest.raises(MagicInputError) as refused:
+        clocks.check_device(torch.device("hpu"))
+    assert str(refused.value).endswith("xpu, xpu:N, npu")
+    clocks.check_device("npu")  # its own backend: timed through the accelerator API

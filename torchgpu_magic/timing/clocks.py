@@ -362,10 +362,11 @@ def check_device(device: Any, flush_l2: bool = False) -> None:
             "cannot time on 'meta': meta tensors hold no data and run no kernels, so there is nothing to "
             "time (%timeit measures their dispatch overhead); valid: cpu or an accelerator"
         )
-    timeable = ("cpu", "cuda", "mps", "xpu", accelerators.current_kind())
-    if kind not in timeable:
+    timeable = ("cpu", "cuda", "mps", "xpu")
+    other = accelerators.current_kind()  # an out-of-tree backend's (PrivateUse1), None without one
+    if kind not in timeable and kind != other:
         raise MagicInputError(f"cannot time on '{device}'; valid: cpu, cuda, cuda:N, mps, xpu, xpu:N"
-                              + (f", {timeable[-1]}" if timeable[-1] not in timeable[:-1] else ""))
+                              + (f", {other}" if other is not None and other not in timeable else ""))
     if flush_l2 and kind == "mps":
         raise MagicInputError("--flush-l2 works on cpu, cuda and xpu; torch reports no cache size for mps")
 

@@ -545,8 +545,8 @@ def test_the_os_release_is_read_once_per_version_of_its_file(tmp_path, monkeypat
     tree = Tree(tmp_path).write("etc/os-release", ROCKY)
     root = str(tree.root)
     reads: list = []
-    real = machine._read
-    monkeypatch.setattr(machine, "_read", lambda base, path: reads.append(path) or real(base, path))
+    real = machine.read_text
+    monkeypatch.setattr(machine, "read_text", lambda base, path: reads.append(path) or real(base, path))
     assert machine.distribution(root).id == "rocky"
     assert machine.distribution(root).id == "rocky" and reads == ["etc/os-release"]
     tree.write("etc/os-release", 'ID=ubuntu\nID_LIKE=debian\nPRETTY_NAME="Ubuntu 24.04.3 LTS"\n')
@@ -805,8 +805,8 @@ def test_a_survey_reads_the_pci_ids_once_and_sees_every_change_that_can_happen(t
     tree = linux(tmp_path).nvidia()
     root = str(tree.root)
     reads: list = []
-    real = machine._read
-    monkeypatch.setattr(machine, "_read", lambda base, path: reads.append(path) or real(base, path))
+    real = machine.read_text
+    monkeypatch.setattr(machine, "read_text", lambda base, path: reads.append(path) or real(base, path))
     first = machine.survey(root, "Linux", "6.8.0")
     assert first.nvidia_gpus[0].driver is None and first.kernel_driver is None
     assert any(path.endswith("/vendor") for path in reads) and "usr/share/misc/pci.ids" in reads

@@ -22,7 +22,7 @@ from ..render import Report, Reportable, Table, fmt_bytes, fmt_value, is_na
 from ..torchapi import backend_linked
 from . import amdsmi, apple, backendcauses, inventory, machine, nvml
 from .gpumap import TorchView
-from .inventory import GPUInfoLayout, _env_text
+from .inventory import GPUInfoLayout, env_text
 from .snapshots import NA
 
 __all__ = ["DeviceRow", "AcceleratorReport", "applies", "build_report", "gpu_report"]
@@ -107,7 +107,7 @@ class AcceleratorReport(GPUInfoLayout, Reportable):
         if self.show_processes and procs.rows:
             tables.append(procs)
         machine = Table(["item", "value"], title="Machine and environment")
-        for key, value in self.machine + [(k, _env_text(v)) for k, v in self.environment.items()]:
+        for key, value in self.machine + [(k, env_text(v)) for k, v in self.environment.items()]:
             machine.add(key, fmt_value(value))
         machine.add("this process's PID", self.pid)
         notes = [f"! {w.message} ({w.fix})" for w in self.warnings] + self.notes

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from ..caches import cache
-from .machine import _read
+from .machine import read_text
 
 ROOT = "/"
 
@@ -163,10 +163,10 @@ def _container_files(root: str) -> tuple:
     named in PID 1's cgroup, Podman's marker, Docker's marker, the runtime named by the bind mount of
     /etc/hostname or /etc/resolv.conf). Kept for the process's life: the container a process runs in
     is set when it starts (``%gpuinfo`` runs this on every call, on every engine of a cluster)."""
-    cgroup = _read(root, "proc/1/cgroup") or ""
+    cgroup = read_text(root, "proc/1/cgroup") or ""
     named = next((runtime for word, runtime in _RUNTIME_WORDS if word in cgroup), None)
     mounted = None
-    for line in (_read(root, "proc/self/mountinfo") or "").splitlines():
+    for line in (read_text(root, "proc/self/mountinfo") or "").splitlines():
         fields = line.split()
         if len(fields) > 4 and fields[4] in ("/etc/hostname", "/etc/resolv.conf"):
             mounted = next((runtime for word, runtime in _RUNTIME_WORDS if word in line), None)
@@ -190,15 +190,15 @@ def virtual_machine(root: str = "/") -> Optional[str]:
     """The hypervisor or cloud of the virtual machine this runs in ('Amazon EC2', 'a KVM virtual machine',
     'a virtual machine' when unnamed), or None on bare metal (or where it cannot be told). Kept per
     ``root`` for the process's life: the machine a process runs on does not change under it."""
-    dmi = " ".join((_read(root, f"sys/class/dmi/id/{name}") or "").strip()
+    dmi = " ".join((read_text(root, f"sys/class/dmi/id/{name}") or "").strip()
                    for name in ("sys_vendor", "product_name", "bios_vendor"))
     for word, name in _VMS:
         if word.lower() in dmi.lower():
             return name
-    hypervisor = (_read(root, "sys/hypervisor/type") or "").strip()
+    hypervisor = (read_text(root, "sys/hypervisor/type") or "").strip()
     if hypervisor:
         return hypervisor.capitalize()
-    for line in (_read(root, "proc/cpuinfo") or "").splitlines():
+    for line in (read_text(root, "proc/cpuinfo") or "").splitlines():
         if line.startswith("flags") and " hypervisor" in f" {line.split(':', 1)[-1]}":
             return "a virtual machine"
     return None

@@ -133,8 +133,8 @@ class GPUReport(GPUInfoLayout, Reportable):
             ("torch", env["torch_version"]),
             ("torch built with CUDA", env["torch_cuda"] if env["torch_cuda"] else "none (CPU-only build)"),
             ("cuDNN", env["cudnn"]),
-            ("CUDA_VISIBLE_DEVICES", _env_text(env["CUDA_VISIBLE_DEVICES"])),
-            ("CUDA_DEVICE_ORDER", _env_text(env["CUDA_DEVICE_ORDER"])),
+            ("CUDA_VISIBLE_DEVICES", env_text(env["CUDA_VISIBLE_DEVICES"])),
+            ("CUDA_DEVICE_ORDER", env_text(env["CUDA_DEVICE_ORDER"])),
             ("other accelerators", ", ".join(self.torch.other_accelerators) or "none"),
         ]
         if self.machine is not None:
@@ -254,7 +254,8 @@ def _machine_rows(here: Machine) -> list:
     return [("NVIDIA GPUs on the PCI bus", bus), ("NVIDIA kernel driver", module)]
 
 
-def _env_text(value: Optional[str]) -> str:
+def env_text(value: Optional[str]) -> str:
+    """An environment variable's value as the reports show it: quoted, or '(unset)'."""
     return "(unset)" if value is None else repr(value)
 
 

@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 from ..caches import table
 
 __all__ = ["ROOT", "NVIDIA_VENDOR", "AMD_VENDOR", "INTEL_VENDOR", "PCIGPU", "Distribution", "Machine",
-           "pci_gpus", "kernel_driver", "distribution", "is_wsl", "wsl_gpu", "survey"]
+           "pci_gpus", "kernel_driver", "distribution", "is_wsl", "wsl_gpu", "survey", "read_text"]
 
 ROOT = "/"
 NVIDIA_VENDOR = "0x10de"
@@ -126,7 +126,9 @@ class Machine:
         return ", ".join(labels)
 
 
-def _read(root: str, path: str) -> Optional[str]:
+def read_text(root: str, path: str) -> Optional[str]:
+    """The text of the file at ``path`` under ``root``; None where it cannot be read. Nothing here raises for
+    a file it cannot read."""
     try:
         with open(os.path.join(root, path), encoding="utf-8", errors="replace") as handle:
             return handle.read()
@@ -184,7 +186,7 @@ def _bus(root: str) -> Optional[dict]:
     kept = _BUS.get(root)
     if kept is not None and kept[0] == listing:  # listed as last time, in the same order: unchanged
         return kept[1]
-    read = {address: tuple(_read(base, f"{address}/{name}") for name in ("vendor", "class", "device"))
+    read = {address: tuple(read_text(base, f"{address}/{name}") for name in ("vendor", "class", "device"))
             for address in sorted(listing)}
     bus: dict = {}
     for address, texts in read.items():
@@ -215,7 +217,7 @@ def _first_file(root: str, paths: tuple, kept: dict, key: tuple,
             continue
         at = (root, *key, path, stat.st_size, stat.st_mtime_ns)
         if at not in kept:
-            kept[at] = parse(_read(root, path))
+            kept[at] = parse(read_text(root, path))
         if kept[at] is not False:
             return kept[at]
     return None
@@ -240,12 +242,12 @@ def _names_in(text: str, devices: frozenset, vendor: str) -> dict:
 def kernel_driver(root: str = "/") -> Optional[str]:
     """The loaded NVIDIA kernel module's version ('580.95.05'), '' when it is loaded but says no version,
     None when it is not loaded. Inside a container this is the host's: the kernel is shared."""
-    text = _read(root, "proc/driver/nvidia/version")
+    text = read_text(root, "proc/driver/nvidia/version")
     if text is not None:
         match = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)", text)
         return match.group(1) if match else ""
     if os.path.isdir(os.path.join(root, "sys/module/nvidia")):
-        return (_read(root, "sys/module/nvidia/version") or "").strip()
+        return (read_text(root, "sys/module/nvidia/version") or "").strip()
     return None
 
 
@@ -271,7 +273,7 @@ def _release(text: str) -> Optional[Distribution]:
 def is_wsl(root: str = "/", release: Optional[str] = None) -> bool:
     """Whether Linux runs under Windows' WSL: its kernel release says 'microsoft' (WSL 1: 'Microsoft',
     WSL 2: '...-microsoft-standard-WSL2')."""
-    text = release if release is not None else (_read(root, "proc/sys/kernel/osrelease") or "")
+    text = release if release is not None else (read_text(root, "proc/sys/kernel/osrelease") or "")
     return "microsoft" in text.lower()
 
 

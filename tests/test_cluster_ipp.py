@@ -603,22 +603,52 @@ def test_busy_engine_is_not_asked_and_says_since_when(sh, rc):
     busy.get(10)
 
 
-def test_an_engine_busy_with_another_clients_task_is_not_asked(sh, rc, ipc):
+def test_an_engine_busy_with_another_clients_task_gets_ours_withdrawn(sh, rc, ipc):
     """Work this client does not know of (another notebook's client) is seen in the controller's counts
-    only: that engine is not asked either, once the controller has had its moments to forget requests
-    of ours just answered (asked again after short pauses, not one long sleep)."""
+    only, which the call reads while its request travels: that engine's request is withdrawn (aborted,
+    so it never runs behind the task), its row says busy, and the next call does not ask it at all."""
     other = ipc[0].connect_client_sync()
     try:
         busy = other[1].apply_async(_hold, 4.0)
         _wait_busy(rc, 1)
-        run(sh, "%gpuinfo --cluster rc -o")
+        report = run(sh, "%gpuinfo --cluster rc -o")
         whereis = run(sh, "%whereis --cluster rc -o")
+        rows = {e["label"]: e for e in report.engines}
+        assert rows["engine 0"]["ok"] and rows["engine 2"]["ok"]
+        assert rows["engine 1"]["message"].startswith("busy since at least ")
+        assert rows["engine 1"]["message"].endswith(
+            "our request was withdrawn, so nothing of ours runs behind it")
         (label, problem), = whereis.failed
         assert label == "engine 1" and problem.startswith("busy since at least "), problem
-        assert rc.queue_status()[1]["queue"] == 1  # nothing of ours queued behind the task
+        assert problem.endswith("not asked, so nothing queues behind it") and "more queued" not in problem
+        ours = [m for m in rc.outstanding if rc.metadata[m].get("label") == "torchgpu_magic"]
+        assert len(ours) == 1 and rc.queue_status()[1]["queue"] == 2  # the task, and ours withdrawn
         busy.get(10)
+        deadline, record = time.monotonic() + 10, {}
+        while not record.get("result_content") and time.monotonic() < deadline:
+            time.sleep(0.02)
+            (record,) = rc.db_query({"msg_id": ours[0]}, keys=["result_content"])
+        assert record["result_content"]["status"] == "aborted"  # it never ran
     finally:
         other.close()
+
+
+def test_a_stopped_engine_is_stuck_for_the_next_magic_too(sh, rc):
+    """An engine stopped (SIGSTOP) while idle: the call's request there times out and stays queued;
+    the next call, of another magic, tells that request as ours from the client's record and says 'not
+    answering since', without queueing another there."""
+    pid = rc[1].apply_sync(os.getpid)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        report = run(sh, "%gpuinfo --cluster rc --timeout 1 -o")
+        rows = {e["label"]: e for e in report.engines}
+        assert rows["engine 0"]["ok"] and rows["engine 1"]["problem"] == "timeout", rows["engine 1"]
+        whereis = run(sh, "%whereis --cluster rc -o")
+        (label, problem), = whereis.failed
+        assert label == "engine 1" and problem.startswith("not answering since "), problem
+        assert rc.queue_status()[1]["queue"] == 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def test_each_engines_seconds_are_ipyparallels_own(rc):

@@ -25,7 +25,8 @@ STOP_WAIT = 5.0
 PROBLEMS = {
     "dead": "the engine died or is gone",
     "timeout": "no answer in time",
-    "busy": "the engine runs something else (a %px cell, a task): not asked, so nothing queues behind it",
+    "busy": "the engine runs something else (a %px cell, a task): not asked (or our call withdrawn), so "
+            "nothing of ours runs behind it",
     "stuck": "our previous request is still queued there: the engine is stopped, blocked or overloaded",
     "no_package": "torchgpu_magic is not importable there",
     "no_torch": "torch is not importable there",
@@ -163,9 +164,9 @@ class Bridge:
             **kwargs: Any) -> list:
         """Run ``torchgpu_magic.cluster.remote.<target>(*args, **kwargs)`` on every engine (or those in
         ``keys``) at once; one :class:`Reply` per engine, in engine order, within ``timeout`` seconds.
-        Busy engines are not asked (their reply says since when they are busy); Ctrl-C interrupts the
-        engines too and raises :class:`ClusterInterrupted`; a cluster that is gone raises
-        :class:`ClusterGone`. With ``only``, just those engines are asked: the others' replies say
+        Busy engines are not asked, or our call there is withdrawn (their reply says since when they are
+        busy); Ctrl-C interrupts the engines too and raises :class:`ClusterInterrupted`; a cluster that is
+        gone raises :class:`ClusterGone`. With ``only``, just those engines are asked: the others' replies say
         whether they are free (``ok``, value None) or why not (busy, silent, gone)."""
         raise NotImplementedError
 

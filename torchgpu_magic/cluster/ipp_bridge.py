@@ -1,14 +1,20 @@
 """The adapter over an ipyparallel ``Client`` or view.
 
-Every call first asks the controller which engines have work queued (its queue status: it answers from
-memory, in milliseconds, even while every engine computes). A busy engine is not asked: a request sent
-there would wait behind the running ``%px`` cell and answer after it, so its reply says since when it is
-busy instead, and nothing of ours queues behind the user's work. The other engines get one
-``apply_async`` to a DirectView (the function serialised once, one result set), each engine's answer read
-on its own under the deadline. A controller that does not answer means the cluster is gone: one line.
+Every call asks the controller which engines have work queued (its queue status: it answers from memory,
+in milliseconds, even while every engine computes). An engine where this client has a request pending
+(a ``%px`` cell, a task) is busy and is not asked: a request sent there would wait behind that cell and
+answer after it, so its reply says since when it is busy instead. The other engines get our call at once,
+one ``apply_async`` to a DirectView (the function serialised once, one result set), while the question
+travels: the question's round trip no longer comes before the call's. Where the controller counts work
+this client did not send (another notebook's client, a task not yet placed) and our call has not
+answered, the count is read again, exactly, a moment on (:data:`GRACE`); an engine busy so gets our
+request withdrawn (aborted, so it never runs behind that work) and the same 'busy' reply. Each engine's
+answer is read on its own under the deadline. A controller that does not answer means the cluster is
+gone: one line.
 
 A request of ours that ran past its limit, or that Ctrl-C cut short, is aborted where it still waits and
-interrupted (SIGINT, as ``%px`` does on Ctrl-C) where it runs, so no engine keeps running our call.
+interrupted (SIGINT, as ``%px`` does on Ctrl-C) where it runs, so no engine keeps running our call; an
+engine is interrupted only once the controller's count has shown that what runs there is ours.
 """
 from __future__ import annotations
 
@@ -33,6 +39,13 @@ LONG = ("cudatime",)
 QUEUE_PAUSES = (0.002, 0.004, 0.008, 0.016, 0.02)
 """Seconds between the questions to the controller while it still counts a request just answered (50 ms
 in all, after which a count above this client's own is another client's work: busy)."""
+LABEL = "torchgpu_magic"
+"""The label our requests carry in the client's metadata: how any call, of any magic, tells ours among the
+requests the client still waits for."""
+GRACE = sum(QUEUE_PAUSES)
+"""Seconds our call, sent to an engine where the controller counted work, may take before the count is
+read again exactly: an answer within it means nothing long ran before ours there (what was counted was
+ours, or a request just answered); past it, work counted there that is not ours makes the engine busy."""
 FIX_STALE = ("connect again: rc = ipp.Client() for engines started by ipcluster or your job script, or start "
              "the cluster again (rc = ipp.Cluster(n=4).start_and_connect_sync())")
 
@@ -44,7 +57,6 @@ class IPyParallelBridge(Bridge):
         client = getattr(obj, "client", None) or obj
         super().__init__(name, obj, "ipyparallel")
         self.client = client
-        self._ours: dict = {}  # msg_id -> (engine, sent at, epoch) of our requests not answered yet
         self._seen_busy: dict = {}  # engine -> when this bridge first saw it busy (epoch)
 
     def engines(self) -> list:
@@ -57,40 +69,62 @@ class IPyParallelBridge(Bridge):
         return f"engine {key}"
 
     # ---- the controller's view of the queues ----------------------------------------------------------
-    def queues(self, keys: Sequence[Any]) -> dict:
-        """``{engine: requests queued or running there}`` from the controller (counts: its lists of
-        message ids would bring every request an engine ever completed). ``Client.queue_status`` has no
-        time limit (a stopped controller would hold the notebook for ever), so the request goes through
-        the client's own sender with one. The controller drops a request a moment after its reply
-        reaches us: where it counts more than this client knows to be pending, it is asked again after
-        growing pauses (:data:`QUEUE_PAUSES`), so that a call right after the last waits no longer than
-        the controller takes to forget it."""
-        counts = self._ask_queues(keys)
-        for pause in QUEUE_PAUSES:
-            if not any(counts[key] > len(self._waiting(key)) for key in keys):
-                break
-            time.sleep(pause)
-            counts = self._ask_queues(keys)
-        return counts
-
-    def _ask_queues(self, keys: Sequence[Any]) -> dict:
+    def _ask(self, keys: Sequence[Any]) -> Any:
+        """Send the question for the queue counts of engines ``keys`` (counts: its lists of message ids
+        would bring every request an engine ever completed): the future of its answer. ``Client.queue_status``
+        has no time limit (a stopped controller would hold the notebook for ever), so the question goes
+        through the client's own sender and :meth:`_counts` waits with one."""
         client = self.client
         if getattr(client, "_closed", False):
             raise ClusterGone(f"--cluster {self.name}: this ipyparallel Client was closed; {FIX_STALE}")
-        future = client._send(client._query_stream, "queue_request",
-                              content={"targets": list(keys), "verbose": False})
+        return client._send(client._query_stream, "queue_request",
+                            content={"targets": list(keys), "verbose": False})
+
+    def _counts(self, future: Any, keys: Sequence[Any]) -> dict:
+        """``{engine: requests queued or running there}`` from the answer ``future`` of :meth:`_ask`."""
+        content = self._answer(future, "queue")
+        return {key: int((content.get(str(key)) or {}).get("queue", 0))
+                + int((content.get(str(key)) or {}).get("tasks", 0)) for key in keys}
+
+    def _answer(self, future: Any, what: str) -> dict:
+        """The content of the controller's answer ``future``, within :data:`ASK_TIMEOUT`; the cluster
+        gone (one line) where it does not answer or refuses."""
         if not future.wait(ASK_TIMEOUT):
-            where = (getattr(client, "_config", None) or {}).get("registration", "")
+            where = (getattr(self.client, "_config", None) or {}).get("registration", "")
             at = f" at {where}" if where else ""
             raise ClusterGone(f"--cluster {self.name}: the ipyparallel controller{at}"
                               f" did not answer in {ASK_TIMEOUT:g} s: the cluster was stopped or its "
                               f"controller died; {FIX_STALE}")
         content = future.result()["content"]
         if content.get("status") != "ok":
-            raise ClusterGone(f"--cluster {self.name}: the controller refused the queue request "
+            raise ClusterGone(f"--cluster {self.name}: the controller refused the {what} request "
                               f"({content.get('ename', '')}: {content.get('evalue', '')}); {FIX_STALE}")
-        return {key: int((content.get(str(key)) or {}).get("queue", 0))
-                + int((content.get(str(key)) or {}).get("tasks", 0)) for key in keys}
+        return content
+
+    def _settled(self, counts: dict, keys: Sequence[Any]) -> dict:
+        """``counts`` for the engines ``keys`` (none of ours sent this call), asked again while the
+        controller counts more there than this client knows to be pending. The controller drops a request
+        a moment after its reply reaches us: it is asked again after growing pauses
+        (:data:`QUEUE_PAUSES`), so that a call right after the last waits no longer than the controller
+        takes to forget it."""
+        for pause in QUEUE_PAUSES:
+            if not any(counts[key] > len(self._waiting(key)) for key in keys):
+                break
+            time.sleep(pause)
+            counts.update(self._counts(self._ask(keys), keys))
+        return counts
+
+    def _others(self, sent: dict) -> dict:
+        """``{engine: requests the controller counts there besides ours}`` for the engines of ``sent``
+        (``{engine: our msg_id}``), exactly: the controller is asked which of ours it has recorded and, in
+        the same round trip (it answers its questions in order), its counts."""
+        client = self.client
+        content = {"query": {"msg_id": {"$in": list(sent.values())}}, "keys": ["msg_id"]}
+        records = client._send(client._query_stream, "db_request", content=content)
+        counts = self._ask(list(sent))
+        seen = {record.get("msg_id") for record in self._answer(records, "records").get("records", ())}
+        counts = self._counts(counts, list(sent))
+        return {key: counts[key] - (msg_id in seen) for key, msg_id in sent.items()}
 
     def _waiting(self, key: Any) -> list:
         """This client's requests to engine ``key`` not answered yet (the user's ``%px`` cells and ours),
@@ -98,26 +132,29 @@ class IPyParallelBridge(Bridge):
         uuid = self.client._engines.get(key)
         return list(self.client._outstanding_dict.get(uuid, ())) if uuid is not None else []
 
-    def _busy(self, reply: Reply, count: int, now: float) -> None:
+    def _busy(self, reply: Reply, count: int, now: float, withdrawn: bool = False) -> None:
         """Fill the reply of an engine with ``count`` requests queued: 'stuck' when they are all ours
         (an earlier request of ours never answered), else 'busy' since the oldest request's submission
-        this client knows of (else since this bridge first saw it busy: 'at least')."""
+        this client knows of (else since this bridge first saw it busy: 'at least'); ``withdrawn``: ours
+        of this call was sent there and aborted."""
         waiting = self._waiting(reply.key)
-        ours = [self._ours[m] for m in waiting if m in self._ours]
-        if ours and len(ours) >= count:
-            since = min(epoch for _, _, epoch in ours)
+        meta = self.client.metadata
+        ours = [m for m in waiting if m in meta and meta[m].get("label") == LABEL]
+        others = count - len(ours)
+        if ours and others <= 0:
+            since = _earliest(meta, ours) or now
             reply.fail("stuck", f"not answering since {when(since, now)}: our request from then is still "
                                 "queued there (the engine is stopped, blocked in C code, or overloaded)",
                        since)
             return
-        submitted = [self.client.metadata[m].get("submitted") for m in waiting
-                     if m not in self._ours and m in self.client.metadata]
-        stamps = [stamp.timestamp() for stamp in submitted if stamp is not None]
-        since = min(stamps) if stamps else self._seen_busy.setdefault(reply.key, now)
-        known = "" if stamps else "at least "
-        more = f"; {count - 1} more queued" if count > 1 else ""
-        reply.fail("busy", f"busy since {known}{when(since, now)}: a %px cell or task runs there{more}; not "
-                           "asked, so nothing queues behind it", since)
+        since = _earliest(meta, [m for m in waiting if m not in ours])
+        known = "" if since else "at least "
+        since = since or self._seen_busy.setdefault(reply.key, now)
+        more = f"; {others - 1} more queued" if others > 1 else ""
+        what = ("our request was withdrawn, so nothing of ours runs behind it" if withdrawn
+                else "not asked, so nothing queues behind it")
+        reply.fail("busy", f"busy since {known}{when(since, now)}: a %px cell or task runs there{more}; "
+                           f"{what}", since)
 
     # ---- running our function ---------------------------------------------------------------------------
     def run(self, target: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
@@ -130,35 +167,72 @@ class IPyParallelBridge(Bridge):
         for key in keys:
             if key not in alive:
                 replies[key].fail("dead", "the controller no longer lists this engine")
-        outstanding = self.client.outstanding
-        for msg_id in [m for m in self._ours if m not in outstanding]:
-            del self._ours[msg_id]  # answered late, aborted or interrupted: no longer ours to wait on
-        queued = self.queues([key for key in keys if key in alive]) if alive & set(keys) else {}
-        live = []
-        for key, count in queued.items():
-            if count:
-                self._busy(replies[key], count, now)
-            else:
-                self._seen_busy.pop(key, None)
-                live.append(key)
-        if only is not None:
-            for key in live:
-                replies[key].ok = key not in only
-            live = [key for key in live if key in set(only)]
+        asked = [key for key in keys if key in alive]
+        if not asked:
+            return [replies[key] for key in keys]
+        wanted = asked if only is None else [key for key in asked if key in set(only)]
+        for key in set(asked) - set(wanted):
+            replies[key].ok = True
+        question = self._ask(asked)
+        fresh = [key for key in wanted if not self._waiting(key)]
         sent: list = []
+        cleared: set = set()  # engines where what runs our call is known to be ours (may be interrupted)
+        withdrawn: set = set()  # engines busy with work not ours, where ours was aborted
         try:
-            if live:
-                sent = self._send(live, replies, target, args, kwargs)
-                for part, result in sent:
-                    self._gather(part, result, replies, timeout, start)
+            sent = self._send(fresh, replies, target, args, kwargs) if fresh else []
+            counts = self._counts(question, asked)
+            known = [key for key in asked if key not in fresh]
+            counts = self._settled(counts, known) if known else counts
+            cleared = {key for key in fresh if not counts[key]}
+            self._confirm(sent, [key for key in fresh if counts[key]], replies, cleared, withdrawn, now)
+            for key in known:
+                if counts[key]:
+                    self._busy(replies[key], counts[key], now)
+            for key in set(asked) - withdrawn:
+                if key in fresh or not counts[key]:
+                    self._seen_busy.pop(key, None)
+            late = [key for key in known if not counts[key] and key in wanted]
+            if late:
+                sent += self._send(late, replies, target, args, kwargs)
+                cleared.update(late)
+            for part, result in sent:
+                self._gather(part, result, replies, timeout, start, withdrawn)
         except KeyboardInterrupt:
-            stopped, left = self._stop(sent, wait=True, signal=True)
+            stopped, left = self._stop(sent, wait=True, signal=cleared, skip=withdrawn)
             raise self.interrupted(target, [self.label(k) for k in stopped],
                                    [self.label(k) for k in left]) from None
-        late = [(part, result) for part, result in sent if not result.ready()]
-        if late:
-            self._stop(late, wait=False, signal=target in LONG)
+        late_sent = [(part, result) for part, result in sent if not result.ready()]
+        if late_sent:
+            self._stop(late_sent, wait=False, signal=cleared if target in LONG else set(), skip=withdrawn)
         return [replies[key] for key in keys]
+
+    def _confirm(self, sent: list, counted: list, replies: dict, cleared: set, withdrawn: set,
+                 now: float) -> None:
+        """For the engines ``counted``, sent our call while the controller counted work there: those that
+        answer within :data:`GRACE` are fine; for the rest the controller is asked exactly what it counts
+        there besides ours. An engine with nothing else is ``cleared``; one busy with work not ours gets
+        ours aborted (it never runs behind that work), its reply 'busy', and joins ``withdrawn``."""
+        if not counted:
+            return
+        parts = {key: part for keys, result in sent
+                 for key, part in zip(keys, result.split() if len(keys) > 1 else [result]) if key in counted}
+        deadline = time.monotonic() + GRACE
+        for part in parts.values():
+            part.wait(max(0.0, deadline - time.monotonic()))
+        left = {key: part.msg_ids[0] for key, part in parts.items() if not part.ready()}
+        cleared.update(key for key in parts if key not in left)
+        if not left:
+            return
+        for key, others in self._others(left).items():
+            if others <= 0:
+                cleared.add(key)
+                continue
+            try:
+                self.client.abort(jobs=[left[key]], targets=[key], block=False)
+            except Exception:  # noqa: BLE001 - a controller gone now: the reply says busy all the same
+                pass
+            withdrawn.add(key)
+            self._busy(replies[key], others + 1, now, withdrawn=True)
 
     def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict) -> list:
         """Send the call to every engine in ``live``: ``[(keys, AsyncResult)]``. One DirectView apply;
@@ -168,42 +242,49 @@ class IPyParallelBridge(Bridge):
 
         call = remote.Entry()  # by reference: ipyparallel would ship remote.call's code every time
         try:
-            sent = [(live, self.client[live].apply_async(call, target, args, kwargs))]
+            return [(live, self._view(live).apply_async(call, target, args, kwargs))]
         except Exception:  # noqa: BLE001 - retried per engine below, where each failure is that engine's
             sent = []
             for key in live:
                 try:
-                    sent.append(([key], self.client[[key]].apply_async(call, target, args, kwargs)))
+                    sent.append(([key], self._view([key]).apply_async(call, target, args, kwargs)))
                 except Exception as exc:  # noqa: BLE001 - one engine's failure is its reply, not ours
                     from_exception(replies[key], type(exc).__name__, str(exc))
-        epoch, mono = time.time(), time.monotonic()
-        for part, result in sent:
-            for key, msg_id in zip(part, result.msg_ids):
-                self._ours[msg_id] = (key, mono, epoch)
-        return sent
+            return sent
 
-    def _gather(self, keys: list, result: Any, replies: dict, timeout: float, start: float) -> None:
+    def _view(self, keys: list) -> Any:
+        """A DirectView on the engines ``keys`` whose requests carry :data:`LABEL`."""
+        view = self.client[keys]
+        view.label = LABEL
+        return view
+
+    def _gather(self, keys: list, result: Any, replies: dict, timeout: float, start: float,
+                withdrawn: set) -> None:
         """Wait for ``result`` (the engines ``keys``) until ``start + timeout``, then fill each engine's
         reply: all at once when every engine answered (the usual tick), else engine by engine from
-        ``result.split()``, an engine without an answer getting 'timeout'."""
-        result.wait(max(0.0, start + timeout - time.monotonic()))
+        ``result.split()``, an engine without an answer getting 'timeout'. An engine in ``withdrawn``
+        (its reply says busy already) is not waited for."""
+        if not withdrawn.intersection(keys):
+            result.wait(max(0.0, start + timeout - time.monotonic()))
         elapsed = time.monotonic() - start
         if result.ready():
             answers = result.get(0, return_exceptions=True)
             took = _seconds(result, elapsed)
-            for key, answer, seconds, msg_id in zip(keys, answers, took, result.msg_ids):
-                self._ours.pop(msg_id, None)
-                self._fill(replies[key], answer, seconds)
+            for key, answer, seconds in zip(keys, answers, took):
+                if key not in withdrawn:
+                    self._fill(replies[key], answer, seconds)
             return
-        for key, part in zip(keys, result.split()):
+        for key, part in zip(keys, result.split() if len(keys) > 1 else [result]):
+            if key in withdrawn:
+                continue
+            part.wait(max(0.0, start + timeout - time.monotonic()))
             reply = replies[key]
             if part.ready():
-                self._ours.pop(part.msg_ids[0], None)
-                took = _seconds(part, elapsed)[0]
+                took = _seconds(part, time.monotonic() - start)[0]
                 self._fill(reply, part.get(0, return_exceptions=True), took)
             else:
                 reply.fail("timeout", f"no answer in {timeout:g} s; our call there was stopped")
-                reply.seconds = elapsed
+                reply.seconds = time.monotonic() - start
 
     def _fill(self, reply: Reply, answer: Any, seconds: float) -> None:
         """One engine's answer (the envelope from :func:`remote.call`, or the exception ipyparallel
@@ -236,16 +317,18 @@ class IPyParallelBridge(Bridge):
         return f"{host}, Python {python}"
 
     # ---- stopping our calls -----------------------------------------------------------------------------
-    def _stop(self, sent: list, wait: bool, signal: bool) -> tuple:
-        """Abort our requests still queued and, with ``signal``, SIGINT the engines running one; with
-        ``wait`` (Ctrl-C), wait a little for them to give up. Returns (engines interrupted, engines still
-        running our call). Past a time limit nothing waits: a stopped engine keeps our request queued,
-        and the next call finds it 'stuck' from the controller's queue. A quick call past its limit is
-        not signalled: it ends by itself, and a signal arriving just after would hit the next request."""
+    def _stop(self, sent: list, wait: bool, signal: set, skip: set) -> tuple:
+        """Abort our requests still queued and SIGINT the engines of ``signal`` running one (those where
+        the controller's count showed that what runs is ours); with ``wait`` (Ctrl-C), wait a little for
+        them to give up. The engines of ``skip`` (ours withdrawn there already) are left alone. Returns
+        (engines interrupted, engines still running our call). Past a time limit nothing waits: a stopped
+        engine keeps our request queued, and the next call finds it 'stuck' from the controller's queue.
+        A quick call past its limit is not signalled: it ends by itself, and a signal arriving just after
+        would hit the next request."""
         waiting = {}
         for part, result in sent:
             for key, part_result in zip(part, result.split() if len(part) > 1 else [result]):
-                if not part_result.ready():
+                if not part_result.ready() and key not in skip:
                     waiting[key] = part_result
         if not waiting:
             return [], []
@@ -255,9 +338,8 @@ class IPyParallelBridge(Bridge):
             client.abort(jobs=sorted(ours), targets=sorted(waiting), block=False)
         except Exception:  # noqa: BLE001 - a controller gone now: nothing more to stop
             return [], sorted(waiting)
-        # ours was sent to an idle engine, and this kernel was busy in the magic since: what runs there
-        # is ours (aborting it does nothing once it runs; the signal stops it)
-        running = sorted(waiting) if signal else []
+        # aborting ours does nothing once it runs; the signal stops it
+        running = sorted(key for key in waiting if key in signal)
         if running:
             client.send_signal("SIGINT", targets=running, block=False)
         if not wait:
@@ -269,9 +351,7 @@ class IPyParallelBridge(Bridge):
                 part_result.wait(max(0.0, deadline - time.monotonic()))
             except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
                 pass
-            if part_result.ready():
-                self._ours.pop(part_result.msg_ids[0], None)
-            elif key in running:
+            if not part_result.ready() and key in running:
                 left.append(key)
         return running, left
 
@@ -288,6 +368,13 @@ def _seconds(result: Any, elapsed: float) -> list:
         submitted, received = result["submitted"], result["received"]
         stamps = list(zip(submitted, received)) if isinstance(submitted, list) else [(submitted, received)]
     return [(r - s).total_seconds() if r is not None and s is not None else elapsed for s, r in stamps]
+
+
+def _earliest(meta: Any, msg_ids: list) -> Optional[float]:
+    """The earliest submission (epoch) of the requests ``msg_ids`` in the client's metadata ``meta``; None
+    where it records none."""
+    stamps = [meta[m].get("submitted") for m in msg_ids if m in meta]
+    return min((stamp.timestamp() for stamp in stamps if stamp is not None), default=None)
 
 
 def _stamp(value: Any) -> Any:

@@ -763,6 +763,30 @@ def test_ctrl_c_in_a_kernel_interrupts_the_engines_too(rc, ipc):
     assert rc[:].apply_async(os.getpid).get(5)
 
 
+def test_ctrl_c_before_the_controller_is_asked_still_interrupts_our_call(rc, monkeypatch):
+    """Ctrl-C in a call's first moments, before the controller was asked what runs where (the call was
+    sent with no question first): the controller is asked then, and the engine running ours is
+    interrupted, not left running it."""
+    from torchgpu_magic.cluster import ClusterInterrupted
+    from torchgpu_magic.cluster.ipp_bridge import IPyParallelBridge
+
+    rc[:].execute("import time", block=True)
+
+    def ctrl_c(self, *args):
+        deadline = time.monotonic() + 10
+        while not rc.queue_status()[0]["queue"]:
+            assert time.monotonic() < deadline, "the engine never started the timing"
+            time.sleep(0.02)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(IPyParallelBridge, "_confirm", ctrl_c)
+    options = {"loops": 1, "samples": 400, "warmup": 0, "max_time": 60.0}
+    with pytest.raises(ClusterInterrupted) as err:
+        IPyParallelBridge("rc", rc[[0]]).run("cudatime", "", "time.sleep(0.05)", options, None, timeout=60)
+    assert "interrupted it on engine 0 too, as %px does" in str(err.value), err.value
+    assert "did not stop" not in str(err.value)
+
+
 # ---- engines that cannot answer ------------------------------------------------------------------
 
 def _block_package(on: bool) -> None:

@@ -1,20 +1,20 @@
 """The adapter over an ipyparallel ``Client`` or view.
 
-Every call asks the controller which engines have work queued (its queue status: it answers from memory,
-in milliseconds, even while every engine computes). An engine where this client has a request pending
-(a ``%px`` cell, a task) is busy and is not asked: a request sent there would wait behind that cell and
-answer after it, so its reply says since when it is busy instead. The other engines get our call at once,
-one ``apply_async`` to a DirectView (the function serialised once, one result set), while the question
-travels: the question's round trip no longer comes before the call's. Where the controller counts work
-this client did not send (another notebook's client, a task not yet placed) and our call has not
-answered, the count is read again, exactly, a moment on (:data:`GRACE`); an engine busy so gets our
+An engine where this client has a request pending (a ``%px`` cell, a task) is busy and is not asked: a
+request sent there would wait behind that cell and answer after it. The controller is asked its queue
+counts there (it answers from memory, in milliseconds, even while every engine computes), and the reply
+says since when the engine is busy, or that an earlier request of ours is stuck there. The other engines
+get our call at once, one ``apply_async`` to a DirectView (the function serialised once, one result set),
+with no question first: an engine that answers within :data:`GRACE` had nothing long before ours. Where
+one has not answered by then, the controller is asked exactly what it counts there besides ours (work
+this client did not send: another notebook's client, a task not yet placed); an engine busy so gets our
 request withdrawn (aborted, so it never runs behind that work) and the same 'busy' reply. Each engine's
 answer is read on its own under the deadline. A controller that does not answer means the cluster is
 gone: one line.
 
 A request of ours that ran past its limit, or that Ctrl-C cut short, is aborted where it still waits and
 interrupted (SIGINT, as ``%px`` does on Ctrl-C) where it runs, so no engine keeps running our call; an
-engine is interrupted only once the controller's count has shown that what runs there is ours.
+engine is interrupted only where the controller's count showed that what runs there is ours.
 """
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ LABEL = "torchgpu_magic"
 """The label our requests carry in the client's metadata: how any call, of any magic, tells ours among the
 requests the client still waits for."""
 GRACE = sum(QUEUE_PAUSES)
-"""Seconds our call, sent to an engine where the controller counted work, may take before the count is
-read again exactly: an answer within it means nothing long ran before ours there (what was counted was
-ours, or a request just answered); past it, work counted there that is not ours makes the engine busy."""
+"""Seconds our call, sent to an engine with nothing of this client's pending there, may take before the
+controller is asked what it counts there: an answer within it means nothing long ran before ours; past it,
+work counted there that is not ours (another client's) makes the engine busy."""
 FIX_STALE = ("connect again: rc = ipp.Client() for engines started by ipcluster or your job script, or start "
              "the cluster again (rc = ipp.Cluster(n=4).start_and_connect_sync())")
 
@@ -75,8 +75,6 @@ class IPyParallelBridge(Bridge):
         has no time limit (a stopped controller would hold the notebook for ever), so the question goes
         through the client's own sender and :meth:`_counts` waits with one."""
         client = self.client
-        if getattr(client, "_closed", False):
-            raise ClusterGone(f"--cluster {self.name}: this ipyparallel Client was closed; {FIX_STALE}")
         return client._send(client._query_stream, "queue_request",
                             content={"targets": list(keys), "verbose": False})
 
@@ -86,9 +84,10 @@ class IPyParallelBridge(Bridge):
         return {key: int((content.get(str(key)) or {}).get("queue", 0))
                 + int((content.get(str(key)) or {}).get("tasks", 0)) for key in keys}
 
-    def _answer(self, future: Any, what: str) -> dict:
+    def _answer(self, future: Any, what: str, refused: Any = ClusterGone) -> Any:
         """The content of the controller's answer ``future``, within :data:`ASK_TIMEOUT`; the cluster
-        gone (one line) where it does not answer or refuses."""
+        gone (one line) where it does not answer, and where it refuses unless ``refused`` is what to
+        return then."""
         if not future.wait(ASK_TIMEOUT):
             where = (getattr(self.client, "_config", None) or {}).get("registration", "")
             at = f" at {where}" if where else ""
@@ -96,10 +95,12 @@ class IPyParallelBridge(Bridge):
                               f" did not answer in {ASK_TIMEOUT:g} s: the cluster was stopped or its "
                               f"controller died; {FIX_STALE}")
         content = future.result()["content"]
-        if content.get("status") != "ok":
-            raise ClusterGone(f"--cluster {self.name}: the controller refused the {what} request "
-                              f"({content.get('ename', '')}: {content.get('evalue', '')}); {FIX_STALE}")
-        return content
+        if content.get("status") == "ok":
+            return content
+        if refused is not ClusterGone:
+            return refused
+        raise ClusterGone(f"--cluster {self.name}: the controller refused the {what} request "
+                          f"({content.get('ename', '')}: {content.get('evalue', '')}); {FIX_STALE}")
 
     def _settled(self, counts: dict, keys: Sequence[Any]) -> dict:
         """``counts`` for the engines ``keys`` (none of ours sent this call), asked again while the
@@ -117,13 +118,14 @@ class IPyParallelBridge(Bridge):
     def _others(self, sent: dict) -> dict:
         """``{engine: requests the controller counts there besides ours}`` for the engines of ``sent``
         (``{engine: our msg_id}``), exactly: the controller is asked which of ours it has recorded and, in
-        the same round trip (it answers its questions in order), its counts."""
+        the same round trip (it answers its questions in order), its counts. A controller that keeps no
+        records (``--nodb``) has had :data:`GRACE` to count ours: it is taken to have."""
         client = self.client
         content = {"query": {"msg_id": {"$in": list(sent.values())}}, "keys": ["msg_id"]}
         records = client._send(client._query_stream, "db_request", content=content)
-        counts = self._ask(list(sent))
-        seen = {record.get("msg_id") for record in self._answer(records, "records").get("records", ())}
-        counts = self._counts(counts, list(sent))
+        counts = self._counts(self._ask(list(sent)), list(sent))
+        content = self._answer(records, "records", refused=None)
+        seen = {r.get("msg_id") for r in content.get("records", ())} if content else set(sent.values())
         return {key: counts[key] - (msg_id in seen) for key, msg_id in sent.items()}
 
     def _waiting(self, key: Any) -> list:
@@ -168,33 +170,33 @@ class IPyParallelBridge(Bridge):
             if key not in alive:
                 replies[key].fail("dead", "the controller no longer lists this engine")
         asked = [key for key in keys if key in alive]
+        if getattr(self.client, "_closed", False):
+            raise ClusterGone(f"--cluster {self.name}: this ipyparallel Client was closed; {FIX_STALE}")
         if not asked:
             return [replies[key] for key in keys]
         wanted = asked if only is None else [key for key in asked if key in set(only)]
         for key in set(asked) - set(wanted):
             replies[key].ok = True
-        question = self._ask(asked)
-        fresh = [key for key in wanted if not self._waiting(key)]
+        known = [key for key in asked if key not in wanted or self._waiting(key)]
+        fresh = [key for key in wanted if key not in known]
+        question = self._ask(known) if known else None
         sent: list = []
         cleared: set = set()  # engines where what runs our call is known to be ours (may be interrupted)
         withdrawn: set = set()  # engines busy with work not ours, where ours was aborted
         try:
             sent = self._send(fresh, replies, target, args, kwargs) if fresh else []
-            counts = self._counts(question, asked)
-            known = [key for key in asked if key not in fresh]
-            counts = self._settled(counts, known) if known else counts
-            cleared = {key for key in fresh if not counts[key]}
-            self._confirm(sent, [key for key in fresh if counts[key]], replies, cleared, withdrawn, now)
+            counts = self._settled(self._counts(question, known), known) if known else {}
             for key in known:
                 if counts[key]:
                     self._busy(replies[key], counts[key], now)
-            for key in set(asked) - withdrawn:
-                if key in fresh or not counts[key]:
-                    self._seen_busy.pop(key, None)
             late = [key for key in known if not counts[key] and key in wanted]
+            self._confirm(sent, replies, cleared, withdrawn, now)
             if late:
                 sent += self._send(late, replies, target, args, kwargs)
                 cleared.update(late)
+            for key in asked:
+                if key not in withdrawn and not counts.get(key):
+                    self._seen_busy.pop(key, None)
             for part, result in sent:
                 self._gather(part, result, replies, timeout, start, withdrawn)
         except KeyboardInterrupt:
@@ -206,29 +208,27 @@ class IPyParallelBridge(Bridge):
             self._stop(late_sent, wait=False, signal=cleared if target in LONG else set(), skip=withdrawn)
         return [replies[key] for key in keys]
 
-    def _confirm(self, sent: list, counted: list, replies: dict, cleared: set, withdrawn: set,
-                 now: float) -> None:
-        """For the engines ``counted``, sent our call while the controller counted work there: those that
-        answer within :data:`GRACE` are fine; for the rest the controller is asked exactly what it counts
-        there besides ours. An engine with nothing else is ``cleared``; one busy with work not ours gets
-        ours aborted (it never runs behind that work), its reply 'busy', and joins ``withdrawn``."""
-        if not counted:
-            return
-        parts = {key: part for keys, result in sent
-                 for key, part in zip(keys, result.split() if len(keys) > 1 else [result]) if key in counted}
+    def _confirm(self, sent: list, replies: dict, cleared: set, withdrawn: set, now: float) -> None:
+        """The engines ``sent`` our call with nothing of this client's pending there: those that answer
+        within :data:`GRACE` had nothing long before ours (the usual case: the controller is never asked);
+        for the rest the controller is asked exactly what it counts there besides ours. An engine with
+        nothing else is ``cleared``; one busy with work not ours (another client's, a task) gets ours
+        aborted (it never runs behind that work), its reply 'busy', and joins ``withdrawn``."""
         deadline = time.monotonic() + GRACE
-        for part in parts.values():
-            part.wait(max(0.0, deadline - time.monotonic()))
-        left = {key: part.msg_ids[0] for key, part in parts.items() if not part.ready()}
-        cleared.update(key for key in parts if key not in left)
-        if not left:
+        unanswered = {}
+        for keys, result in sent:
+            if not result.wait(max(0.0, deadline - time.monotonic())):
+                unanswered.update((key, part) for key, part in zip(keys, result.split() if len(keys) > 1
+                                                                  else [result]) if not part.ready())
+        if not unanswered:
             return
-        for key, others in self._others(left).items():
+        msg_ids = {key: part.msg_ids[0] for key, part in unanswered.items()}
+        for key, others in self._others(msg_ids).items():
             if others <= 0:
                 cleared.add(key)
                 continue
             try:
-                self.client.abort(jobs=[left[key]], targets=[key], block=False)
+                self.client.abort(jobs=[msg_ids[key]], targets=[key], block=False)
             except Exception:  # noqa: BLE001 - a controller gone now: the reply says busy all the same
                 pass
             withdrawn.add(key)
@@ -319,12 +319,12 @@ class IPyParallelBridge(Bridge):
     # ---- stopping our calls -----------------------------------------------------------------------------
     def _stop(self, sent: list, wait: bool, signal: set, skip: set) -> tuple:
         """Abort our requests still queued and SIGINT the engines of ``signal`` running one (those where
-        the controller's count showed that what runs is ours); with ``wait`` (Ctrl-C), wait a little for
-        them to give up. The engines of ``skip`` (ours withdrawn there already) are left alone. Returns
-        (engines interrupted, engines still running our call). Past a time limit nothing waits: a stopped
-        engine keeps our request queued, and the next call finds it 'stuck' from the controller's queue.
-        A quick call past its limit is not signalled: it ends by itself, and a signal arriving just after
-        would hit the next request."""
+        the controller's count showed that what runs is ours); with ``wait`` (Ctrl-C), ask the controller
+        about the others, and wait a little for them to give up. The engines of ``skip`` (ours withdrawn
+        there already) are left alone. Returns (engines interrupted, engines still running our call).
+        Past a time limit nothing waits: a stopped engine keeps our request queued, and the next call
+        finds it 'stuck' from the controller's queue. A quick call past its limit is not signalled: it
+        ends by itself, and a signal arriving just after would hit the next request."""
         waiting = {}
         for part, result in sent:
             for key, part_result in zip(part, result.split() if len(part) > 1 else [result]):
@@ -338,6 +338,12 @@ class IPyParallelBridge(Bridge):
             client.abort(jobs=sorted(ours), targets=sorted(waiting), block=False)
         except Exception:  # noqa: BLE001 - a controller gone now: nothing more to stop
             return [], sorted(waiting)
+        unsure = {key: part.msg_ids[0] for key, part in waiting.items() if key not in signal}
+        if wait and unsure:  # Ctrl-C before the controller was asked: ask now whether what runs is ours
+            try:
+                signal = signal | {key for key, others in self._others(unsure).items() if others <= 0}
+            except (ClusterGone, KeyboardInterrupt):
+                pass
         # aborting ours does nothing once it runs; the signal stops it
         running = sorted(key for key in waiting if key in signal)
         if running:

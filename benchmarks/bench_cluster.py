@@ -343,10 +343,12 @@ def _magic_rows(label: str, shell: Any, name: str, bare: Callable[[], Any], pair
         for _ in range(3):
             arm()
     times: dict = {arm: [] for arm in arms}
-    for _ in range(pairs):
-        for arm, call in arms.items():
+    order = list(arms)
+    for round_ in range(pairs):
+        # the bare call first, the magics in turn after it: neither magic always follows the bare call
+        for arm in order[:1] + (order[1:] if round_ % 2 else order[:0:-1]):
             start = time.perf_counter()
-            call()
+            arms[arm]()
             times[arm].append(time.perf_counter() - start)
     base = times["bare"]
     print(f"{label}: bare {statistics.median(base) * 1e3:.2f} ms")
@@ -395,7 +397,7 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--pairs", type=int, default=30, help="alternated calls per arm of the magics rows")
+    parser.add_argument("--pairs", type=int, default=100, help="alternated calls per arm of the magics rows")
     parser.add_argument("--only", choices=("ipyparallel", "dask", "magics"), default=None)
     args = parser.parse_args()
     import os

@@ -603,6 +603,24 @@ def test_busy_engine_is_not_asked_and_says_since_when(sh, rc):
     busy.get(10)
 
 
+def test_the_controller_is_not_asked_where_the_clients_record_says(sh, rc, monkeypatch):
+    """Engines all idle, or one busy with this client's own task: the call asks the controller nothing
+    (the client's record says which engines have its work pending), and still says which is busy."""
+    from torchgpu_magic.cluster.ipp_bridge import IPyParallelBridge
+
+    run(sh, "%whereis --cluster rc -o")  # the engines' first call apart: it may take past the grace
+    asked = []
+    ask = IPyParallelBridge._ask
+    monkeypatch.setattr(IPyParallelBridge, "_ask", lambda self, keys: asked.append(keys) or ask(self, keys))
+    assert not run(sh, "%whereis --cluster rc -o").failed
+    busy = rc[1].apply_async(_hold, 2.0)
+    _wait_busy(rc, 1)
+    (label, problem), = run(sh, "%whereis --cluster rc -o").failed
+    assert label == "engine 1" and problem.startswith("busy since "), problem
+    assert asked == []
+    busy.get(10)
+
+
 def test_an_engine_busy_with_another_clients_task_gets_ours_withdrawn(sh, rc, ipc):
     """Work this client does not know of (another notebook's client) is seen in the controller's counts
     only, which the call reads while its request travels: that engine's request is withdrawn (aborted,

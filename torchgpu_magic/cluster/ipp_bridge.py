@@ -1,16 +1,17 @@
 """The adapter over an ipyparallel ``Client`` or view.
 
 An engine where this client has a request pending (a ``%px`` cell, a task) is busy and is not asked: a
-request sent there would wait behind that cell and answer after it. The controller is asked its queue
-counts there (it answers from memory, in milliseconds, even while every engine computes), and the reply
-says since when the engine is busy, or that an earlier request of ours is stuck there. The other engines
-get our call at once, one ``apply_async`` to a DirectView (the function serialised once, one result set),
-with no question first: an engine that answers within :data:`GRACE` had nothing long before ours. Where
-one has not answered by then, the controller is asked exactly what it counts there besides ours (work
-this client did not send: another notebook's client, a task not yet placed); an engine busy so gets our
-request withdrawn (aborted, so it never runs behind that work) and the same 'busy' reply. Each engine's
-answer is read on its own under the deadline. A controller that does not answer means the cluster is
-gone: one line.
+request sent there would wait behind that cell and answer after it. Its reply says since when, from the
+client's own record. Where the only requests pending there are ours (labelled :data:`LABEL`: an earlier
+call that never answered), the controller is asked its queue counts (it answers from memory, in
+milliseconds, even while every engine computes): ours stuck, or another client's work ahead of it. The
+other engines get our call at once, one ``apply_async`` to a DirectView (the function serialised once, one
+result set), with no question first: an engine that answers within :data:`GRACE` had nothing long before
+ours. Where one has not answered by then, the controller is asked exactly what it counts there besides
+ours (work this client did not send: another notebook's client, a task not yet placed); an engine busy so
+gets our request withdrawn (aborted, so it never runs behind that work) and the same 'busy' reply. Each
+engine's answer is read on its own under the deadline. A controller that does not answer means the
+cluster is gone: one line.
 
 A request of ours that ran past its limit, or that Ctrl-C cut short, is aborted where it still waits and
 interrupted (SIGINT, as ``%px`` does on Ctrl-C) where it runs, so no engine keeps running our call; an
@@ -177,8 +178,13 @@ class IPyParallelBridge(Bridge):
         wanted = asked if only is None else [key for key in asked if key in set(only)]
         for key in set(asked) - set(wanted):
             replies[key].ok = True
-        known = [key for key in asked if key not in wanted or self._waiting(key)]
-        fresh = [key for key in wanted if key not in known]
+        pending = {key: self._waiting(key) for key in asked}
+        meta = self.client.metadata
+        theirs = [key for key in asked if any(meta.get(m, {}).get("label") != LABEL for m in pending[key])]
+        for key in theirs:  # the user's own %px cell or task is pending there: busy, from the client's record
+            self._busy(replies[key], len(pending[key]), now)
+        known = [key for key in asked if key not in theirs and (key not in wanted or pending[key])]
+        fresh = [key for key in wanted if not pending[key]]
         question = self._ask(known) if known else None
         sent: list = []
         cleared: set = set()  # engines where what runs our call is known to be ours (may be interrupted)
@@ -195,7 +201,7 @@ class IPyParallelBridge(Bridge):
                 sent += self._send(late, replies, target, args, kwargs)
                 cleared.update(late)
             for key in asked:
-                if key not in withdrawn and not counts.get(key):
+                if key not in withdrawn and key not in theirs and not counts.get(key):
                     self._seen_busy.pop(key, None)
             for part, result in sent:
                 self._gather(part, result, replies, timeout, start, withdrawn)

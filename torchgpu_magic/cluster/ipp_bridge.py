@@ -43,7 +43,7 @@ in all, after which a count above this client's own is another client's work: bu
 LABEL = "torchgpu_magic"
 """The label our requests carry in the client's metadata: how any call, of any magic, tells ours among the
 requests the client still waits for."""
-GRACE = sum(QUEUE_PAUSES)
+GRACE = 0.05
 """Seconds our call, sent to an engine with nothing of this client's pending there, may take before the
 controller is asked what it counts there: an answer within it means nothing long ran before ours; past it,
 work counted there that is not ours (another client's) makes the engine busy."""

@@ -95,8 +95,7 @@ def cuda_state() -> str:
             return "initialised"
         if torch.cuda.is_available():
             return "not initialised"
-        version = torch.version
-        if getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None:
+        if getattr(torch.version, "cuda", None) is None and getattr(torch.version, "hip", None) is None:
             _CPU_ONLY[torch] = True
         return "no CUDA"
     except Exception:  # noqa: BLE001 - a half-imported or broken torch: say so, never raise
@@ -135,10 +134,9 @@ def started(kind: str) -> bool:
     """Whether the backend of ``kind`` (one with lazy initialisation: cuda, xpu) is initialised in this
     process, asked as cheaply as torch allows: its ``is_initialized()`` alone, never a device count
     (counting asks NVML or Level Zero): what ``%%ontorch`` asks around every cell."""
-    module = backend_module(kind)
-    checker = getattr(module, "is_initialized", None)
+    checker = getattr(backend_module(kind), "is_initialized", None)
     try:
-        return bool(checker()) if checker is not None else False
+        return checker is not None and bool(checker())
     except Exception:  # noqa: BLE001 - a backend that cannot say has not started
         return False
 
@@ -159,8 +157,6 @@ def initialised_kinds() -> list:
     Asked around every cell, so a torch seen to have no accelerator but CUDA (none of MPS, XPU or a
     PrivateUse1 backend, which a process never gains) is asked about CUDA alone (:func:`other_kinds`
     remembers it)."""
-    if _torch() is None:
-        return []
     kinds = ["cuda"] if cuda_state() == "initialised" else []
     return kinds + [kind for kind in other_kinds() if state(kind) == "initialised"]
 
@@ -182,11 +178,9 @@ def device_label(kind: str, index: int) -> str:
 
 
 def _known_kinds() -> list:
-    kinds = ["cuda", "xpu", "mps"]
+    known = ["cuda", "xpu", "mps"]
     kind = current_kind()
-    if kind is not None and kind not in kinds:
-        kinds.append(kind)
-    return kinds
+    return known + [kind] if kind not in (None, *known) else known
 
 
 # ---- devices -----------------------------------------------------------------------------------------
@@ -194,13 +188,11 @@ def device_count(kind: Optional[str] = None) -> int:
     """How many devices of ``kind`` (default this torch's accelerator) torch sees; 0 where none is usable.
     Never initialises (CUDA and XPU count through NVML / Level Zero before initialisation)."""
     kind = current_kind() if kind is None else kind
-    if kind is None or _torch() is None:
+    module = backend_module(kind)  # None without torch, and for cpu and meta
+    if module is None:
         return 0
     try:
-        if kind == "mps":
-            return int(_torch().backends.mps.is_available())
-        module = backend_module(kind)
-        return int(module.device_count()) if module is not None else 0
+        return int(_torch().backends.mps.is_available() if kind == "mps" else module.device_count())
     except Exception:  # noqa: BLE001 - a backend that cannot count has no device to offer
         return 0
 
@@ -302,8 +294,7 @@ def current_stream(device: Any) -> Any:
     """The current stream of ``device`` to record events on; None for MPS, which has one stream that its
     events always record on."""
     kind, index = split(device)
-    module = backend_module(kind)
-    getter = getattr(module, "current_stream", None) if kind != "mps" else None
+    getter = getattr(backend_module(kind), "current_stream", None) if kind != "mps" else None
     return getter(index) if getter is not None else None
 
 
@@ -317,9 +308,8 @@ def _ask(kind: str, index: int, generic: str, specific: Optional[str] = None) ->
     """``torch.accelerator.<generic>(index)`` for this torch's accelerator; where torch has no such function
     or it cannot answer for this backend, the backend module's ``<specific or generic>(index)``; None when
     neither exists."""
-    torch = _torch()
     if kind == current_kind():
-        function = getattr(getattr(torch, "accelerator", None), generic, None)
+        function = getattr(getattr(_torch(), "accelerator", None), generic, None)
         if function is not None:
             try:
                 return function(index)
@@ -388,8 +378,7 @@ def memory_info(device: Any) -> Optional[tuple]:
 def working_set_limit() -> Optional[int]:
     """MPS's limit on this process's GPU memory, ``recommended_max_memory()`` (Metal's
     ``recommendedMaxWorkingSetSize``: on unified memory, the share of RAM the GPU may use); None off MPS."""
-    torch = _torch()
-    function = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
+    function = getattr(backend_module("mps"), "recommended_max_memory", None)
     if function is None or state("mps") != "initialised":
         return None
     return int(function())
@@ -442,9 +431,8 @@ def facts(device: Any) -> DeviceFacts:
     """What ``device`` is, as torch says it; initialises the backend (CUDA and XPU read the driver's device
     table), so callers ask only for a device in use or about to be."""
     kind, index = split(device)
-    torch = _torch()
     if kind == "mps":
-        mps = torch.backends.mps
+        mps = _torch().backends.mps
         name = getattr(mps, "get_name", None)
         cores = getattr(mps, "get_core_count", None)
         return DeviceFacts(kind, 0, str(name()) if name else "Apple GPU (MPS)", working_set_limit(),

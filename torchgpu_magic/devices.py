@@ -67,8 +67,7 @@ EVERY = ("auto", "local") + KINDS
 
 
 def resolve(spec: Any) -> Any:
-    """Turn a device spec into a ``torch.device`` that exists here: :func:`device_option` taking every
-    device (``auto``, ``local``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``xpu``, ``xpu:N``, ``meta``)."""
+    """A device spec as the ``torch.device`` that exists here: :func:`device_option` taking every device."""
     return device_option(spec)
 
 
@@ -183,16 +182,14 @@ def parse_dtype(name: str) -> Any:
     """The torch dtype for one of :data:`DTYPES` (case-insensitive, ``torch.`` prefix allowed)."""
     import torch
 
-    text = str(name).strip().lower()
-    text = text[len("torch."):] if text.startswith("torch.") else text
+    text = str(name).strip().lower().removeprefix("torch.")
     if text not in DTYPES:
         raise MagicInputError(f"unknown dtype '{shown(name)}'; valid: {', '.join(DTYPES)}")
     return getattr(torch, text)
 
 
 synchronize = accelerators.synchronize
-"""Wait for the work queued on a device (no-op on cpu and meta, whose work is already done): the device
-layer's synchronize (torch.accelerator's where torch has it)."""
+"""The device layer's :func:`~torchgpu_magic.accelerators.synchronize`, by this module's name too."""
 
 
 # ---- switching and restoring ---------------------------------------------------------------------
@@ -363,19 +360,6 @@ def _meaning(error: MagicInputError, meant: Optional[str]) -> MagicInputError:
     return error
 
 
-def _cuda_missing() -> str:
-    import torch
-
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        return f"this torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and not visible.strip():
-        return "CUDA_VISIBLE_DEVICES is empty, which hides every GPU"
-    if visible is not None:
-        return f"torch sees no CUDA GPU (driver missing or CUDA_VISIBLE_DEVICES={visible!r} hides them)"
-    return "torch sees no CUDA GPU (no NVIDIA driver, or the driver is older than this torch needs)"
-
-
 def _valid(takes: tuple, exists: bool) -> str:
     """What an option takes, as its errors end: the devices here of the kinds it takes (and ``auto``), or
     without ``exists`` the forms it takes."""
@@ -405,21 +389,27 @@ def _missing(kind: str) -> Optional[str]:
     """Why device type ``kind`` is not usable here, or None when it is (cpu, meta and auto always are)."""
     import torch
 
-    if kind == "cuda":
-        return None if _cuda_count() else _cuda_missing()
     if kind == "xpu":
         return None if _xpu_count() else "torch sees no Intel XPU here"
-    if kind != "mps" or _mps_available():
+    if kind == "mps" and not _mps_available():
+        built = torch.backends.mps.is_built()
+        return "no Apple-silicon GPU is usable" if built else "this torch has no MPS support"
+    if kind != "cuda" or _cuda_count():
         return None
-    built = torch.backends.mps.is_built()
-    return "no Apple-silicon GPU is usable" if built else "this torch has no MPS support"
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return f"this torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return "CUDA_VISIBLE_DEVICES is empty, which hides every GPU"
+    if visible is not None:
+        return f"torch sees no CUDA GPU (driver missing or CUDA_VISIBLE_DEVICES={visible!r} hides them)"
+    return "torch sees no CUDA GPU (no NVIDIA driver, or the driver is older than this torch needs)"
 
 
 def _unknown(text: str, takes: tuple, exists: bool, valid: str) -> MagicInputError:
     """A malformed or misspelt spec: a did-you-mean for a device the option takes (and, with ``exists``,
     that exists here); for one that does not exist (``gpu`` on a machine without CUDA), torch's name for
     it and why it is not available, so the message suggests nothing that would fail next."""
-    shown_text = shown(text)
     kind, _, index = text.strip().lower().partition(":")
     close = difflib.get_close_matches(kind, [k for k in KINDS + ("auto",) if k in takes], n=1, cutoff=0.5)
     guess = _HINTS.get(kind) or (close[0] if close else None)
@@ -434,4 +424,4 @@ def _unknown(text: str, takes: tuple, exists: bool, valid: str) -> MagicInputErr
         hint = f". Did you mean '{guess}'?"
     else:
         hint = f"; torch calls it '{guess}', which is not available here: {missing}."
-    return _meaning(MagicInputError(f"unknown device '{shown_text}'{hint} {valid}"), guess)
+    return _meaning(MagicInputError(f"unknown device '{shown(text)}'{hint} {valid}"), guess)

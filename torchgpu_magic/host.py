@@ -56,9 +56,8 @@ def host_memory() -> Optional[HostMemory]:
         vm = psutil.virtual_memory()
     except Exception:  # noqa: BLE001 - an unreadable /proc must not break a sample
         return None
-    limit = binding_limit(memory_limits(), int(vm.available), int(vm.total))
     return HostMemory(rss=int(rss), available=int(vm.available), total=int(vm.total), peak_rss=peak_rss(),
-                      limit=limit)
+                      limit=binding_limit(memory_limits(), int(vm.available), int(vm.total)))
 
 
 class HostCounters:

@@ -64,9 +64,7 @@ def fmt_bytes(n: Any, signed: bool = False) -> str:
     sign = "-" if n < 0 else "+" if signed else ""
     n = abs(n)
     value, unit = _scaled(float(n), _BYTE_UNITS, 1024, 1023.5)  # what rounds to 1024 MiB is 1.00 GiB
-    if unit == "B":
-        return f"{sign}{n} B"
-    return f"{sign}{_sig3(value)} {unit}"
+    return f"{sign}{n} B" if unit == "B" else f"{sign}{_sig3(value)} {unit}"
 
 
 def _scaled(value: float, units: tuple, base: float, below: float) -> tuple:
@@ -176,21 +174,16 @@ class Table:
         """A self-contained HTML table (no external CSS or scripts)."""
         aligns = self._aligns()
         style = {"l": "text-align:left", "r": "text-align:right"}
-        head = "".join(
-            f'<th style="{style[a]}">{html.escape(str(h))}</th>' for h, a in zip(self.headers, aligns)
-        )
-        body = "".join(
-            "<tr>"
-            + "".join(f'<td style="{style[a]}">{html.escape(str(c))}</td>' for c, a in zip(row, aligns))
-            + "</tr>"
-            for row in self.rows
-        )
+
+        def cells(tag: str, row: Sequence[Any]) -> str:
+            return "".join(f'<{tag} style="{style[a]}">{html.escape(str(c))}</{tag}>'
+                           for c, a in zip(row, aligns))
+
+        body = "".join(f"<tr>{cells('td', row)}</tr>" for row in self.rows)
         caption = (f'<caption style="text-align:left"><b>{html.escape(self.title)}</b></caption>'
                    if self.title else "")
-        return (
-            f'<table class="torchgpu-magic">{caption}<thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table>"
-        )
+        return (f'<table class="torchgpu-magic">{caption}<thead><tr>{cells("th", self.headers)}</tr></thead>'
+                f"<tbody>{body}</tbody></table>")
 
 
 class Part(Protocol):

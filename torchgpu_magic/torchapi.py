@@ -210,8 +210,7 @@ def fake_tensor_class(loaded_only: bool = False) -> Optional[type]:
     """torch's ``FakeTensor`` class; with ``loaded_only``, None unless its module is imported already
     (importing it costs seconds: it pulls in much of ``torch._dynamo``'s machinery)."""
     if loaded_only:
-        module = sys.modules.get("torch._subclasses.fake_tensor")
-        return getattr(module, "FakeTensor", None) if module is not None else None
+        return getattr(sys.modules.get("torch._subclasses.fake_tensor"), "FakeTensor", None)
     from torch._subclasses.fake_tensor import FakeTensor
 
     return FakeTensor

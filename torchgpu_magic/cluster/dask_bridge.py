@@ -80,26 +80,19 @@ class DaskBridge(Bridge):
         self.kept = Workers() if kept is None else kept
         self.cluster_ref = cluster_ref or f"{name}.cluster"
 
-    @property
-    def workers(self) -> dict:
-        """Address -> the scheduler's record of each worker it listed when last asked."""
-        return self.kept.records
-
     # ---- the scheduler's view ---------------------------------------------------------------------------
     def check(self) -> None:
         """Raise :class:`ClusterGone` (one line) unless the client is connected."""
         status = getattr(self.obj, "status", "running")
-        address = getattr(getattr(self.obj, "scheduler", None), "address", "") or ""
+        if status == "running":
+            return
+        address = scheduler_address(self.obj)
         at = f" at {address}" if address else ""
-        if status in ("closing", "closed"):
-            raise ClusterGone(f"--cluster {self.name}: this Dask Client is closed (its cluster was closed, "
-                              f"or client.close() was called); {FIX_CLOSED}")
-        if status == "connecting":
-            raise ClusterGone(f"--cluster {self.name}: this Dask Client lost its scheduler{at} and is trying "
-                              f"to reconnect (the cluster stopped?); {FIX_CLOSED}")
-        if status != "running":
-            raise ClusterGone(f"--cluster {self.name}: this Dask Client is {status}, not running; "
-                              f"{FIX_CLOSED}")
+        closed = "is closed (its cluster was closed, or client.close() was called)"
+        why = {"closing": closed, "closed": closed,
+               "connecting": f"lost its scheduler{at} and is trying to reconnect (the cluster stopped?)"}
+        said = why.get(status, f"is {status}, not running")
+        raise ClusterGone(f"--cluster {self.name}: this Dask Client {said}; {FIX_CLOSED}")
 
     def identity(self) -> dict:
         """Every worker's record from the scheduler (``{address: identity}``), under a time limit."""
@@ -124,12 +117,12 @@ class DaskBridge(Bridge):
         the user is about to start workers for), fetched less than :data:`REFRESH` seconds ago, as many
         as the client's own count of the scheduler's workers (which distributed refreshes every 2 s by
         itself), and none of them a worker of the client's own cluster object that has closed since."""
-        if not self.workers or time.monotonic() - self.kept.fetched >= REFRESH:
+        if not self.kept.records or time.monotonic() - self.kept.fetched >= REFRESH:
             return False
         counted = (getattr(self.obj, "_scheduler_identity", None) or {}).get("n_workers")
-        if isinstance(counted, int) and counted != len(self.workers):
+        if isinstance(counted, int) and counted != len(self.kept.records):
             return False
-        listed = {record.get("name") for record in self.workers.values()}
+        listed = {record.get("name") for record in self.kept.records.values()}
         return not any(name in listed for name in self._closed())
 
     def engines(self, fresh: bool = False) -> list:
@@ -137,20 +130,15 @@ class DaskBridge(Bridge):
         :data:`GONE` + name: their replies say so, with what to do), by name. None at all is one line.
         ``fresh``: the list in hand was just fetched or judged current (by :meth:`run`): not asked again."""
         self.check()
-        workers = self.workers if fresh or self.current() else self.identity()
-        gone = [GONE + str(name) for name in self.gone()]
-        if not workers and not gone:
-            address = getattr(getattr(self.obj, "scheduler", None), "address", "") or "its address"
+        workers = self.kept.records if fresh or self.current() else self.identity()
+        names = {key: record.get("name", key) for key, record in workers.items()}
+        names.update((GONE + str(name), _as_name(str(name))) for name in self.gone())
+        if not names:
+            address = scheduler_address(self.obj) or "its address"
             raise ClusterGone(f"--cluster {self.name}: the Dask scheduler at {address} lists no workers "
                               f"(none started yet, or all stopped); start some (dask worker {address}), or "
                               "scale your cluster up")
-        return sorted(list(workers) + gone, key=lambda key: _order(self._name(key)))
-
-    def _name(self, key: Any) -> Any:
-        record = self.workers.get(key)
-        if record is not None:
-            return record.get("name", key)
-        return _as_name(key[len(GONE):]) if isinstance(key, str) and key.startswith(GONE) else key
+        return sorted(names, key=lambda key: _order(names[key]))
 
     def label(self, key: Any) -> str:
         if isinstance(key, str) and key.startswith(GONE):
@@ -158,16 +146,15 @@ class DaskBridge(Bridge):
         return self.kept.labels.get(key, str(key))  # the client's bridges share one list
 
     def gone(self) -> list:
-        """The names of the workers of the client's own cluster object (a LocalCluster, whose spec
-        names them) that the scheduler no longer lists and that will not come back: their nanny (or
-        in-process worker) is closed. [] for a client of a cluster started elsewhere, which this
-        cannot see."""
-        listed = {record.get("name") for record in self.workers.values()}
+        """The names of the :meth:`_closed` workers that the scheduler no longer lists: they will not
+        come back."""
+        listed = {record.get("name") for record in self.kept.records.values()}
         return [name for name in self._closed() if name not in listed]
 
     def _closed(self) -> list:
-        """The names of the workers of the client's own cluster object whose nanny (or in-process
-        worker) is closed; [] for a client of a cluster started elsewhere."""
+        """The names of the workers of the client's own cluster object (a LocalCluster, whose spec names
+        them) whose nanny (or in-process worker) is closed; [] for a client of a cluster started
+        elsewhere, which this cannot see."""
         cluster = getattr(self.obj, "cluster", None)
         spec, servers = getattr(cluster, "worker_spec", None), getattr(cluster, "workers", None)
         if not isinstance(spec, dict) or not isinstance(servers, dict):
@@ -190,16 +177,14 @@ class DaskBridge(Bridge):
         heartbeats stopped (for :data:`LONG_SILENT`; with ``strict``, after a call ran past its deadline,
         for :data:`SILENT` intervals), kept out until a newer heartbeat shows. The newest heartbeat the
         scheduler got stands for its clock (the notebook's may differ)."""
-        seen = {addr: w.get("last_seen") for addr, w in self.workers.items() if w.get("last_seen")}
+        seen = {addr: w.get("last_seen") for addr, w in self.kept.records.items() if w.get("last_seen")}
         if not seen:
             return {}
         newest = max(seen.values())
         beat = _heartbeat(len(seen))
         limit = SILENT * beat if strict else max(LONG_SILENT, 2 * SILENT * beat)
-        held = dict(self.kept.held)  # replaced whole: a panel's thread may use the same Workers
-        for addr, last in seen.items():
-            if newest - last > limit:
-                held[addr] = last
+        late = {addr: last for addr, last in seen.items() if newest - last > limit}
+        held = {**self.kept.held, **late}  # replaced whole: a panel's thread may use the same Workers
         self.kept.held = {addr: last for addr, last in held.items() if addr in seen and seen[addr] <= last}
         return dict(self.kept.held)
 
@@ -243,7 +228,7 @@ class DaskBridge(Bridge):
             for key in live:
                 replies[key].ok = key not in only
             live = [key for key in live if key in set(only)]
-        everyone = everyone and only is None and live == [key for key in every if key in self.workers]
+        everyone = everyone and only is None and live == [key for key in every if key in self.kept.records]
         ask = [key for key in live if key not in known]
         answers = self._ask(target, ask, args, kwargs, timeout, everyone) if ask else {}
         if answers is None:  # past the deadline: find the workers that stopped heartbeating, ask the rest
@@ -267,7 +252,7 @@ class DaskBridge(Bridge):
         silent = self.silent(strict) if silent is None else silent
         live = []
         for key in keys:
-            record = self.workers.get(key)
+            record = self.kept.records.get(key)
             if isinstance(key, str) and key.startswith(GONE):
                 replies[key].fail("dead", GONE_MESSAGE, fix=self.dead_fix())
             elif record is None:
@@ -352,10 +337,7 @@ class DaskBridge(Bridge):
             answer = answer_of(answer)
             if isinstance(answer, BaseException):
                 from_exception(reply, type(answer).__name__, str(answer))
-                if reply.message.startswith("No module named"):
-                    missing.append(key)
-                else:
-                    failed.append(key)
+                (missing if reply.message.startswith("No module named") else failed).append(key)
             else:
                 envelope(reply, answer)
         if missing:
@@ -394,8 +376,8 @@ def heartbeat_figures(record: dict) -> dict:
     gpu = metrics.get("gpu") or {}
     out: dict = {"rss": metrics.get("memory"), "torch": [], "source": "heartbeat"}
     if gpu:
-        total = (record.get("gpu") or {}).get("memory-total")
-        out["gpus"] = [[0, None, (record.get("gpu") or {}).get("name"), gpu.get("memory-used"), total,
+        spec = record.get("gpu") or {}
+        out["gpus"] = [[0, None, spec.get("name"), gpu.get("memory-used"), spec.get("memory-total"),
                         gpu.get("utilization"), {}]]
     return out
 
@@ -412,6 +394,11 @@ def _heartbeat(workers: int) -> float:
     except ImportError:
         return 1.0
     return float(heartbeat_interval(workers))
+
+
+def scheduler_address(client: Any) -> str:
+    """The address of the Dask ``client``'s scheduler ('' where it has none)."""
+    return getattr(getattr(client, "scheduler", None), "address", "") or ""
 
 
 def _as_name(text: str) -> Any:

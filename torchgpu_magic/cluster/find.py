@@ -19,11 +19,11 @@ from __future__ import annotations
 import contextlib
 import sys
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..errors import MagicInputError
 from .bridge import Bridge, ClusterGone
-from .dask_bridge import DaskBridge, Workers
+from .dask_bridge import DaskBridge, Workers, scheduler_address
 from .ipp_bridge import IPyParallelBridge
 
 HOW = ("start one first, e.g. rc = ipyparallel.Cluster(n=4).start_and_connect_sync(), or "
@@ -130,7 +130,7 @@ def _cluster_key(obj: Any) -> tuple:
     if kind == "ipyparallel cluster":
         return ("ipp", id(obj))
     if kind == "dask":
-        return ("dask", _address(obj) or id(obj))
+        return ("dask", scheduler_address(obj) or id(obj))
     return ("dask", getattr(obj, "scheduler_address", "") or id(obj))
 
 
@@ -143,12 +143,15 @@ def _bridge(name: str, obj: Any, ns: dict, kept: Optional[Kept] = None) -> Bridg
                       kept=kept.workers(client) if kept is not None else None)
 
 
-def _owned(obj: Any) -> Any:
-    entry = _OWNED.get(id(obj))
-    if entry is not None and entry[0]() is obj and not getattr(entry[1], "_closed", False) \
+def _owned(cluster: Any, connect: Callable[[], Any]) -> Any:
+    """The client kept for ``cluster`` while it is open, else a new one from ``connect`` (then kept)."""
+    entry = _OWNED.get(id(cluster))
+    if entry is not None and entry[0]() is cluster and not getattr(entry[1], "_closed", False) \
             and getattr(entry[1], "status", "running") != "closed":
         return entry[1]
-    return None
+    client = connect()
+    _OWNED[id(cluster)] = (weakref.ref(cluster), client)
+    return client
 
 
 def _ipp_client(name: str, cluster: Any, ns: dict) -> Any:
@@ -157,14 +160,14 @@ def _ipp_client(name: str, cluster: Any, ns: dict) -> Any:
         client = getattr(obj, "client", obj) if kind_of(obj) == "ipyparallel" else None
         if client is not None and getattr(client, "cluster", None) is cluster and not client._closed:
             return client
-    client = _owned(cluster)
-    if client is None:
+
+    def start() -> Any:
         if getattr(cluster, "controller", None) is None:
             raise ClusterGone(f"--cluster {name}: this ipp.Cluster is not running; start it: "
                               f"rc = {name}.start_and_connect_sync()")
-        client = cluster.connect_client_sync()
-        _OWNED[id(cluster)] = (weakref.ref(cluster), client)
-    return client
+        return cluster.connect_client_sync()
+
+    return _owned(cluster, start)
 
 
 def _dask_client(name: str, cluster: Any, ns: dict) -> Any:
@@ -181,17 +184,9 @@ def _dask_client(name: str, cluster: Any, ns: dict) -> Any:
     clients += list(distributed.Client._instances)
     for client in clients:
         if client.status == "running" and (getattr(client, "cluster", None) is cluster
-                                           or (address and _address(client) == address)):
+                                           or (address and scheduler_address(client) == address)):
             return client
-    client = _owned(cluster)
-    if client is None:
-        client = distributed.Client(cluster, set_as_default=False)
-        _OWNED[id(cluster)] = (weakref.ref(cluster), client)
-    return client
-
-
-def _address(client: Any) -> str:
-    return getattr(getattr(client, "scheduler", None), "address", "") or ""
+    return _owned(cluster, lambda: distributed.Client(cluster, set_as_default=False))
 
 
 def _dask_default() -> Any:

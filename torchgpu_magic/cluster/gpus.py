@@ -246,8 +246,6 @@ def _flags(report: ClusterGPUReport) -> list:
     for (host, message, fix), labels in cannot.items():
         flags.append(Flag("torch_cannot_use_gpu",
                           f"{engine_list(labels)} on {host}: torch cannot use a GPU: {message}", fix))
-    for e in report.engines:
-        if not e["ok"]:
-            flags.append(Flag(f"engine_{e['problem']}", f"{e['label']} did not report: {e['message']}",
-                              e.get("fix") or FIX_ENGINE.get(e["problem"], FIX_OTHER)))
-    return flags
+    return flags + [Flag(f"engine_{e['problem']}", f"{e['label']} did not report: {e['message']}",
+                         e.get("fix") or FIX_ENGINE.get(e["problem"], FIX_OTHER))
+                    for e in report.engines if not e["ok"]]

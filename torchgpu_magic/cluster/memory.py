@@ -150,11 +150,10 @@ def _peak_text(peak: Optional[dict]) -> str:
 class ClusterSampler:
     """Samples every engine of ``bridge`` every ``interval`` seconds from a daemon thread."""
 
-    def __init__(self, bridge: Any, interval: float = 1.0,
-                 on_update: Optional[Callable[[ClusterMemory], None]] = None) -> None:
+    def __init__(self, bridge: Any, interval: float = 1.0) -> None:
         self.bridge = bridge
         self.interval = interval
-        self.on_update = on_update
+        self.on_update: Optional[Callable[[ClusterMemory], None]] = None
         self.latest: Optional[ClusterMemory] = None
         self._gpus: dict = {}  # (host, uuid or index) -> GPU row (kept while its reporter is busy)
         self._engines: dict = {}  # engine label -> its last row
@@ -223,8 +222,7 @@ class ClusterSampler:
                 self._engines.get(reply.engine, {})["status"] = ""
             else:
                 self._silent(reply)
-        for labels, per in by_cells.items():
-            self._cells.append((", ".join(labels), per))
+        self._cells.extend((", ".join(labels), per) for labels, per in by_cells.items())
         self._choose_reporters(replies)
         self.latest = self._snapshot(replies, now)
         return self.latest
@@ -249,29 +247,27 @@ class ClusterSampler:
         for row in self._engines.values():
             if row["host"] == reply.host and row["pid"] in rss:
                 row["rss"] = rss[row["pid"]]
-                for key, gpu in self._gpus.items():
-                    if key[0] == reply.host and row["pid"] in gpu["pids"]:
-                        row["gpus"].setdefault(key, None)
-                reserved = sum(v[1] for v in row["gpus"].values() if v)
-                self._push(row["engine"], reserved if reserved else row["rss"])
-                row["history"] = list(self._history[row["engine"]])
+                self._tally(row)
 
     def _answer(self, reply: Any) -> None:
         """Take one engine's sample: its host's GPU rows when it reports them, its own row."""
-        data = reply.value
-        self._take_gpus(reply.host, data.get("gpus") or [])
-        mine: dict = {}
-        for torch_index, gpu_uuid, allocated, reserved in data.get("torch") or []:
-            mine[(reply.host, _bare(gpu_uuid) or f"cuda:{torch_index}")] = (allocated, reserved)
-        for key, gpu in self._gpus.items():
-            if key[0] == reply.host and reply.pid in gpu["pids"] and key not in mine:
-                mine[key] = None  # its process holds memory there, torch keeps nothing (or cannot say)
-        mine = {key: value for key, value in mine.items() if key in self._gpus or value is not None}
-        reserved = sum(v[1] for v in mine.values() if v)
-        self._push(reply.engine, reserved if reserved else data.get("rss"))
+        self._take_gpus(reply.host, reply.value.get("gpus") or [])
+        mine = {(reply.host, _bare(gpu_uuid) or f"cuda:{torch_index}"): (allocated, reserved)
+                for torch_index, gpu_uuid, allocated, reserved in reply.value.get("torch") or []}
         self._engines[reply.engine] = {"engine": reply.engine, "key": reply.key, "host": reply.host,
-                                       "pid": reply.pid, "gpus": mine, "rss": data.get("rss"), "status": "",
-                                       "history": list(self._history[reply.engine])}
+                                       "pid": reply.pid, "gpus": mine, "rss": reply.value.get("rss"),
+                                       "status": ""}
+        self._tally(self._engines[reply.engine])
+
+    def _tally(self, row: dict) -> None:
+        """An engine's row on the GPUs where its process holds memory and torch keeps nothing (or cannot
+        say), and its history's next figure: torch's reserved bytes, else the process's memory."""
+        for key, gpu in self._gpus.items():
+            if key[0] == row["host"] and row["pid"] in gpu["pids"]:
+                row["gpus"].setdefault(key, None)
+        reserved = sum(v[1] for v in row["gpus"].values() if v)
+        self._push(row["engine"], reserved if reserved else row["rss"])
+        row["history"] = list(self._history[row["engine"]])
 
     def _take_gpus(self, host: str, rows: list) -> None:
         """The GPU rows an engine reported for its host (see :func:`remote.memory_tick`)."""

@@ -55,10 +55,8 @@ class ClusterPlacement(Reportable):
             out.append(f"! {name} lives on different device types on different engines: {said}. Move it "
                        "the same way on every engine (%px or %%ontorch local), or the engines compute "
                        "different things at different speeds")
-        for name, labels in self.missing.items():
-            out.append(f"{name} is not defined on {engine_list(labels)}")
-        for label, problem in self.failed:
-            out.append(f"{label} did not report: {problem}")
+        out += [f"{name} is not defined on {engine_list(labels)}" for name, labels in self.missing.items()]
+        out += [f"{label} did not report: {problem}" for label, problem in self.failed]
         if not self.names and not self.failed:
             out.append("no tensors, modules or optimizers on the engines")
         return out

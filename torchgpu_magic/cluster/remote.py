@@ -1,14 +1,12 @@
 """What runs on each engine or worker: small functions that return plain data (``to_dict()`` results,
 numbers, strings), never live objects, so nothing of the engine's torch state travels back.
 
-:func:`call` is the one entry the bridge ships (by reference: ipyparallel gets it as an :class:`Entry`
-object); it reports the engine's host and PID, says so plainly when torch or a function fails, and finds
-the function by name, so that only the name and the arguments travel.
+:func:`call` is the one entry (ipyparallel gets it as an :class:`Entry` object, by reference; a Dask
+worker runs it through :func:`.dask_worker.dask_call`, in a thread under a deadline); it reports the
+engine's host and PID, says so plainly when torch or a function fails, and finds the function by name,
+so that only the name and the arguments travel.
 The engine's namespace (for ``%whereis`` and ``%%cudatime``) is the IPython shell's user namespace on an
 ipyparallel engine and ``__main__`` on a Dask worker.
-
-On a Dask worker the bridge ships :func:`.dask_worker.dask_call` instead, which runs :func:`call` in a
-thread of the worker under a deadline.
 """
 from __future__ import annotations
 

@@ -210,11 +210,9 @@ def tensor_columns(tensors: list, gradients: bool = True) -> TensorColumns:
     maybe_pinned = bydesign.pinned_possible()
     pinned = [("no" if d == "cpu" else "-") for d in devices] if not maybe_pinned else [
         bydesign.pinned(t, d) for t, d in zip(tensors, devices)]
-    why: list = [None] * len(tensors)
     uint8 = torch.uint8
-    for index, (dtype, pin) in enumerate(zip(dtypes, pinned)):
-        if dtype is uint8 or pin == "yes":
-            why[index] = bydesign.tensor_why(tensors[index], devices[index], pin)
+    why = [bydesign.tensor_why(tensor, device, pin) if dtype is uint8 or pin == "yes" else None
+           for tensor, device, dtype, pin in zip(tensors, devices, dtypes, pinned)]
     shapes = list(map(_SHAPE, tensors))
     return TensorColumns(devices, keys, sizes, views, grads, pinned, why, dtypes, shapes, requires_grad)
 

@@ -6,7 +6,7 @@ Never runs ``forward``, never moves anything; reports hold strings and numbers o
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping, Optional
 
 from ..errors import MagicInputError
@@ -123,10 +123,6 @@ class ModuleReport(_TableReport):
 MAX_MODULE_ROWS = 200
 
 
-def _dtypes(dtypes: set) -> str:
-    return join_cells(sorted(dtype_str(d) for d in dtypes))
-
-
 def _node_row(node: Any, collapsed: bool) -> ModuleRow:
     notes = list(node.notes)
     if len(node.devices) > 1:
@@ -136,8 +132,9 @@ def _node_row(node: Any, collapsed: bool) -> ModuleRow:
     if node.children and collapsed:
         notes.append(f"+{node.n_modules - 1} submodules, same placement")
     return ModuleRow(
-        node.name, node.cls, join_cells(sorted(node.devices, key=device_order)), _dtypes(node.dtypes),
-        node.params, node.buffers, node.nbytes, grad_state(node.trainable, node.params), "; ".join(notes),
+        node.name, node.cls, join_cells(sorted(node.devices, key=device_order)),
+        join_cells(sorted(dtype_str(d) for d in node.dtypes)), node.params, node.buffers, node.nbytes,
+        grad_state(node.trainable, node.params), "; ".join(notes),
     )
 
 
@@ -154,13 +151,13 @@ def _emit(node: Any, rows: list, expand: bool) -> None:
     while i < count:
         j = i + 1
         first = children[i]
-        if _uniform(first):
-            while j < count and _alike(children[j], first) and _uniform(children[j]):
+        if _uniform(first):  # a sibling alike a uniform one is uniform too
+            while j < count and _alike(children[j], first):
                 j += 1
         if j - i > 1:
             rows.append(children[i:j])
         else:
-            _emit(children[i], rows, False)
+            _emit(first, rows, False)
         i = j
 
 
@@ -196,14 +193,12 @@ def module_report(name: str, module: Any) -> ModuleReport:
     _emit(tree, flat, True)
     rows = []
     for item in flat[:MAX_MODULE_ROWS]:
-        if isinstance(item, list):  # a run of alike siblings: layers.0..11
+        if isinstance(item, list):  # a run of alike siblings (layers.0..11): the first one's row, for all
             first, count = item[0], len(item)
-            rows.append(ModuleRow(
-                f"{first.name}..{item[-1].name.rsplit('.', 1)[-1]}", f"{count} × {first.cls}",
-                join_cells(sorted(first.devices, key=device_order)), _dtypes(first.dtypes),
-                first.params * count, first.buffers * count, sum(n.nbytes for n in item),
-                grad_state(first.trainable, first.params),
-                "; ".join(first.notes),
+            rows.append(replace(
+                _node_row(first, False), name=f"{first.name}..{item[-1].name.rsplit('.', 1)[-1]}",
+                what=f"{count} × {first.cls}", params=first.params * count, buffers=first.buffers * count,
+                nbytes=sum(n.nbytes for n in item), note="; ".join(first.notes),
             ))
         else:
             rows.append(_node_row(*item))

@@ -54,15 +54,12 @@ def move(targets: list, device: Any, discard_data: bool = False,
     import torch
 
     device = torch.device(device)
-    kinds = []
-    for name, obj in targets:
-        kind = kind_of(obj)
-        if kind is None:
-            raise MagicInputError(f"--move: {not_movable(name, obj)}")
-        kinds.append(kind)
+    kinds = [kind_of(obj) for _, obj in targets]
+    if None in kinds:
+        name, obj = targets[kinds.index(None)]
+        raise MagicInputError(f"--move: {not_movable(name, obj)}")
     _refuse_what_cannot_move(targets, kinds, device, discard_data)
-    replacing = _replaces_parameters(device)
-    if replacing and ns is not None:
+    if _replaces_parameters(device) and ns is not None:
         _refuse_stranded_optimizers(targets, kinds, ns)
     # 1. New tensors and optimizer state, computed before anything is changed.
     new_tensors: dict = {}
@@ -197,12 +194,11 @@ def _moved_state(optimizer: Any, device: Any) -> tuple:
     moved: dict = {}
     sizes: dict = {}
     stay: dict = {}
-    groups = optimizer.param_groups
     for index, param, key, value in optimizer_tensors(optimizer):
         if _on(value, device) or isinstance(optimizer.state[param][key], (list, tuple)):
             continue
         skey, size = storage_key(value)
-        if _stays(groups[index], key, value):
+        if _stays(optimizer.param_groups[index], key, value):
             stay[skey] = (str(value.device), size)
             continue
         moved.setdefault(param, {})[key] = value.to(device)
@@ -218,16 +214,10 @@ def _moved_state(optimizer: Any, device: Any) -> tuple:
 def _slots(module: Any) -> list:
     """(table, key, object, its data, its grad) for every parameter and buffer slot of the module tree:
     enough to put it back exactly after a failed ``Module.to``."""
-    slots = []
-    for mod in module.modules():
-        for table in (mod._parameters, mod._buffers):
-            for key, tensor in table.items():
-                if tensor is None:
-                    slots.append((table, key, None, None, None))
-                else:
-                    grad = tensor.grad if tensor.is_leaf else None
-                    slots.append((table, key, tensor, tensor.data, grad))
-    return slots
+    return [(table, key, None, None, None) if tensor is None
+            else (table, key, tensor, tensor.data, tensor.grad if tensor.is_leaf else None)
+            for mod in module.modules() for table in (mod._parameters, mod._buffers)
+            for key, tensor in table.items()]
 
 
 def _restore(slots: list) -> None:

@@ -41,8 +41,7 @@ class Placed(NamedTuple):
 
 def _placed(name: str, obj: Any, kind: str, fingerprint: tuple) -> Placed:
     if kind == "tensor":  # the hot path of the footer and --watch: the account's figures, read directly
-        shape = tuple(obj.shape)
-        summary = f"{dtype_str(obj.dtype)} {shape_str(shape)}"
+        summary = f"{dtype_str(obj.dtype)} {shape_str(tuple(obj.shape))}"
         return Placed(name, kind, (device_str(obj.device),), summary, tensor_nbytes(obj), fingerprint)
     acc = account(obj, gradients=False)
     count = fmt_count(acc.tree.params) if kind == "module" else acc.params

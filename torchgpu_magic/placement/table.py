@@ -270,15 +270,11 @@ def namespace_report(
     (:func:`~torchgpu_magic.host.gc_paused`)."""
     rows: list = []
     tally = _Tally()
-    user_ids: set = set()
     tensor_names: dict = {}
     walk = Walk(ns)
     found = list(walk)
-    why = walk.why
-    columns = _columns(found)
-    for index, (name, obj, kind) in enumerate(found):
-        user_ids.add(id(obj))
-        _rows_for(name, obj, kind, tally, rows, "", tensor_names, why.get(name), columns, index)
+    _add_rows(found, tally, rows, "", tensor_names, walk.why)
+    user_ids = {id(obj) for _, obj, _ in found}
     # A submodule, parameter or state tensor of a named object is not "only in Out".
     for _name, obj, kind in found:
         if kind == "module":
@@ -287,7 +283,6 @@ def namespace_report(
             user_ids.update(map(id, obj.modules()))
         elif kind == "optimizer":
             user_ids.update(id(t) for *_, t in optimizer_tensors(obj))
-    found = []
     user_keys = set(tally.data) | set(tally.grads)
     out_tally = _Tally()
     out_items = []
@@ -296,9 +291,7 @@ def namespace_report(
             user_ids.add(id(obj))
             out_items.append((name, obj, kind))
     out_names = [name for name, _, _ in out_items]
-    out_columns = _columns(out_items)
-    for index, (name, obj, kind) in enumerate(out_items):
-        _rows_for(name, obj, kind, out_tally, rows, "only in Out", tensor_names, None, out_columns, index)
+    _add_rows(out_items, out_tally, rows, "only in Out", tensor_names, {})
     out_only = {k: v for table in (out_tally.data, out_tally.grads) for k, v in table.items()
                 if k not in user_keys}
     tally.data.update(out_tally.data)
@@ -328,29 +321,25 @@ def namespace_report(
                            grad_totals, top, walk.cut, sizes, device, elsewhere)
 
 
-def _columns(found: list) -> Any:
-    """{index in ``found``: position in the columns} and the tensors' facts read at once."""
-    positions = (i for i, (_, _, kind) in enumerate(found) if kind == "tensor")
-    where = {index: at for at, index in enumerate(positions)}
-    tensors = [found[index][1] for index in where]
-    return where, (tensor_columns(tensors) if tensors else None)
-
-
-def _rows_for(name: str, obj: Any, kind: str, tally: _Tally, rows: list, note: str,
-              tensor_names: dict, why: Optional[str], columns: Any, index: int) -> None:
-    try:
-        if kind == "tensor":
-            where, facts = columns
-            at = where[index]
-            key = facts.keys[at]
-            first, first_id = tensor_names.setdefault(key, (name, id(obj)))  # the storage's first name
-            shared = ""
-            if first != name:
-                shared = ("same tensor as " if first_id == id(obj) else "shares storage with ") + first
-            rows.append(_tensor_row(name, facts, at, tally, [note, shared, why or ""]))
-        elif kind == "module":
-            rows.extend(_module_rows(name, obj, tally, note))
-        else:
-            rows.extend(_optimizer_rows(name, obj, tally, note))
-    except (RuntimeError, AttributeError, TypeError):  # an exotic object we cannot read: leave it out
-        return
+def _add_rows(found: list, tally: _Tally, rows: list, note: str, tensor_names: dict, why: Mapping) -> None:
+    """The rows of ``found`` ((name, object, kind) each), its tensors' facts read at once
+    (:func:`~.accounting.tensor_columns`); ``why`` has the reason a tensor is fine on any device, by name."""
+    tensors = [obj for _, obj, kind in found if kind == "tensor"]
+    facts = tensor_columns(tensors) if tensors else None
+    at = -1  # the tensor's position in ``facts``
+    for name, obj, kind in found:
+        try:
+            if kind == "tensor":
+                at += 1
+                key = facts.keys[at]
+                first, first_id = tensor_names.setdefault(key, (name, id(obj)))  # the storage's first name
+                shared = ""
+                if first != name:
+                    shared = ("same tensor as " if first_id == id(obj) else "shares storage with ") + first
+                rows.append(_tensor_row(name, facts, at, tally, [note, shared, why.get(name, "")]))
+            elif kind == "module":
+                rows.extend(_module_rows(name, obj, tally, note))
+            else:
+                rows.extend(_optimizer_rows(name, obj, tally, note))
+        except (RuntimeError, AttributeError, TypeError):  # an exotic object we cannot read: leave it out
+            continue

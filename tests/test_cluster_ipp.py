@@ -651,6 +651,28 @@ def test_an_engine_busy_with_another_clients_task_gets_ours_withdrawn(sh, rc, ip
         other.close()
 
 
+def test_a_request_the_controller_still_counts_does_not_withdraw_a_slow_call(rc, monkeypatch):
+    """The controller drops a request a moment after its answer reaches the client: a call slower than
+    the grace, whose first exact look at the controller counts one request more than ours there (one
+    just answered), is looked at again after a pause, not withdrawn, and answers."""
+    from torchgpu_magic.cluster.ipp_bridge import IPyParallelBridge
+
+    rc[:].execute("import time", block=True)
+    looks = []
+    others = IPyParallelBridge._others
+
+    def stale_first(self, sent):
+        counts = others(self, sent)
+        looks.append(counts)
+        return {key: count + (len(looks) == 1) for key, count in counts.items()}
+
+    monkeypatch.setattr(IPyParallelBridge, "_others", stale_first)
+    options = {"loops": 1, "samples": 5, "warmup": 0, "max_time": 10.0}
+    (reply,) = IPyParallelBridge("rc", rc[[0]]).run("cudatime", "", "time.sleep(0.03)", options, None)
+    assert reply.ok, reply.message
+    assert len(looks) >= 2 and looks[-1] == {0: 0}  # looked at again: only ours counted there
+
+
 def test_a_stopped_engine_is_stuck_for_the_next_magic_too(sh, rc):
     """An engine stopped (SIGSTOP) while idle: the call's request there times out and stays queued;
     the next call, of another magic, tells that request as ours from the client's record and says 'not

@@ -201,12 +201,12 @@ def _tracked(call_id: str, worker: Any, target: str, args: tuple, kwargs: dict) 
                 cancelled = call_id in _CANCELLED
                 _ACTIVE[call_id][ident] = not cancelled
             if not cancelled:
-                remote._CONTEXT.worker = worker
+                remote.CONTEXT.worker = worker
                 result = remote.call(target, args, kwargs)
         except KeyboardInterrupt:
             pass
         finally:
-            remote._CONTEXT.worker = None
+            remote.CONTEXT.worker = None
             _forget(call_id, ident)
     except KeyboardInterrupt:  # one landing in the clauses above, before the thread left the list
         _forget(call_id, ident)

@@ -218,27 +218,36 @@ class IPyParallelBridge(Bridge):
         """The engines ``sent`` our call with nothing of this client's pending there: those that answer
         within :data:`GRACE` had nothing long before ours (the usual case: the controller is never asked);
         for the rest the controller is asked exactly what it counts there besides ours. An engine with
-        nothing else is ``cleared``; one busy with work not ours (another client's, a task) gets ours
-        aborted (it never runs behind that work), its reply 'busy', and joins ``withdrawn``."""
+        nothing else is ``cleared``. Where it counts more, it is asked again after growing pauses
+        (:data:`QUEUE_PAUSES`) while ours has not answered, as it may still count a request just answered;
+        an engine still busy with work not ours (another client's, a task) gets ours aborted (it never
+        runs behind that work), its reply 'busy', and joins ``withdrawn``."""
         deadline = time.monotonic() + GRACE
         unanswered = {}
         for keys, result in sent:
             if not result.wait(max(0.0, deadline - time.monotonic())):
                 unanswered.update((key, part) for key, part in zip(keys, result.split() if len(keys) > 1
                                                                   else [result]) if not part.ready())
-        if not unanswered:
-            return
-        msg_ids = {key: part.msg_ids[0] for key, part in unanswered.items()}
-        for key, others in self._others(msg_ids).items():
-            if others <= 0:
-                cleared.add(key)
-                continue
+        others: dict = {}
+        for pause in (0.0, *QUEUE_PAUSES):
+            until = time.monotonic() + pause
+            for part in unanswered.values():
+                part.wait(max(0.0, until - time.monotonic()))
+            unanswered = {key: part for key, part in unanswered.items() if not part.ready()}
+            if not unanswered:
+                return
+            others = self._others({key: part.msg_ids[0] for key, part in unanswered.items()})
+            cleared.update(key for key, count in others.items() if count <= 0)
+            unanswered = {key: part for key, part in unanswered.items() if others[key] > 0}
+            if not unanswered:
+                return
+        for key, part in unanswered.items():
             try:
-                self.client.abort(jobs=[msg_ids[key]], targets=[key], block=False)
+                self.client.abort(jobs=part.msg_ids, targets=[key], block=False)
             except Exception:  # noqa: BLE001 - a controller gone now: the reply says busy all the same
                 pass
             withdrawn.add(key)
-            self._busy(replies[key], others + 1, now, withdrawn=True)
+            self._busy(replies[key], others[key] + 1, now, withdrawn=True)
 
     def _send(self, live: list, replies: dict, target: str, args: tuple, kwargs: dict) -> list:
         """Send the call to every engine in ``live``: ``[(keys, AsyncResult)]``. One DirectView apply;

@@ -63,7 +63,7 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-_CONTEXT = threading.local()  # .worker: the Dask worker the call in this thread runs for (dask_worker)
+CONTEXT = threading.local()  # .worker: the Dask worker the call in this thread runs for (dask_worker)
 
 
 _NOT_TARGETS = ("call", "Entry", "table")  # callable, but not engine functions
@@ -142,7 +142,7 @@ def whereis(names: Optional[list] = None) -> dict:
 def _results() -> list:
     """On a Dask worker: ``(key, value)`` of the task results it holds in memory (``worker.data``; the
     spilled ones stay on disk, unread), which hold tensors no name in ``__main__`` shows."""
-    data = getattr(getattr(_CONTEXT, "worker", None), "data", None)  # None off a Dask worker
+    data = getattr(getattr(CONTEXT, "worker", None), "data", None)  # None off a Dask worker
     data = getattr(data, "fast", data)  # a SpillBuffer's in-memory part
     try:
         return list(data.items()) if data is not None else []
@@ -186,7 +186,7 @@ def memory_tick(reporters: Optional[dict] = None, cells: Optional[list] = None) 
 
     host = host_memory()
     out: dict = {"rss": host.rss if host is not None else None, "torch": _torch_devices()}
-    monitored = _monitored(getattr(_CONTEXT, "worker", None))
+    monitored = _monitored(getattr(CONTEXT, "worker", None))
     if monitored:
         out["gpus"] = monitored
     elif reporters is None or reporters.get(socket.gethostname(), os.getpid()) == os.getpid():
@@ -209,7 +209,7 @@ def host_tick(pids: Optional[dict] = None) -> dict:
             rss[pid] = psutil.Process(pid).memory_info().rss
         except (psutil.Error, OSError):
             rss[pid] = None
-    return {"gpus": _monitored(getattr(_CONTEXT, "worker", None)) or _host_gpus(), "rss": rss}
+    return {"gpus": _monitored(getattr(CONTEXT, "worker", None)) or _host_gpus(), "rss": rss}
 
 
 _PANEL: dict = {"token": None, "seq": 0}  # the live panel's token and the cell count last reported

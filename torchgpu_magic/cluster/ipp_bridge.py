@@ -43,6 +43,10 @@ in all, after which a count above this client's own is another client's work: bu
 LABEL = "torchgpu_magic"
 """The label our requests carry in the client's metadata: how any call, of any magic, tells ours among the
 requests the client still waits for."""
+LOOKS = (0.0, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128)
+"""Seconds before each exact look at the controller's count for a call past :data:`GRACE` (a quarter
+second in all): it may still count a request just answered, longer on a loaded machine, and a count above
+ours must outlast them all before our call is withdrawn as behind another client's work."""
 GRACE = 0.05
 """Seconds our call, sent to an engine with nothing of this client's pending there, may take before the
 controller is asked what it counts there: an answer within it means nothing long ran before ours; past it,
@@ -219,8 +223,8 @@ class IPyParallelBridge(Bridge):
         within :data:`GRACE` had nothing long before ours (the usual case: the controller is never asked);
         for the rest the controller is asked exactly what it counts there besides ours. An engine with
         nothing else is ``cleared``. Where it counts more, it is asked again after growing pauses
-        (:data:`QUEUE_PAUSES`) while ours has not answered, as it may still count a request just answered;
-        an engine still busy with work not ours (another client's, a task) gets ours aborted (it never
+        (:data:`LOOKS`) while ours has not answered, as it may still count a request just answered; an
+        engine still busy with work not ours (another client's, a task) gets ours aborted (it never
         runs behind that work), its reply 'busy', and joins ``withdrawn``."""
         deadline = time.monotonic() + GRACE
         unanswered = {}
@@ -229,7 +233,7 @@ class IPyParallelBridge(Bridge):
                 unanswered.update((key, part) for key, part in zip(keys, result.split() if len(keys) > 1
                                                                   else [result]) if not part.ready())
         others: dict = {}
-        for pause in (0.0, *QUEUE_PAUSES):
+        for pause in LOOKS:
             until = time.monotonic() + pause
             for part in unanswered.values():
                 part.wait(max(0.0, until - time.monotonic()))

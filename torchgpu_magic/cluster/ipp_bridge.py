@@ -89,10 +89,9 @@ class IPyParallelBridge(Bridge):
         return {key: int((content.get(str(key)) or {}).get("queue", 0))
                 + int((content.get(str(key)) or {}).get("tasks", 0)) for key in keys}
 
-    def _answer(self, future: Any, what: str, refused: Any = ClusterGone) -> Any:
+    def _answer(self, future: Any, what: str, strict: bool = True) -> Optional[dict]:
         """The content of the controller's answer ``future``, within :data:`ASK_TIMEOUT`; the cluster
-        gone (one line) where it does not answer, and where it refuses unless ``refused`` is what to
-        return then."""
+        gone (one line) where it does not answer, and where it refuses (None then without ``strict``)."""
         if not future.wait(ASK_TIMEOUT):
             where = (getattr(self.client, "_config", None) or {}).get("registration", "")
             at = f" at {where}" if where else ""
@@ -102,8 +101,8 @@ class IPyParallelBridge(Bridge):
         content = future.result()["content"]
         if content.get("status") == "ok":
             return content
-        if refused is not ClusterGone:
-            return refused
+        if not strict:
+            return None
         raise ClusterGone(f"--cluster {self.name}: the controller refused the {what} request "
                           f"({content.get('ename', '')}: {content.get('evalue', '')}); {FIX_STALE}")
 
@@ -129,7 +128,7 @@ class IPyParallelBridge(Bridge):
         content = {"query": {"msg_id": {"$in": list(sent.values())}}, "keys": ["msg_id"]}
         records = client._send(client._query_stream, "db_request", content=content)
         counts = self._counts(self._ask(list(sent)), list(sent))
-        content = self._answer(records, "records", refused=None)
+        content = self._answer(records, "records", strict=False)
         seen = {r.get("msg_id") for r in content.get("records", ())} if content else set(sent.values())
         return {key: counts[key] - (msg_id in seen) for key, msg_id in sent.items()}
 
@@ -146,7 +145,7 @@ class IPyParallelBridge(Bridge):
         of this call was sent there and aborted."""
         waiting = self._waiting(reply.key)
         meta = self.client.metadata
-        ours = [m for m in waiting if m in meta and meta[m].get("label") == LABEL]
+        ours = [m for m in waiting if _ours(meta, m)]
         others = count - len(ours)
         if ours and others <= 0:
             since = _earliest(meta, ours) or now
@@ -184,7 +183,7 @@ class IPyParallelBridge(Bridge):
             replies[key].ok = True
         pending = {key: self._waiting(key) for key in asked}
         meta = self.client.metadata
-        theirs = [key for key in asked if any(meta.get(m, {}).get("label") != LABEL for m in pending[key])]
+        theirs = [key for key in asked if not all(_ours(meta, m) for m in pending[key])]
         for key in theirs:  # the user's own %px cell or task is pending there: busy, from the client's record
             self._busy(replies[key], len(pending[key]), now)
         known = [key for key in asked if key not in theirs and (key not in wanted or pending[key])]
@@ -230,8 +229,7 @@ class IPyParallelBridge(Bridge):
         unanswered = {}
         for keys, result in sent:
             if not result.wait(max(0.0, deadline - time.monotonic())):
-                unanswered.update((key, part) for key, part in zip(keys, result.split() if len(keys) > 1
-                                                                  else [result]) if not part.ready())
+                unanswered.update((key, part) for key, part in _per_engine(keys, result) if not part.ready())
         others: dict = {}
         for pause in LOOKS:
             until = time.monotonic() + pause
@@ -293,7 +291,7 @@ class IPyParallelBridge(Bridge):
                 if key not in withdrawn:
                     self._fill(replies[key], answer, seconds)
             return
-        for key, part in zip(keys, result.split() if len(keys) > 1 else [result]):
+        for key, part in _per_engine(keys, result):
             if key in withdrawn:
                 continue
             part.wait(max(0.0, start + timeout - time.monotonic()))
@@ -346,7 +344,7 @@ class IPyParallelBridge(Bridge):
         ends by itself, and a signal arriving just after would hit the next request."""
         waiting = {}
         for part, result in sent:
-            for key, part_result in zip(part, result.split() if len(part) > 1 else [result]):
+            for key, part_result in _per_engine(part, result):
                 if not part_result.ready() and key not in skip:
                     waiting[key] = part_result
         if not waiting:
@@ -393,6 +391,16 @@ def _seconds(result: Any, elapsed: float) -> list:
         submitted, received = result["submitted"], result["received"]
         stamps = list(zip(submitted, received)) if isinstance(submitted, list) else [(submitted, received)]
     return [(r - s).total_seconds() if r is not None and s is not None else elapsed for s, r in stamps]
+
+
+def _ours(meta: Any, msg_id: str) -> bool:
+    """Whether the request ``msg_id`` is one of ours (:data:`LABEL`), from the client's metadata ``meta``."""
+    return msg_id in meta and meta[msg_id].get("label") == LABEL
+
+
+def _per_engine(keys: list, result: Any) -> Any:
+    """``(engine, its AsyncResult)`` for each of ``keys``, the engines ``result`` was sent to."""
+    return zip(keys, result.split() if len(keys) > 1 else [result])
 
 
 def _earliest(meta: Any, msg_ids: list) -> Optional[float]:

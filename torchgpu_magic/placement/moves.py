@@ -214,10 +214,16 @@ def _moved_state(optimizer: Any, device: Any) -> tuple:
 def _slots(module: Any) -> list:
     """(table, key, object, its data, its grad) for every parameter and buffer slot of the module tree:
     enough to put it back exactly after a failed ``Module.to``."""
-    return [(table, key, None, None, None) if tensor is None
-            else (table, key, tensor, tensor.data, tensor.grad if tensor.is_leaf else None)
-            for mod in module.modules() for table in (mod._parameters, mod._buffers)
-            for key, tensor in table.items()]
+    slots = []
+    for mod in module.modules():
+        for table in (mod._parameters, mod._buffers):
+            for key, tensor in table.items():
+                if tensor is None:
+                    slots.append((table, key, None, None, None))
+                else:
+                    grad = tensor.grad if tensor.is_leaf else None
+                    slots.append((table, key, tensor, tensor.data, grad))
+    return slots
 
 
 def _restore(slots: list) -> None:
